@@ -1,0 +1,50 @@
+/*
+ * fa_common.cuh - device helpers shared by every backend: element types, the visibility rule, the
+ * score transform (softcap, ALiBi), and launch-error plumbing.
+ */
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "fa_kernel_params.h"
+
+namespace fa {
+
+template <int kDtype> struct elem;
+template <> struct elem<0> {
+    using type = __half;
+    using pair = __half2;
+    static __device__ __forceinline__ float to_float(type x) { return __half2float(x); }
+    static __device__ __forceinline__ type from_float(float x) { return __float2half_rn(x); }
+    static __device__ __forceinline__ pair pack(float a, float b) { return __floats2half2_rn(a, b); }
+};
+template <> struct elem<1> {
+    using type = __nv_bfloat16;
+    using pair = __nv_bfloat162;
+    static __device__ __forceinline__ float to_float(type x) { return __bfloat162float(x); }
+    static __device__ __forceinline__ type from_float(float x) { return __float2bfloat16_rn(x); }
+    static __device__ __forceinline__ pair pack(float a, float b) { return __floats2bfloat162_rn(a, b); }
+};
+
+/* Key j is visible to query i (both in range) iff key_lo_off <= j - i <= key_hi_off. */
+__device__ __forceinline__ bool visible(const fa_kernel_params &p, int i, int j) {
+    const int d = j - i;
+    return d >= p.key_lo_off && d <= p.key_hi_off && j < p.seqlen_k;
+}
+
+/* Score after softcap and ALiBi, in natural units, from the already-scaled dot product. */
+__device__ __forceinline__ float transform_score(const fa_kernel_params &p, float s, float slope, int i,
+                                                 int j) {
+    if (p.softcap > 0.0f) s = p.softcap * tanhf(s / p.softcap);
+    if (p.alibi_slopes != nullptr) s -= slope * fabsf((float)(i + p.seqlen_k - p.seqlen_q - j));
+    return s;
+}
+
+__device__ __forceinline__ float alibi_slope(const fa_kernel_params &p, int b, int h) {
+    return p.alibi_slopes ? p.alibi_slopes[b * p.alibi_batch_stride + h] : 0.0f;
+}
+
+}  // namespace fa

@@ -1,0 +1,94 @@
+/*
+ * fa_kernel_params.h - the one struct every libflashattn kernel receives (by value, as a
+ * __grid_constant__ parameter), and the per-head-dim tile table of the fused kernel.
+ * Plain C so that the host planner (src/, C11) and the kernels (kernels/, CUDA C++) share it.
+ */
+#ifndef FA_KERNEL_PARAMS_H
+#define FA_KERNEL_PARAMS_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Visibility of key j to query i: key_lo_off <= j - i <= key_hi_off and j < seqlen_k. The host
+ * folds the causal mask and the sliding window into the two offsets and clamps them to
+ * [-seqlen_q, seqlen_k] so that "unbounded" needs no special case and nothing overflows int32. */
+typedef struct fa_kernel_params {
+    const void *q, *k, *v;
+    void *o;
+    float *lse;                 /* NULL: not written */
+    const float *alibi_slopes;  /* NULL: no ALiBi */
+
+    int64_t q_batch_stride, q_seq_stride, q_head_stride;
+    int64_t k_batch_stride, k_seq_stride, k_head_stride;
+    int64_t v_batch_stride, v_seq_stride, v_head_stride;
+    int64_t o_batch_stride, o_seq_stride, o_head_stride;
+    int64_t alibi_batch_stride;
+
+    int32_t batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
+    int32_t head_group;         /* heads_q / heads_kv */
+    int32_t key_lo_off, key_hi_off;
+    int32_t num_m_blocks;       /* fused: query tiles per (batch, head) */
+
+    float scale;                /* softmax scale (natural units) */
+    float scale_log2;           /* scale * log2(e), folded once on the host */
+    float softcap;              /* 0: off */
+    float softcap_inv_scale;    /* scale / softcap (0 when off) */
+} fa_kernel_params;
+
+/* Launch shape decided by the planner; a launcher refuses one that its kernel was not built for. */
+typedef struct fa_launch {
+    int32_t grid_x, grid_y, grid_z, threads;
+    int32_t smem_bytes;
+} fa_launch;
+
+/* Head dims the fused kernel is compiled for; a head dim that is a multiple of 8 runs on the
+ * smallest of these that holds it (the extra columns are zero-filled on load and never stored). */
+#define FA_FUSED_NUM_HEAD_DIMS 7
+#define FA_FUSED_HEAD_DIM_LIST 32, 64, 96, 128, 160, 192, 256
+
+/* Tile configuration of the fused kernel for one compiled head dim. One warp owns 16 query rows, so
+ * block_m = 16 * warps. q_in_regs: Q fragments stay in registers for the whole key loop (saves
+ * shared-memory bandwidth; too many registers above head dim 128). Shared memory holds Q and two
+ * stages of K and V, each row padded by 8 elements (16 bytes) so ldmatrix is bank-conflict free. */
+typedef struct fa_fused_config {
+    int32_t head_dim, block_m, block_n, warps, q_in_regs;
+} fa_fused_config;
+
+#define FA_SMEM_PAD 8
+
+/* X(head_dim, block_m, block_n, warps, q_in_regs): the one table of tile choices; the planner and
+ * the kernel instances both expand it, so they cannot disagree. docs/performance.md records why. */
+#define FA_FUSED_CONFIGS(X) \
+    X(32, 128, 128, 8, 1)   \
+    X(64, 128, 128, 8, 1)   \
+    X(96, 128, 64, 8, 1)    \
+    X(128, 128, 64, 8, 1)   \
+    X(160, 128, 64, 8, 0)   \
+    X(192, 128, 64, 8, 0)   \
+    X(256, 128, 64, 8, 0)
+
+static inline int64_t fa_fused_smem_bytes(const fa_fused_config *c) {
+    const int64_t row_bytes = (int64_t)(c->head_dim + FA_SMEM_PAD) * 2;
+    return row_bytes * (c->block_m + 2 * 2 * (int64_t)c->block_n);
+}
+
+/* Kernel launchers (the .cu files under kernels/). Each returns a cudaError_t value (0 = cudaSuccess) and enqueues
+ * on `stream` (a cudaStream_t). */
+typedef int (*fa_fused_launcher)(const fa_kernel_params *kp, const fa_launch *launch, void *stream);
+
+/* REFERENCE backend pieces (kernels/reference.cu). dtype: 0 float16, 1 bfloat16. `lowprec` rounds
+ * scores and probabilities to dtype (plain low-precision attention, the tests' baseline). */
+int fa_ref_prepare(const fa_kernel_params *kp, int dtype, void **ptr_arrays, float *scores,
+                   float *v_f32, float *o_f32, void *stream);
+int fa_ref_softmax(const fa_kernel_params *kp, int dtype, int lowprec, float *scores, int grid,
+                   void *stream);
+int fa_ref_store_o(const fa_kernel_params *kp, int dtype, const float *o_f32, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FA_KERNEL_PARAMS_H */

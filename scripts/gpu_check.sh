@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One device call: build with all cores, run the whole test suite (GPU tests included), the
+# benchmark's default suite, and the side-by-side comparison with the peers; logs under $OUT, a
+# short table last.   Usage: scripts/gpu_check.sh [all|build|test|bench|peers]...  (default: all)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/flashattn_out}
+mkdir -p "$OUT"
+steps=${*:-all}
+want() { [[ " $steps " == *" all "* || " $steps " == *" $1 "* ]]; }
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
+start=$(date +%s)
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release ${FLASHATTN_HEAD_DIMS:+-DFLASHATTN_HEAD_DIMS=$FLASHATTN_HEAD_DIMS} >/dev/null
+cmake --build build -j "$(nproc)" > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+echo "build: $(( $(date +%s) - start )) s"
+summary=()
+if want test; then
+  ctest --test-dir build -j 4 --output-on-failure --timeout 900 > "$OUT/tests.log" 2>&1
+  grep -E '^\[ (reference|fused|plan|threads) \]' -h build/Testing/Temporary/LastTest.log | sort -u > "$OUT/correctness.txt" || true
+  summary+=("tests: $(grep -E 'tests passed|tests failed' "$OUT/tests.log" | tail -1)")
+  grep -E 'Failed|\*\*\*' "$OUT/tests.log" | head -20
+fi
+if want bench; then
+  ./build/benchmarks/flashattn_bench --json "$OUT/bench.json" > "$OUT/bench.log" 2> "$OUT/bench.err"
+  summary+=("bench: $(tail -1 "$OUT/bench.log")")
+fi
+if want peers && [ -f benchmarks/compare_peers.py ]; then
+  FLASHATTN_LIBRARY=$PWD/build/libflashattn.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 \
+    python3 benchmarks/compare_peers.py --json "$OUT/peers.json" > "$OUT/peers.log" 2>&1
+  summary+=("peers: see peers.log")
+fi
+[ -f "$OUT/correctness.txt" ] && cat "$OUT/correctness.txt"
+[ -f "$OUT/bench.log" ] && grep -vE '^#' "$OUT/bench.log" | cut -c1-150
+[ -f "$OUT/peers.log" ] && tail -70 "$OUT/peers.log"
+printf '%s\n' "${summary[@]}"

@@ -1,0 +1,105 @@
+/*
+ * internal.h - what the host-side C files of libflashattn share. Not installed.
+ *
+ * Call path: api.c (flashattn_fwd) -> validate.c (fa_validate) -> plan.c (fa_plan_make)
+ *            -> dispatch.c (fa_dispatch) -> a launcher in kernels/ (or reference.c for REFERENCE).
+ */
+#ifndef FA_INTERNAL_H
+#define FA_INTERNAL_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "flashattn.h"
+#include "fa_kernel_params.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FA_HIDDEN __attribute__((visibility("hidden")))
+
+/* Largest sequence length accepted: keeps every query/key index and offset difference in int32. */
+#define FA_MAX_SEQLEN ((int64_t)1 << 30)
+#define FA_MAX_HEAD_DIM 256
+/* Workspace alignment the caller must provide, and the alignment of every region carved from it. */
+#define FA_WORKSPACE_ALIGN 256
+/* cuBLAS's own workspace inside ours (the size cuBLAS recommends for Hopper). */
+#define FA_CUBLAS_WORKSPACE_BYTES ((int64_t)32 << 20)
+
+/* What planning needs to know about a device. */
+typedef struct fa_device_caps {
+    int device;
+    int cc_major, cc_minor;
+    int sm_count;
+    int64_t smem_per_block_optin;
+} fa_device_caps;
+
+struct flashattn_handle {
+    fa_device_caps caps;
+    void *cublas;                 /* cublasHandle_t */
+    pthread_mutex_t cublas_lock;  /* serialises stream/workspace binding + enqueue on `cublas` */
+};
+
+/* Where the REFERENCE backend's regions lie in the workspace (byte offsets from its start). */
+typedef struct fa_ref_layout {
+    int64_t ptr_arrays;   /* 6 arrays of batch*heads_q device pointers */
+    int64_t scores;       /* float32 [batch*heads_q, seqlen_q, seqlen_k], softmax in place */
+    int64_t v_f32;        /* float32 [batch, heads_kv, seqlen_k, head_dim] */
+    int64_t o_f32;        /* float32 [batch*heads_q, seqlen_q, head_dim] */
+    int64_t cublas_ws;    /* FA_CUBLAS_WORKSPACE_BYTES */
+    int64_t total;
+} fa_ref_layout;
+
+typedef struct fa_plan {
+    int32_t backend;      /* resolved: FLASHATTN_BACKEND_REFERENCE or _FUSED */
+    int32_t dtype;
+    int32_t noop;         /* seqlen_q == 0: nothing to do */
+    int32_t ref_lowprec;  /* REFERENCE only: plain low-precision attention (tests' baseline) */
+    fa_kernel_params kp;
+    fa_fused_config cfg;  /* FUSED */
+    int32_t grid_x, grid_y, grid_z, threads;
+    int64_t smem_bytes;
+    int64_t workspace_bytes;
+    fa_ref_layout ref;    /* REFERENCE */
+} fa_plan;
+
+/* errors.c */
+FA_HIDDEN void fa_clear_error(void);
+FA_HIDDEN flashattn_status fa_fail(flashattn_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* validate.c: every check that needs no device. */
+FA_HIDDEN flashattn_status fa_validate(const flashattn_fwd_params *p);
+
+/* plan.c: validate, then choose a backend and its launch shape. Pure: no CUDA calls. */
+FA_HIDDEN flashattn_status fa_plan_make(const fa_device_caps *caps, const flashattn_fwd_params *p,
+                                        int ref_lowprec, fa_plan *out);
+FA_HIDDEN int fa_fused_kernel_head_dim(int64_t head_dim);
+FA_HIDDEN const fa_fused_config *fa_fused_config_for(int kernel_head_dim);
+FA_HIDDEN void fa_plan_describe(const fa_plan *plan, flashattn_plan_info *info);
+
+/* dispatch.c: the table of compiled fused variants. */
+FA_HIDDEN int fa_fused_compiled(int dtype, int kernel_head_dim);
+FA_HIDDEN flashattn_status fa_dispatch(const flashattn_handle *h, const fa_plan *plan, void *workspace,
+                                       void *stream);
+
+/* reference.c */
+FA_HIDDEN flashattn_status fa_reference_run(const flashattn_handle *h, const fa_plan *plan,
+                                            void *workspace, void *stream);
+
+/* api.c, for the tests: flashattn_fwd with the reference switched to plain low-precision attention
+ * (scores and probabilities rounded to the input dtype, as unfused framework attention computes). */
+FA_HIDDEN flashattn_status fa_fwd_ex(const flashattn_handle *h, const flashattn_fwd_params *p,
+                                     void *workspace, size_t workspace_bytes, void *stream,
+                                     int ref_lowprec);
+FA_HIDDEN flashattn_status fa_workspace_size_ex(const flashattn_handle *h,
+                                                const flashattn_fwd_params *p, int ref_lowprec,
+                                                size_t *bytes);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FA_INTERNAL_H */

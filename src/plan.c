@@ -1,0 +1,276 @@
+/*
+ * plan.c - turns validated params and device caps into a plan: which backend, which kernel variant,
+ * which tiles, which grid, how much workspace. Pure C: no CUDA calls, so it is unit-tested on hosts
+ * without a GPU, and the workspace query, the support query and the describe query share it.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "internal.h"
+
+typedef long long ll;
+
+static const fa_fused_config fa_fused_configs[] = {
+#define FA_CFG_ROW(hd, bm, bn, w, qr) {hd, bm, bn, w, qr},
+    FA_FUSED_CONFIGS(FA_CFG_ROW)
+#undef FA_CFG_ROW
+};
+#define FA_NUM_FUSED_CONFIGS ((int)(sizeof fa_fused_configs / sizeof fa_fused_configs[0]))
+
+int fa_fused_kernel_head_dim(int64_t head_dim) {
+    for (int i = 0; i < FA_NUM_FUSED_CONFIGS; ++i)
+        if (head_dim <= fa_fused_configs[i].head_dim) return fa_fused_configs[i].head_dim;
+    return 0;
+}
+
+const fa_fused_config *fa_fused_config_for(int kernel_head_dim) {
+    for (int i = 0; i < FA_NUM_FUSED_CONFIGS; ++i)
+        if (fa_fused_configs[i].head_dim == kernel_head_dim) return &fa_fused_configs[i];
+    return NULL;
+}
+
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+static int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+/* Fold causal mask and window into key_lo_off <= j - i <= key_hi_off, clamped (see
+ * fa_kernel_params.h). */
+static void visibility_offsets(const flashattn_fwd_params *p, int32_t *lo_out, int32_t *hi_out) {
+    const int64_t sq = p->seqlen_q, sk = p->seqlen_k, off = sk - sq;
+    int64_t lo = -sq, hi = sk;
+    if (p->mask == FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT) hi = min64(hi, off);
+    if (p->mask == FLASHATTN_MASK_CAUSAL_TOP_LEFT) hi = min64(hi, 0);
+    if (p->window_right >= 0) hi = min64(hi, off + min64(p->window_right, sq + sk));
+    if (p->window_left >= 0) lo = max64(lo, off - min64(p->window_left, sq + sk));
+    lo = max64(-sq, min64(lo, sk));
+    hi = max64(-sq, min64(hi, sk));
+    *lo_out = (int32_t)lo;
+    *hi_out = (int32_t)hi;
+}
+
+static void fill_kernel_params(const flashattn_fwd_params *p, fa_kernel_params *kp) {
+    memset(kp, 0, sizeof *kp);
+    kp->q = p->q, kp->k = p->k, kp->v = p->v, kp->o = p->o;
+    kp->lse = p->lse;
+    kp->alibi_slopes = p->alibi_slopes;
+    kp->q_batch_stride = p->q_batch_stride, kp->q_seq_stride = p->q_seq_stride;
+    kp->q_head_stride = p->q_head_stride;
+    kp->k_batch_stride = p->k_batch_stride, kp->k_seq_stride = p->k_seq_stride;
+    kp->k_head_stride = p->k_head_stride;
+    kp->v_batch_stride = p->v_batch_stride, kp->v_seq_stride = p->v_seq_stride;
+    kp->v_head_stride = p->v_head_stride;
+    kp->o_batch_stride = p->o_batch_stride, kp->o_seq_stride = p->o_seq_stride;
+    kp->o_head_stride = p->o_head_stride;
+    kp->alibi_batch_stride = p->alibi_batch_stride;
+    kp->batch = (int32_t)p->batch, kp->seqlen_q = (int32_t)p->seqlen_q;
+    kp->seqlen_k = (int32_t)p->seqlen_k, kp->heads_q = (int32_t)p->heads_q;
+    kp->heads_kv = (int32_t)p->heads_kv, kp->head_dim = (int32_t)p->head_dim;
+    kp->head_group = (int32_t)(p->heads_q / p->heads_kv);
+    visibility_offsets(p, &kp->key_lo_off, &kp->key_hi_off);
+    kp->scale = p->softmax_scale > 0.0f ? p->softmax_scale : (float)(1.0 / sqrt((double)p->head_dim));
+    kp->scale_log2 = (float)((double)kp->scale * 1.4426950408889634);
+    kp->softcap = p->softcap;
+    kp->softcap_inv_scale = p->softcap > 0.0f ? kp->scale / p->softcap : 0.0f;
+}
+
+/* NULL when the fused kernel can run p, else the reason (written into buf). */
+static const char *fused_unsupported_reason(const fa_device_caps *caps,
+                                            const flashattn_fwd_params *p, char *buf, size_t n) {
+    if (p->head_dim % 8 != 0) {
+        snprintf(buf, n, "the fused backend needs head_dim to be a multiple of 8 (got %lld)",
+                 (ll)p->head_dim);
+        return buf;
+    }
+    const int khd = fa_fused_kernel_head_dim(p->head_dim);
+    if (!fa_fused_compiled(p->dtype, khd)) {
+        snprintf(buf, n,
+                 "the fused kernel for %s head dim %d is not compiled into this build "
+                 "(FLASHATTN_HEAD_DIMS)",
+                 p->dtype == FLASHATTN_DTYPE_BFLOAT16 ? "bfloat16" : "float16", khd);
+        return buf;
+    }
+    const void *ptrs[4] = {p->q, p->k, p->v, p->o};
+    const char *names[4] = {"q", "k", "v", "o"};
+    const int64_t strides[4][3] = {
+        {p->q_batch_stride, p->q_seq_stride, p->q_head_stride},
+        {p->k_batch_stride, p->k_seq_stride, p->k_head_stride},
+        {p->v_batch_stride, p->v_seq_stride, p->v_head_stride},
+        {p->o_batch_stride, p->o_seq_stride, p->o_head_stride},
+    };
+    for (int t = 0; t < 4; ++t) {
+        if (((uintptr_t)ptrs[t]) % 16 != 0) {
+            snprintf(buf, n, "the fused backend needs %s 16-byte aligned (got %p)", names[t], ptrs[t]);
+            return buf;
+        }
+        for (int s = 0; s < 3; ++s)
+            if (strides[t][s] % 8 != 0) {
+                snprintf(buf, n,
+                         "the fused backend needs every %s stride to be a multiple of 8 elements "
+                         "(got %lld, %lld, %lld)",
+                         names[t], (ll)strides[t][0], (ll)strides[t][1], (ll)strides[t][2]);
+                return buf;
+            }
+    }
+    if (p->heads_q > 65535 || p->batch > 65535) {
+        snprintf(buf, n, "the fused backend supports heads_q and batch up to 65535 (got %lld, %lld)",
+                 (ll)p->heads_q, (ll)p->batch);
+        return buf;
+    }
+    const fa_fused_config *cfg = fa_fused_config_for(khd);
+    const int64_t smem = fa_fused_smem_bytes(cfg);
+    if (smem > caps->smem_per_block_optin) {
+        snprintf(buf, n, "the fused kernel for head dim %d needs %lld bytes of shared memory; the "
+                 "device allows %lld per block", khd, (ll)smem, (ll)caps->smem_per_block_optin);
+        return buf;
+    }
+    return NULL;
+}
+
+/* *out = a * b; 0 on int64 overflow (a, b >= 0). */
+static int mul_ok(int64_t a, int64_t b, int64_t *out) {
+    if (a != 0 && b > INT64_MAX / a) return 0;
+    *out = a * b;
+    return 1;
+}
+
+/* Appends a region of n elements of `elem` bytes at *at, 256-byte aligned; 0 on overflow. */
+static int add_region(int64_t *at, int64_t n, int64_t elem, int64_t *offset) {
+    int64_t bytes;
+    if (!mul_ok(n, elem, &bytes) || bytes > INT64_MAX / 2 - *at) return 0;
+    *offset = *at;
+    *at = align_up(*at + bytes, FA_WORKSPACE_ALIGN);
+    return 1;
+}
+
+static int ref_layout(const flashattn_fwd_params *p, fa_ref_layout *l) {
+    int64_t nbh, s_elems, v_elems, o_elems, at = 0;
+    if (!mul_ok(p->batch, p->heads_q, &nbh) || !mul_ok(nbh, p->seqlen_q, &s_elems) ||
+        !mul_ok(s_elems, p->seqlen_k, &s_elems) ||
+        !mul_ok(p->batch * p->heads_kv, p->seqlen_k, &v_elems) ||
+        !mul_ok(v_elems, p->head_dim, &v_elems) || !mul_ok(nbh, p->seqlen_q, &o_elems) ||
+        !mul_ok(o_elems, p->head_dim, &o_elems))
+        return 0;
+    if (!add_region(&at, 6 * nbh, 8, &l->ptr_arrays) || !add_region(&at, s_elems, 4, &l->scores) ||
+        !add_region(&at, v_elems, 4, &l->v_f32) || !add_region(&at, o_elems, 4, &l->o_f32) ||
+        !add_region(&at, FA_CUBLAS_WORKSPACE_BYTES, 1, &l->cublas_ws))
+        return 0;
+    l->total = at;
+    return 1;
+}
+
+static const char *reference_unsupported_reason(const flashattn_fwd_params *p,
+                                                fa_ref_layout *layout, char *buf, size_t n) {
+    if (p->batch * p->heads_q > INT32_MAX) {
+        snprintf(buf, n, "the reference backend needs batch x heads_q <= %d (got %lld)", INT32_MAX,
+                 (ll)(p->batch * p->heads_q));
+        return buf;
+    }
+    /* cuBLAS reads Q and K as matrices with leading dimension = seq stride. */
+    const struct { const char *name; int64_t seq, stride; } lds[2] = {
+        {"q_seq_stride", p->seqlen_q, p->q_seq_stride},
+        {"k_seq_stride", p->seqlen_k, p->k_seq_stride},
+    };
+    for (int i = 0; i < 2; ++i) {
+        if (lds[i].seq > 1 && (lds[i].stride < p->head_dim || lds[i].stride > INT32_MAX)) {
+            snprintf(buf, n,
+                     "the reference backend (cuBLAS) needs head_dim <= %s <= %d (got %lld)",
+                     lds[i].name, INT32_MAX, (ll)lds[i].stride);
+            return buf;
+        }
+    }
+    if (!ref_layout(p, layout)) {
+        snprintf(buf, n, "the reference backend's workspace for this shape overflows int64");
+        return buf;
+    }
+    return NULL;
+}
+
+flashattn_status fa_plan_make(const fa_device_caps *caps, const flashattn_fwd_params *p,
+                              int ref_lowprec, fa_plan *out) {
+    flashattn_status st = fa_validate(p);
+    if (st != FLASHATTN_STATUS_SUCCESS) return st;
+    if (caps->cc_major < 8)
+        return fa_fail(FLASHATTN_STATUS_DEVICE_TOO_OLD,
+                       "device %d has compute capability %d.%d; libflashattn needs 8.0 or newer",
+                       caps->device, caps->cc_major, caps->cc_minor);
+
+    fa_plan plan;
+    memset(&plan, 0, sizeof plan);
+    plan.dtype = p->dtype;
+    plan.ref_lowprec = ref_lowprec;
+    fill_kernel_params(p, &plan.kp);
+
+    char why_fused[256], why_ref[256];
+    const char *no_fused = fused_unsupported_reason(caps, p, why_fused, sizeof why_fused);
+    const char *no_ref = reference_unsupported_reason(p, &plan.ref, why_ref, sizeof why_ref);
+
+    int backend = p->backend;
+    if (backend == FLASHATTN_BACKEND_AUTO) {
+        if (!no_fused)
+            backend = FLASHATTN_BACKEND_FUSED;
+        else if (!no_ref)
+            backend = FLASHATTN_BACKEND_REFERENCE;
+        else
+            return fa_fail(FLASHATTN_STATUS_UNSUPPORTED, "no backend can run this call: %s; %s",
+                           no_fused, no_ref);
+    } else if (backend == FLASHATTN_BACKEND_FUSED && no_fused) {
+        return fa_fail(FLASHATTN_STATUS_UNSUPPORTED, "%s", no_fused);
+    } else if (backend == FLASHATTN_BACKEND_REFERENCE && no_ref) {
+        return fa_fail(FLASHATTN_STATUS_UNSUPPORTED, "%s", no_ref);
+    }
+    plan.backend = backend;
+    plan.noop = (p->seqlen_q == 0);
+
+    if (backend == FLASHATTN_BACKEND_FUSED) {
+        plan.cfg = *fa_fused_config_for(fa_fused_kernel_head_dim(p->head_dim));
+        const int64_t mblocks = (p->seqlen_q + plan.cfg.block_m - 1) / plan.cfg.block_m;
+        plan.kp.num_m_blocks = (int32_t)mblocks;
+        plan.grid_x = (int32_t)mblocks;
+        plan.grid_y = (int32_t)p->heads_q;
+        plan.grid_z = (int32_t)p->batch;
+        plan.threads = 32 * plan.cfg.warps;
+        plan.smem_bytes = fa_fused_smem_bytes(&plan.cfg);
+        plan.workspace_bytes = 0;
+    } else {
+        const int64_t rows = p->batch * p->heads_q * p->seqlen_q;
+        plan.grid_x = (int32_t)min64(rows, 65535 * 16);
+        plan.grid_y = plan.grid_z = 1;
+        plan.threads = 256;
+        plan.smem_bytes = 0;
+        plan.workspace_bytes = plan.noop ? 0 : plan.ref.total;
+    }
+    if (plan.noop) plan.workspace_bytes = 0;
+    *out = plan;
+    return FLASHATTN_STATUS_SUCCESS;
+}
+
+void fa_plan_describe(const fa_plan *plan, flashattn_plan_info *info) {
+    const size_t size = info->struct_size;
+    memset(info, 0, sizeof *info);
+    info->struct_size = size;
+    info->backend = plan->backend;
+    info->workspace_bytes = plan->workspace_bytes;
+    info->shared_mem_bytes = plan->smem_bytes;
+    info->num_warps = plan->threads / 32;
+    info->grid_x = plan->grid_x, info->grid_y = plan->grid_y, info->grid_z = plan->grid_z;
+    info->num_splits = 1;
+    const char *dt = plan->dtype == FLASHATTN_DTYPE_BFLOAT16 ? "bf16" : "fp16";
+    if (plan->backend == FLASHATTN_BACKEND_FUSED) {
+        info->block_m = plan->cfg.block_m;
+        info->block_n = plan->cfg.block_n;
+        info->kernel_head_dim = plan->cfg.head_dim;
+        snprintf(info->kernel_name, sizeof info->kernel_name, "fused_fwd_%s_d%d_m%d_n%d_w%d", dt,
+                 plan->cfg.head_dim, plan->cfg.block_m, plan->cfg.block_n, plan->cfg.warps);
+    } else {
+        info->block_m = 1;
+        info->block_n = 0;
+        info->kernel_head_dim = plan->kp.head_dim;
+        snprintf(info->kernel_name, sizeof info->kernel_name, "reference_cublas_%s_softmax_f32", dt);
+    }
+    snprintf(info->description, sizeof info->description,
+             "backend=%s kernel=%s grid=(%d,%d,%d) threads=%d smem=%lld splits=%d workspace=%lld%s",
+             plan->backend == FLASHATTN_BACKEND_FUSED ? "FUSED" : "REFERENCE", info->kernel_name,
+             info->grid_x, info->grid_y, info->grid_z, plan->threads, (ll)plan->smem_bytes,
+             info->num_splits, (ll)plan->workspace_bytes, plan->noop ? " (no-op: seqlen_q=0)" : "");
+}

@@ -1,0 +1,479 @@
+// test_host.cpp - tests that need no GPU: status codes and strings, version, the frozen ABI layout,
+// the validation table (every bad input -> its own status and a message naming the field), and the
+// planner's decisions for synthetic devices. Runs everywhere, CI included.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+extern "C" {
+#include "flashattn.h"
+#include "internal.h"
+}
+
+namespace {
+
+// ---- status codes, strings, version ------------------------------------------------------------
+
+TEST(Status, EveryCodeHasANameAndASentence) {
+    const char *names[] = {"SUCCESS", "NULL_POINTER", "MISALIGNED_POINTER", "BAD_STRUCT_SIZE",
+                           "BAD_SHAPE", "BAD_STRIDE", "INDEX_OVERFLOW", "BAD_HEAD_GROUPING",
+                           "UNSUPPORTED_HEAD_DIM", "BAD_DTYPE", "BAD_SCALE", "BAD_MASK", "BAD_WINDOW",
+                           "BAD_SOFTCAP", "BAD_BACKEND", "UNSUPPORTED", "WORKSPACE_TOO_SMALL",
+                           "DEVICE_TOO_OLD", "WRONG_DEVICE", "NO_DEVICE", "CUDA_ERROR",
+                           "CUBLAS_ERROR", "OUT_OF_HOST_MEMORY"};
+    for (int s = 0; s < (int)(sizeof names / sizeof names[0]); ++s) {
+        EXPECT_EQ(std::string("FLASHATTN_STATUS_") + names[s],
+                  flashattn_status_name((flashattn_status)s));
+        const std::string sentence = flashattn_status_string((flashattn_status)s);
+        EXPECT_GT(sentence.size(), 8u) << names[s];
+        EXPECT_EQ(sentence.back(), '.') << names[s];
+    }
+    EXPECT_STREQ("FLASHATTN_STATUS_UNKNOWN", flashattn_status_name((flashattn_status)23));
+    EXPECT_STREQ("FLASHATTN_STATUS_UNKNOWN", flashattn_status_name((flashattn_status)-1));
+    EXPECT_NE(nullptr, flashattn_status_string((flashattn_status)1000));
+}
+
+TEST(Status, ValuesAreFrozen) {
+    EXPECT_EQ(0, FLASHATTN_STATUS_SUCCESS);
+    EXPECT_EQ(4, FLASHATTN_STATUS_BAD_SHAPE);
+    EXPECT_EQ(15, FLASHATTN_STATUS_UNSUPPORTED);
+    EXPECT_EQ(16, FLASHATTN_STATUS_WORKSPACE_TOO_SMALL);
+    EXPECT_EQ(19, FLASHATTN_STATUS_NO_DEVICE);
+    EXPECT_EQ(22, FLASHATTN_STATUS_OUT_OF_HOST_MEMORY);
+}
+
+TEST(Version, MatchesHeader) {
+    EXPECT_EQ(FLASHATTN_VERSION, flashattn_version());
+    const std::string v = std::to_string(FLASHATTN_VERSION_MAJOR) + "." +
+                          std::to_string(FLASHATTN_VERSION_MINOR) + "." +
+                          std::to_string(FLASHATTN_VERSION_PATCH);
+    EXPECT_EQ(v, flashattn_version_string());
+}
+
+// ---- ABI layout: appending is the only allowed change -------------------------------------------
+
+TEST(Abi, ParamsLayoutIsFrozen) {
+    EXPECT_EQ(0u, offsetof(flashattn_fwd_params, struct_size));
+    EXPECT_EQ(8u, offsetof(flashattn_fwd_params, dtype));
+    EXPECT_EQ(12u, offsetof(flashattn_fwd_params, mask));
+    EXPECT_EQ(16u, offsetof(flashattn_fwd_params, backend));
+    EXPECT_EQ(20u, offsetof(flashattn_fwd_params, reserved0));
+    EXPECT_EQ(24u, offsetof(flashattn_fwd_params, batch));
+    EXPECT_EQ(64u, offsetof(flashattn_fwd_params, head_dim));
+    EXPECT_EQ(72u, offsetof(flashattn_fwd_params, q));
+    EXPECT_EQ(104u, offsetof(flashattn_fwd_params, k));
+    EXPECT_EQ(136u, offsetof(flashattn_fwd_params, v));
+    EXPECT_EQ(168u, offsetof(flashattn_fwd_params, o));
+    EXPECT_EQ(200u, offsetof(flashattn_fwd_params, lse));
+    EXPECT_EQ(208u, offsetof(flashattn_fwd_params, softmax_scale));
+    EXPECT_EQ(212u, offsetof(flashattn_fwd_params, softcap));
+    EXPECT_EQ(216u, offsetof(flashattn_fwd_params, window_left));
+    EXPECT_EQ(224u, offsetof(flashattn_fwd_params, window_right));
+    EXPECT_EQ(232u, offsetof(flashattn_fwd_params, alibi_slopes));
+    EXPECT_EQ(240u, offsetof(flashattn_fwd_params, alibi_batch_stride));
+    EXPECT_EQ(248u, sizeof(flashattn_fwd_params));
+}
+
+TEST(Abi, PlanInfoLayoutIsFrozen) {
+    EXPECT_EQ(0u, offsetof(flashattn_plan_info, struct_size));
+    EXPECT_EQ(8u, offsetof(flashattn_plan_info, backend));
+    EXPECT_EQ(48u, offsetof(flashattn_plan_info, workspace_bytes));
+    EXPECT_EQ(56u, offsetof(flashattn_plan_info, shared_mem_bytes));
+    EXPECT_EQ(64u, offsetof(flashattn_plan_info, kernel_name));
+    EXPECT_EQ(128u, offsetof(flashattn_plan_info, description));
+    EXPECT_EQ(320u, sizeof(flashattn_plan_info));
+}
+
+TEST(Params, InitSetsDefaults) {
+    flashattn_fwd_params p;
+    std::memset(&p, 0xAB, sizeof p);
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_params_init(&p));
+    EXPECT_EQ(sizeof p, p.struct_size);
+    EXPECT_EQ(FLASHATTN_BACKEND_AUTO, p.backend);
+    EXPECT_EQ(FLASHATTN_MASK_NONE, p.mask);
+    EXPECT_EQ(-1, p.window_left);
+    EXPECT_EQ(-1, p.window_right);
+    EXPECT_EQ(0.0f, p.softmax_scale);
+    EXPECT_EQ(0.0f, p.softcap);
+    EXPECT_EQ(nullptr, p.q);
+    EXPECT_EQ(nullptr, p.alibi_slopes);
+    EXPECT_EQ(FLASHATTN_STATUS_NULL_POINTER, flashattn_fwd_params_init(nullptr));
+    EXPECT_NE(std::string(flashattn_last_error()).find("params"), std::string::npos);
+}
+
+TEST(Params, PackedStrides) {
+    flashattn_fwd_params p;
+    flashattn_fwd_params_init(&p);
+    p.batch = 2, p.seqlen_q = 5, p.seqlen_k = 7, p.heads_q = 8, p.heads_kv = 2, p.head_dim = 64;
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_params_set_packed_strides(&p));
+    EXPECT_EQ(64, p.q_head_stride);
+    EXPECT_EQ(8 * 64, p.q_seq_stride);
+    EXPECT_EQ(5 * 8 * 64, p.q_batch_stride);
+    EXPECT_EQ(2 * 64, p.k_seq_stride);
+    EXPECT_EQ(7 * 2 * 64, p.v_batch_stride);
+    EXPECT_EQ(p.q_seq_stride, p.o_seq_stride);
+}
+
+// ---- validation table ----------------------------------------------------------------------------
+
+// Fake, well-aligned device addresses: validation and planning never dereference them.
+flashattn_fwd_params valid_params() {
+    flashattn_fwd_params p;
+    flashattn_fwd_params_init(&p);
+    p.dtype = FLASHATTN_DTYPE_BFLOAT16;
+    p.batch = 2, p.seqlen_q = 100, p.seqlen_k = 200, p.heads_q = 8, p.heads_kv = 2, p.head_dim = 128;
+    flashattn_fwd_params_set_packed_strides(&p);
+    p.q = (const void *)0x100000, p.k = (const void *)0x200000, p.v = (const void *)0x300000;
+    p.o = (void *)0x400000;
+    return p;
+}
+
+fa_device_caps h200_caps() { return fa_device_caps{0, 9, 0, 132, 232448}; }
+fa_device_caps a100_caps() { return fa_device_caps{0, 8, 0, 108, 166912}; }
+
+struct BadCase {
+    const char *what;
+    std::function<void(flashattn_fwd_params &)> mutate;
+    flashattn_status expected;
+    const char *message_mentions;
+};
+
+const std::vector<BadCase> &bad_cases() {
+    static const std::vector<BadCase> cases = {
+        {"struct_size too small", [](auto &p) { p.struct_size = 8; }, FLASHATTN_STATUS_BAD_STRUCT_SIZE, "struct_size"},
+        {"struct_size too large", [](auto &p) { p.struct_size += 8; }, FLASHATTN_STATUS_BAD_STRUCT_SIZE, "struct_size"},
+        {"reserved0 set", [](auto &p) { p.reserved0 = 1; }, FLASHATTN_STATUS_BAD_STRUCT_SIZE, "reserved0"},
+        {"dtype unknown", [](auto &p) { p.dtype = 7; }, FLASHATTN_STATUS_BAD_DTYPE, "dtype"},
+        {"dtype negative", [](auto &p) { p.dtype = -1; }, FLASHATTN_STATUS_BAD_DTYPE, "dtype"},
+        {"mask unknown", [](auto &p) { p.mask = 3; }, FLASHATTN_STATUS_BAD_MASK, "mask"},
+        {"backend unknown", [](auto &p) { p.backend = 9; }, FLASHATTN_STATUS_BAD_BACKEND, "backend"},
+        {"batch zero", [](auto &p) { p.batch = 0; }, FLASHATTN_STATUS_BAD_SHAPE, "batch"},
+        {"batch negative", [](auto &p) { p.batch = -3; }, FLASHATTN_STATUS_BAD_SHAPE, "batch"},
+        {"batch > int32", [](auto &p) { p.batch = (int64_t)1 << 31; }, FLASHATTN_STATUS_BAD_SHAPE, "batch"},
+        {"seqlen_q negative", [](auto &p) { p.seqlen_q = -1; }, FLASHATTN_STATUS_BAD_SHAPE, "seqlen_q"},
+        {"seqlen_k negative", [](auto &p) { p.seqlen_k = -1; }, FLASHATTN_STATUS_BAD_SHAPE, "seqlen_k"},
+        {"seqlen_q too long", [](auto &p) { p.seqlen_q = ((int64_t)1 << 30) + 1; }, FLASHATTN_STATUS_BAD_SHAPE, "seqlen_q"},
+        {"seqlen_k too long", [](auto &p) { p.seqlen_k = (int64_t)1 << 40; }, FLASHATTN_STATUS_BAD_SHAPE, "seqlen_k"},
+        {"heads_q zero", [](auto &p) { p.heads_q = 0; }, FLASHATTN_STATUS_BAD_SHAPE, "heads_q"},
+        {"heads_kv zero", [](auto &p) { p.heads_kv = 0; }, FLASHATTN_STATUS_BAD_SHAPE, "heads_kv"},
+        {"head_dim zero", [](auto &p) { p.head_dim = 0; }, FLASHATTN_STATUS_BAD_SHAPE, "head_dim"},
+        {"head_dim negative", [](auto &p) { p.head_dim = -64; }, FLASHATTN_STATUS_BAD_SHAPE, "head_dim"},
+        {"heads_q not a multiple of heads_kv", [](auto &p) { p.heads_q = 7; p.heads_kv = 2; }, FLASHATTN_STATUS_BAD_HEAD_GROUPING, "heads_kv"},
+        {"heads_kv > heads_q", [](auto &p) { p.heads_q = 2; p.heads_kv = 8; }, FLASHATTN_STATUS_BAD_HEAD_GROUPING, "heads_q"},
+        {"head_dim 257", [](auto &p) { p.head_dim = 257; }, FLASHATTN_STATUS_UNSUPPORTED_HEAD_DIM, "head_dim"},
+        {"head_dim 512", [](auto &p) { p.head_dim = 512; }, FLASHATTN_STATUS_UNSUPPORTED_HEAD_DIM, "256"},
+        {"q NULL", [](auto &p) { p.q = nullptr; }, FLASHATTN_STATUS_NULL_POINTER, "q"},
+        {"k NULL", [](auto &p) { p.k = nullptr; }, FLASHATTN_STATUS_NULL_POINTER, "k"},
+        {"v NULL", [](auto &p) { p.v = nullptr; }, FLASHATTN_STATUS_NULL_POINTER, "v"},
+        {"o NULL", [](auto &p) { p.o = nullptr; }, FLASHATTN_STATUS_NULL_POINTER, "o"},
+        {"q odd address", [](auto &p) { p.q = (const char *)p.q + 1; }, FLASHATTN_STATUS_MISALIGNED_POINTER, "q"},
+        {"o odd address", [](auto &p) { p.o = (char *)p.o + 3; }, FLASHATTN_STATUS_MISALIGNED_POINTER, "o"},
+        {"lse misaligned", [](auto &p) { p.lse = (float *)0x500002; }, FLASHATTN_STATUS_MISALIGNED_POINTER, "lse"},
+        {"alibi misaligned", [](auto &p) { p.alibi_slopes = (const float *)0x600001; }, FLASHATTN_STATUS_MISALIGNED_POINTER, "alibi_slopes"},
+        {"q stride negative", [](auto &p) { p.q_seq_stride = -128; }, FLASHATTN_STATUS_BAD_STRIDE, "q_seq_stride"},
+        {"k batch stride negative", [](auto &p) { p.k_batch_stride = -1; }, FLASHATTN_STATUS_BAD_STRIDE, "k_batch_stride"},
+        {"v head stride negative", [](auto &p) { p.v_head_stride = -1; }, FLASHATTN_STATUS_BAD_STRIDE, "v_head_stride"},
+        {"o strides overlap", [](auto &p) { p.o_head_stride = 64; }, FLASHATTN_STATUS_BAD_STRIDE, "o strides"},
+        {"o broadcast over batch", [](auto &p) { p.o_batch_stride = 0; }, FLASHATTN_STATUS_BAD_STRIDE, "o strides"},
+        {"alibi batch stride negative", [](auto &p) { p.alibi_batch_stride = -8; }, FLASHATTN_STATUS_BAD_STRIDE, "alibi_batch_stride"},
+        {"alibi batch stride < heads", [](auto &p) { p.alibi_batch_stride = 3; }, FLASHATTN_STATUS_BAD_STRIDE, "alibi_batch_stride"},
+        {"q extent x stride overflow", [](auto &p) { p.q_batch_stride = INT64_MAX / 2; }, FLASHATTN_STATUS_INDEX_OVERFLOW, "q"},
+        {"k byte offset overflow", [](auto &p) { p.k_seq_stride = INT64_MAX / 300; }, FLASHATTN_STATUS_INDEX_OVERFLOW, "k"},
+        {"scale negative", [](auto &p) { p.softmax_scale = -0.125f; }, FLASHATTN_STATUS_BAD_SCALE, "softmax_scale"},
+        {"scale NaN", [](auto &p) { p.softmax_scale = NAN; }, FLASHATTN_STATUS_BAD_SCALE, "softmax_scale"},
+        {"scale inf", [](auto &p) { p.softmax_scale = INFINITY; }, FLASHATTN_STATUS_BAD_SCALE, "softmax_scale"},
+        {"softcap negative", [](auto &p) { p.softcap = -30.0f; }, FLASHATTN_STATUS_BAD_SOFTCAP, "softcap"},
+        {"softcap NaN", [](auto &p) { p.softcap = NAN; }, FLASHATTN_STATUS_BAD_SOFTCAP, "softcap"},
+        {"softcap inf", [](auto &p) { p.softcap = INFINITY; }, FLASHATTN_STATUS_BAD_SOFTCAP, "softcap"},
+        {"window_left -2", [](auto &p) { p.window_left = -2; }, FLASHATTN_STATUS_BAD_WINDOW, "window_left"},
+        {"window_right -5", [](auto &p) { p.window_right = -5; }, FLASHATTN_STATUS_BAD_WINDOW, "window_right"},
+    };
+    return cases;
+}
+
+TEST(Validation, ValidParamsPass) {
+    flashattn_fwd_params p = valid_params();
+    EXPECT_EQ(FLASHATTN_STATUS_SUCCESS, fa_validate(&p)) << flashattn_last_error();
+}
+
+TEST(Validation, EveryBadInputHasItsStatusAndMessage) {
+    for (const BadCase &c : bad_cases()) {
+        flashattn_fwd_params p = valid_params();
+        c.mutate(p);
+        fa_clear_error();
+        const flashattn_status st = fa_validate(&p);
+        EXPECT_EQ(c.expected, st) << c.what << ": got " << flashattn_status_name(st) << " ("
+                                  << flashattn_last_error() << ")";
+        EXPECT_NE(std::string(flashattn_last_error()).find(c.message_mentions), std::string::npos)
+            << c.what << ": message '" << flashattn_last_error() << "' does not mention '"
+            << c.message_mentions << "'";
+        // The planner (behind every public query and the forward call) reports the same status.
+        const fa_device_caps caps = h200_caps();
+        fa_plan plan;
+        EXPECT_EQ(c.expected, fa_plan_make(&caps, &p, 0, &plan)) << c.what;
+    }
+}
+
+TEST(Validation, NullParamsAndHandle) {
+    EXPECT_EQ(FLASHATTN_STATUS_NULL_POINTER, fa_validate(nullptr));
+    flashattn_fwd_params p = valid_params();
+    size_t bytes = 123;
+    EXPECT_EQ(FLASHATTN_STATUS_NULL_POINTER, flashattn_fwd_workspace_size(nullptr, &p, &bytes));
+    EXPECT_NE(std::string(flashattn_last_error()).find("handle"), std::string::npos);
+    EXPECT_EQ(123u, bytes);
+    EXPECT_EQ(FLASHATTN_STATUS_NULL_POINTER, flashattn_fwd_supported(nullptr, &p));
+    EXPECT_EQ(FLASHATTN_STATUS_NULL_POINTER, flashattn_fwd(nullptr, &p, nullptr, 0, nullptr));
+    flashattn_plan_info info;
+    flashattn_plan_info_init(&info);
+    EXPECT_EQ(FLASHATTN_STATUS_NULL_POINTER, flashattn_fwd_plan(nullptr, &p, &info));
+    EXPECT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_handle_destroy(nullptr));
+    EXPECT_EQ(FLASHATTN_STATUS_NULL_POINTER, flashattn_handle_create(nullptr, 0));
+    int dev = 0;
+    EXPECT_EQ(FLASHATTN_STATUS_NULL_POINTER, flashattn_handle_device(nullptr, &dev));
+}
+
+TEST(Validation, EmptyTensorsMayBeNull) {
+    flashattn_fwd_params p = valid_params();
+    p.seqlen_k = 0;
+    p.k = p.v = nullptr;
+    EXPECT_EQ(FLASHATTN_STATUS_SUCCESS, fa_validate(&p)) << flashattn_last_error();
+    p = valid_params();
+    p.seqlen_q = 0;
+    p.q = nullptr;
+    p.o = nullptr;
+    EXPECT_EQ(FLASHATTN_STATUS_SUCCESS, fa_validate(&p)) << flashattn_last_error();
+}
+
+TEST(Validation, LayoutsThatAreFine) {
+    // [B, H, S, D] layout, zero batch stride for broadcast K/V, scale 0 = default.
+    flashattn_fwd_params p = valid_params();
+    p.q_head_stride = p.seqlen_q * p.head_dim, p.q_seq_stride = p.head_dim;
+    p.q_batch_stride = p.heads_q * p.seqlen_q * p.head_dim;
+    p.o_head_stride = p.q_head_stride, p.o_seq_stride = p.q_seq_stride, p.o_batch_stride = p.q_batch_stride;
+    p.k_batch_stride = 0, p.v_batch_stride = 0;
+    p.softmax_scale = 0.0f;
+    p.window_left = 0, p.window_right = 0;
+    EXPECT_EQ(FLASHATTN_STATUS_SUCCESS, fa_validate(&p)) << flashattn_last_error();
+    // An output with seq_len 1 may have any seq stride.
+    p = valid_params();
+    p.seqlen_q = 1;
+    p.o_seq_stride = 0;
+    EXPECT_EQ(FLASHATTN_STATUS_SUCCESS, fa_validate(&p)) << flashattn_last_error();
+}
+
+TEST(Validation, LastErrorIsPerThread) {
+    flashattn_fwd_params p = valid_params();
+    p.head_dim = 999;
+    ASSERT_EQ(FLASHATTN_STATUS_UNSUPPORTED_HEAD_DIM, fa_validate(&p));
+    std::string other;
+    std::thread([&] { other = flashattn_last_error(); }).join();
+    EXPECT_EQ("", other);
+    EXPECT_NE(std::string(flashattn_last_error()).find("999"), std::string::npos);
+    flashattn_fwd_params q;
+    EXPECT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_params_init(&q));
+    EXPECT_STREQ("", flashattn_last_error());  // cleared by a successful call
+}
+
+// ---- planning ------------------------------------------------------------------------------------
+
+fa_plan plan_ok(const flashattn_fwd_params &p, const fa_device_caps &caps) {
+    fa_plan plan;
+    const flashattn_status st = fa_plan_make(&caps, &p, 0, &plan);
+    EXPECT_EQ(FLASHATTN_STATUS_SUCCESS, st) << flashattn_last_error();
+    return plan;
+}
+
+TEST(Planning, AutoPicksFusedWithTheTableTiles) {
+    flashattn_fwd_params p = valid_params();
+    const fa_plan plan = plan_ok(p, h200_caps());
+    if (!fa_fused_compiled(FLASHATTN_DTYPE_BFLOAT16, 128)) GTEST_SKIP() << "d128 not compiled in";
+    EXPECT_EQ(FLASHATTN_BACKEND_FUSED, plan.backend);
+    EXPECT_EQ(128, plan.cfg.head_dim);
+    EXPECT_EQ(0, plan.workspace_bytes);
+    EXPECT_EQ((100 + plan.cfg.block_m - 1) / plan.cfg.block_m, plan.grid_x);
+    EXPECT_EQ(8, plan.grid_y);
+    EXPECT_EQ(2, plan.grid_z);
+    EXPECT_EQ(32 * plan.cfg.warps, plan.threads);
+    EXPECT_EQ(fa_fused_smem_bytes(&plan.cfg), plan.smem_bytes);
+    EXPECT_EQ(4, plan.kp.head_group);
+}
+
+TEST(Planning, HeadDimsRoundUpToACompiledVariant) {
+    EXPECT_EQ(32, fa_fused_kernel_head_dim(8));
+    EXPECT_EQ(64, fa_fused_kernel_head_dim(40));
+    EXPECT_EQ(96, fa_fused_kernel_head_dim(72));
+    EXPECT_EQ(96, fa_fused_kernel_head_dim(80));
+    EXPECT_EQ(256, fa_fused_kernel_head_dim(200));
+    EXPECT_EQ(256, fa_fused_kernel_head_dim(224));
+    EXPECT_EQ(0, fa_fused_kernel_head_dim(264));
+}
+
+TEST(Planning, OddHeadDimFallsBackToReference) {
+    flashattn_fwd_params p = valid_params();
+    p.head_dim = 36;
+    flashattn_fwd_params_set_packed_strides(&p);
+    EXPECT_EQ(FLASHATTN_BACKEND_REFERENCE, plan_ok(p, h200_caps()).backend);
+    p.backend = FLASHATTN_BACKEND_FUSED;
+    fa_plan plan;
+    const fa_device_caps caps = h200_caps();
+    EXPECT_EQ(FLASHATTN_STATUS_UNSUPPORTED, fa_plan_make(&caps, &p, 0, &plan));
+    EXPECT_NE(std::string(flashattn_last_error()).find("multiple of 8"), std::string::npos);
+}
+
+TEST(Planning, UnalignedTensorsFallBackToReference) {
+    flashattn_fwd_params p = valid_params();
+    p.k = (const char *)p.k + 2;  // element-aligned, not 16-byte aligned
+    EXPECT_EQ(FLASHATTN_BACKEND_REFERENCE, plan_ok(p, h200_caps()).backend);
+    p = valid_params();
+    p.q_seq_stride += 4;  // not a multiple of 8 elements
+    EXPECT_EQ(FLASHATTN_BACKEND_REFERENCE, plan_ok(p, h200_caps()).backend);
+    p.backend = FLASHATTN_BACKEND_FUSED;
+    fa_plan plan;
+    const fa_device_caps caps = h200_caps();
+    EXPECT_EQ(FLASHATTN_STATUS_UNSUPPORTED, fa_plan_make(&caps, &p, 0, &plan));
+    EXPECT_NE(std::string(flashattn_last_error()).find("stride"), std::string::npos);
+}
+
+TEST(Planning, SharedMemoryLimitOfTheDevice) {
+    if (!fa_fused_compiled(FLASHATTN_DTYPE_BFLOAT16, 128)) GTEST_SKIP() << "d128 not compiled in";
+    flashattn_fwd_params p = valid_params();
+    const fa_fused_config *cfg = fa_fused_config_for(128);
+    ASSERT_NE(nullptr, cfg);
+    fa_device_caps small = h200_caps();
+    small.smem_per_block_optin = fa_fused_smem_bytes(cfg) - 1;
+    EXPECT_EQ(FLASHATTN_BACKEND_REFERENCE, plan_ok(p, small).backend);
+    p.backend = FLASHATTN_BACKEND_FUSED;
+    fa_plan plan;
+    EXPECT_EQ(FLASHATTN_STATUS_UNSUPPORTED, fa_plan_make(&small, &p, 0, &plan));
+    EXPECT_NE(std::string(flashattn_last_error()).find("shared memory"), std::string::npos);
+}
+
+TEST(Planning, DeviceTooOld) {
+    flashattn_fwd_params p = valid_params();
+    fa_device_caps turing = {0, 7, 5, 40, 65536};
+    fa_plan plan;
+    EXPECT_EQ(FLASHATTN_STATUS_DEVICE_TOO_OLD, fa_plan_make(&turing, &p, 0, &plan));
+    EXPECT_NE(std::string(flashattn_last_error()).find("7.5"), std::string::npos);
+}
+
+TEST(Planning, ReferenceWorkspaceCoversEveryRegion) {
+    flashattn_fwd_params p = valid_params();
+    p.backend = FLASHATTN_BACKEND_REFERENCE;
+    const fa_plan plan = plan_ok(p, h200_caps());
+    EXPECT_EQ(FLASHATTN_BACKEND_REFERENCE, plan.backend);
+    const int64_t nbh = 2 * 8;
+    EXPECT_GE(plan.ref.scores - plan.ref.ptr_arrays, 6 * nbh * 8);
+    EXPECT_GE(plan.ref.v_f32 - plan.ref.scores, nbh * 100 * 200 * 4);
+    EXPECT_GE(plan.ref.o_f32 - plan.ref.v_f32, 2 * 2 * 200 * 128 * 4);
+    EXPECT_GE(plan.ref.cublas_ws - plan.ref.o_f32, nbh * 100 * 128 * 4);
+    EXPECT_EQ(plan.ref.cublas_ws + FA_CUBLAS_WORKSPACE_BYTES, plan.ref.total);
+    EXPECT_EQ(plan.ref.total, plan.workspace_bytes);
+    for (int64_t off : {plan.ref.scores, plan.ref.v_f32, plan.ref.o_f32, plan.ref.cublas_ws})
+        EXPECT_EQ(0, off % FA_WORKSPACE_ALIGN);
+}
+
+TEST(Planning, ReferenceRejectsHugeWorkspaceAndOddLeadingDims) {
+    flashattn_fwd_params p = valid_params();
+    p.backend = FLASHATTN_BACKEND_REFERENCE;
+    p.seqlen_q = p.seqlen_k = (int64_t)1 << 30;
+    p.batch = 1 << 20;
+    flashattn_fwd_params_set_packed_strides(&p);
+    fa_plan plan;
+    const fa_device_caps caps = h200_caps();
+    EXPECT_EQ(FLASHATTN_STATUS_UNSUPPORTED, fa_plan_make(&caps, &p, 0, &plan));
+    EXPECT_NE(std::string(flashattn_last_error()).find("overflow"), std::string::npos);
+    p = valid_params();
+    p.backend = FLASHATTN_BACKEND_REFERENCE;
+    p.k_seq_stride = 64;  // < head_dim: cuBLAS cannot take it as a leading dimension
+    EXPECT_EQ(FLASHATTN_STATUS_UNSUPPORTED, fa_plan_make(&caps, &p, 0, &plan));
+    EXPECT_NE(std::string(flashattn_last_error()).find("k_seq_stride"), std::string::npos);
+}
+
+TEST(Planning, EmptyQueryIsANoOp) {
+    flashattn_fwd_params p = valid_params();
+    p.seqlen_q = 0;
+    const fa_plan plan = plan_ok(p, h200_caps());
+    EXPECT_TRUE(plan.noop);
+    EXPECT_EQ(0, plan.workspace_bytes);
+}
+
+TEST(Planning, VisibilityOffsets) {
+    struct Case { int mask; int64_t sq, sk, wl, wr; int lo, hi; };
+    const Case cases[] = {
+        {FLASHATTN_MASK_NONE, 100, 200, -1, -1, -100, 200},
+        {FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, 100, 200, -1, -1, -100, 100},
+        {FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, 200, 100, -1, -1, -200, -100},
+        {FLASHATTN_MASK_CAUSAL_TOP_LEFT, 100, 200, -1, -1, -100, 0},
+        {FLASHATTN_MASK_NONE, 100, 200, 16, 4, 84, 104},
+        {FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, 100, 200, 16, 4, 84, 100},
+        {FLASHATTN_MASK_NONE, 100, 200, INT64_MAX, INT64_MAX, -100, 200},
+        {FLASHATTN_MASK_NONE, 10, 10, 0, 0, 0, 0},
+    };
+    for (const Case &c : cases) {
+        flashattn_fwd_params p = valid_params();
+        p.mask = c.mask, p.seqlen_q = c.sq, p.seqlen_k = c.sk, p.window_left = c.wl, p.window_right = c.wr;
+        flashattn_fwd_params_set_packed_strides(&p);
+        const fa_plan plan = plan_ok(p, h200_caps());
+        EXPECT_EQ(c.lo, plan.kp.key_lo_off) << c.mask << " " << c.sq << " " << c.sk << " " << c.wl;
+        EXPECT_EQ(c.hi, plan.kp.key_hi_off) << c.mask << " " << c.sq << " " << c.sk << " " << c.wr;
+    }
+}
+
+TEST(Planning, ScaleDefaultAndFold) {
+    flashattn_fwd_params p = valid_params();
+    fa_plan plan = plan_ok(p, h200_caps());
+    EXPECT_FLOAT_EQ(1.0f / std::sqrt(128.0f), plan.kp.scale);
+    EXPECT_FLOAT_EQ(plan.kp.scale * 1.4426950408889634f, plan.kp.scale_log2);
+    p.softmax_scale = 0.5f;
+    p.softcap = 30.0f;
+    plan = plan_ok(p, h200_caps());
+    EXPECT_FLOAT_EQ(0.5f, plan.kp.scale);
+    EXPECT_FLOAT_EQ(0.5f / 30.0f, plan.kp.softcap_inv_scale);
+}
+
+TEST(Planning, DescribeNamesKernelAndGrid) {
+    flashattn_fwd_params p = valid_params();
+    const fa_plan plan = plan_ok(p, h200_caps());
+    flashattn_plan_info info;
+    flashattn_plan_info_init(&info);
+    fa_plan_describe(&plan, &info);
+    EXPECT_EQ(sizeof info, info.struct_size);
+    EXPECT_EQ(plan.backend, info.backend);
+    EXPECT_EQ(plan.grid_x, info.grid_x);
+    EXPECT_EQ(1, info.num_splits);
+    const std::string d = info.description;
+    EXPECT_NE(d.find(info.kernel_name), std::string::npos) << d;
+    EXPECT_NE(d.find("grid=("), std::string::npos) << d;
+    EXPECT_NE(d.find("workspace="), std::string::npos) << d;
+}
+
+// ---- the handle without a GPU ----------------------------------------------------------------------
+
+TEST(Handle, CreateReportsNoDeviceOrSucceeds) {
+    int count = 0;
+    const bool has_gpu = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+    flashattn_handle *h = (flashattn_handle *)0x1;
+    const flashattn_status st = flashattn_handle_create(&h, 0);
+    if (has_gpu) {
+        EXPECT_TRUE(st == FLASHATTN_STATUS_SUCCESS || st == FLASHATTN_STATUS_DEVICE_TOO_OLD)
+            << flashattn_last_error();
+        flashattn_handle_destroy(h);
+    } else {
+        EXPECT_EQ(FLASHATTN_STATUS_NO_DEVICE, st);
+        EXPECT_EQ(nullptr, h);
+        EXPECT_NE(std::string(flashattn_last_error()).find("device"), std::string::npos);
+    }
+    h = (flashattn_handle *)0x1;
+    EXPECT_EQ(FLASHATTN_STATUS_NO_DEVICE, flashattn_handle_create(&h, 4096));
+    EXPECT_EQ(nullptr, h);
+}
+
+}  // namespace
