@@ -49,9 +49,10 @@ typedef struct fa_launch {
 #define FA_FUSED_NUM_HEAD_DIMS 7
 #define FA_FUSED_HEAD_DIM_LIST 32, 64, 96, 128, 160, 192, 256
 
-/* Tile configuration of the fused kernel for one compiled head dim. One warp owns 16 query rows, so
- * block_m = 16 * warps. q_in_regs: Q fragments stay in registers for the whole key loop (saves
- * shared-memory bandwidth; too many registers above head dim 128). Shared memory holds Q and two
+/* Tile configuration of the fused kernel for one compiled head dim. A warp owns
+ * block_m / warps query rows: 32 (two m16 tiles, so each K/V fragment read from shared memory feeds
+ * two MMAs) where the O accumulator fits in registers, else 16. q_in_regs: Q fragments stay in
+ * registers for the whole key loop (one m16 tile per warp only). Shared memory holds Q and two
  * stages of K and V, each row padded by 8 elements (16 bytes) so ldmatrix is bank-conflict free. */
 typedef struct fa_fused_config {
     int32_t head_dim, block_m, block_n, warps, q_in_regs;
@@ -62,10 +63,10 @@ typedef struct fa_fused_config {
 /* X(head_dim, block_m, block_n, warps, q_in_regs): the one table of tile choices; the planner and
  * the kernel instances both expand it, so they cannot disagree. docs/performance.md records why. */
 #define FA_FUSED_CONFIGS(X) \
-    X(32, 128, 128, 8, 1)   \
-    X(64, 128, 128, 8, 1)   \
-    X(96, 128, 64, 8, 1)    \
-    X(128, 128, 64, 8, 1)   \
+    X(32, 128, 128, 4, 0)   \
+    X(64, 128, 128, 4, 0)   \
+    X(96, 128, 64, 4, 0)    \
+    X(128, 128, 64, 4, 0)   \
     X(160, 128, 64, 8, 0)   \
     X(192, 128, 64, 8, 0)   \
     X(256, 128, 64, 8, 0)

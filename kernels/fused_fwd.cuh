@@ -2,8 +2,8 @@
  * fused_fwd.cuh - the FUSED forward kernel: FlashAttention-2 on tensor cores through mma.sync
  * (m16n8k16, fp16/bf16 in, fp32 accumulate) with cp.async tile loads. Runs on sm_80 and newer.
  *
- * One thread block owns kBlockM query rows of one (batch, head); each of its warps owns 16 of those
- * rows for the whole kernel. Per block:
+ * One thread block owns kBlockM query rows of one (batch, head); each of its warps owns 16 or 32 of
+ * those rows (one or two m16 tiles) for the whole kernel. Per block:
  *
  *   load Q tile                                   cp.async, once (kept in registers when it fits)
  *   for each visible key tile (kBlockN keys), K and V double-buffered in shared memory:
@@ -116,14 +116,19 @@ struct fused_traits {
     static constexpr int kBlockM = cfg::block_m, kBlockN = cfg::block_n, kWarps = cfg::warps;
     static constexpr bool kQInRegs = cfg::q_in_regs;
     static constexpr int kThreads = 32 * kWarps;
+    static constexpr int kMTiles = kBlockM / (16 * kWarps); /* m16 tiles (query rows / 16) per warp */
     static constexpr int kStride = kHeadDim + FA_SMEM_PAD; /* elements per shared-memory row */
     static constexpr int kChunks = kHeadDim / 8;          /* 16-byte chunks per row */
     static constexpr int kKSteps = kHeadDim / 16;         /* k16 steps of Q K^T */
-    static constexpr int kSTiles = kBlockN / 8;           /* n8 tiles of S per warp */
-    static constexpr int kOTiles = kHeadDim / 8;          /* n8 tiles of O per warp */
+    static constexpr int kSTiles = kBlockN / 8;           /* n8 tiles of S per m16 tile */
+    static constexpr int kOTiles = kHeadDim / 8;          /* n8 tiles of O per m16 tile */
     static constexpr int kPSteps = kBlockN / 16;          /* k16 steps of P V */
     static constexpr int kSmemBytes = (kBlockM + 4 * kBlockN) * kStride * 2;
-    static_assert(kBlockM == 16 * kWarps, "one warp owns 16 query rows");
+    /* Two resident blocks when they fit (4-warp configurations), so one block's softmax overlaps
+     * the other's matrix products on each SM sub-partition. */
+    static constexpr int kMinBlocks = kWarps == 4 ? 2 : 1;
+    static_assert(kMTiles >= 1 && kBlockM == 16 * kMTiles * kWarps, "a warp owns 16 * kMTiles rows");
+    static_assert(!kQInRegs || kMTiles == 1, "Q in registers only with one m16 tile per warp");
     static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0, "tile shapes must be multiples of 16");
 };
 
@@ -142,12 +147,16 @@ __device__ __forceinline__ void load_tile(typename Tr::T *dst, const typename Tr
     }
 }
 
-template <int kDtype, int kHeadDim>
-__global__ void __launch_bounds__(fused_traits<kDtype, kHeadDim>::kThreads, 1)
+/* kTransform: softcap and/or ALiBi present. A separate instantiation keeps their registers and
+ * code out of the plain kernel's main loop. */
+template <int kDtype, int kHeadDim, bool kTransform>
+__global__ void __launch_bounds__(fused_traits<kDtype, kHeadDim>::kThreads,
+                                  fused_traits<kDtype, kHeadDim>::kMinBlocks)
 fused_fwd_kernel(const __grid_constant__ fa_kernel_params p) {
     using Tr = fused_traits<kDtype, kHeadDim>;
     using T = typename Tr::T;
     constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN, kStride = Tr::kStride;
+    constexpr int kMT = Tr::kMTiles;
     constexpr float kLn2 = 0.6931471805599453f, kLog2e = 1.4426950408889634f;
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -162,6 +171,7 @@ fused_fwd_kernel(const __grid_constant__ fa_kernel_params p) {
     const int h = blockIdx.y, b = blockIdx.z, hk = h / p.head_group;
     const int m0 = m_block * kBlockM;
     const int row_last = min(m0 + kBlockM, p.seqlen_q) - 1;
+    const int warp_row0 = m0 + warp * 16 * kMT; /* first query row of this warp */
 
     const T *qg = (const T *)p.q + b * p.q_batch_stride + h * p.q_head_stride;
     const T *kg = (const T *)p.k + b * p.k_batch_stride + hk * p.k_head_stride;
@@ -202,22 +212,26 @@ fused_fwd_kernel(const __grid_constant__ fa_kernel_params p) {
 
     /* Softcap and ALiBi need the score in natural units; without them the scale is folded into
      * the exp2 argument (one FFMA per element). */
-    const bool transform = p.softcap > 0.0f || p.alibi_slopes != nullptr;
-    const float mult = transform ? 1.0f : p.scale_log2;
-    const float slope = alibi_slope(p, b, h);
+    const float mult = kTransform ? 1.0f : p.scale_log2;
+    const float slope = kTransform ? alibi_slope(p, b, h) : 0.0f;
 
-    float o_acc[Tr::kOTiles][4];
+    float o_acc[kMT][Tr::kOTiles][4];
 #pragma unroll
-    for (int j = 0; j < Tr::kOTiles; ++j) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.0f;
-    float row_max[2] = {-INFINITY, -INFINITY}; /* rows g and g + 8, in raw units (x mult) */
-    float row_sum[2] = {0.0f, 0.0f};           /* this thread's partial sums; quad-reduced at the end */
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int j = 0; j < Tr::kOTiles; ++j) o_acc[mt][j][0] = o_acc[mt][j][1] = o_acc[mt][j][2] = o_acc[mt][j][3] = 0.0f;
+    /* Rows g and g + 8 of each m16 tile: running max (raw units, times mult gives log2 units) and
+     * this thread's partial row sums (quad-reduced once, at the end). */
+    float row_max[kMT][2], row_sum[kMT][2];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) row_max[mt][0] = row_max[mt][1] = -INFINITY, row_sum[mt][0] = row_sum[mt][1] = 0.0f;
     uint32_t q_frag[Tr::kQInRegs ? Tr::kKSteps : 1][4];
 
     /* Per-lane ldmatrix offsets (bytes) inside a 16x16 block, see the layouts in the header. */
     const uint32_t a_off = (uint32_t)((((lane % 8) + 8 * ((lane / 8) % 2)) * kStride + 8 * (lane / 16)) * 2);
     const uint32_t kb_off = (uint32_t)((((lane % 8) + 8 * (lane / 16)) * kStride + 8 * ((lane / 8) % 2)) * 2);
     const uint32_t vb_off = (uint32_t)((((lane % 8) + 8 * ((lane / 8) % 2)) * kStride + 8 * (lane / 16)) * 2);
-    const uint32_t sQ_warp = smem_u32(sQ) + (uint32_t)(warp * 16 * kStride * 2) + a_off;
+    const uint32_t sQ_warp = smem_u32(sQ) + (uint32_t)(warp * 16 * kMT * kStride * 2) + a_off;
 
     for (int it = 0; it < n_tiles; ++it) {
         cp_async_wait<1>(); /* tile `it` (and Q) have landed for this thread ... */
@@ -234,89 +248,109 @@ fused_fwd_kernel(const __grid_constant__ fa_kernel_params p) {
             }
         }
 
-        /* S = Q K^T for this warp's 16 rows x kBlockN keys. */
-        float s[Tr::kSTiles][4];
+        /* S = Q K^T for this warp's rows x kBlockN keys; each K fragment feeds every m16 tile. */
+        float s[kMT][Tr::kSTiles][4];
 #pragma unroll
-        for (int j = 0; j < Tr::kSTiles; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-        auto qk_step = [&](const uint32_t(&a)[4], int ks) {
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+            for (int j = 0; j < Tr::kSTiles; ++j) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < Tr::kKSteps; ++ks) {
+            uint32_t a[kMT][4];
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+                if constexpr (Tr::kQInRegs) {
+#pragma unroll
+                    for (int x = 0; x < 4; ++x) a[mt][x] = q_frag[ks][x];
+                } else {
+                    ldmatrix_x4(a[mt], sQ_warp + (uint32_t)(mt * 16 * kStride * 2 + ks * 32));
+                }
+            }
 #pragma unroll
             for (int nb = 0; nb < Tr::kSTiles / 2; ++nb) {
                 uint32_t kb[4];
                 ldmatrix_x4(kb, sK_st + (uint32_t)(nb * 16 * kStride * 2 + ks * 32));
-                mma_16816<kDtype>(s[2 * nb], a, kb[0], kb[1]);
-                mma_16816<kDtype>(s[2 * nb + 1], a, kb[2], kb[3]);
-            }
-        };
 #pragma unroll
-        for (int ks = 0; ks < Tr::kKSteps; ++ks) {
-            if constexpr (Tr::kQInRegs) {
-                qk_step(q_frag[ks], ks);
-            } else {
-                uint32_t a[4];
-                ldmatrix_x4(a, sQ_warp + ks * 32);
-                qk_step(a, ks);
+                for (int mt = 0; mt < kMT; ++mt) {
+                    mma_16816<kDtype>(s[mt][2 * nb], a[mt], kb[0], kb[1]);
+                    mma_16816<kDtype>(s[mt][2 * nb + 1], a[mt], kb[2], kb[3]);
+                }
             }
         }
 
-        const int row0 = m0 + warp * 16 + g; /* query index of elements 0,1; +8 for 2,3 */
-        if (transform) {
+        if constexpr (kTransform) {
 #pragma unroll
-            for (int j = 0; j < Tr::kSTiles; ++j)
+            for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    s[j][e] = kLog2e * transform_score(p, s[j][e] * p.scale, slope, row0 + 8 * (e / 2),
-                                                       n0 + 8 * j + 2 * t + (e % 2));
+                for (int j = 0; j < Tr::kSTiles; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        s[mt][j][e] = kLog2e * transform_score(p, s[mt][j][e] * p.scale, slope,
+                                                               warp_row0 + 16 * mt + g + 8 * (e / 2),
+                                                               n0 + 8 * j + 2 * t + (e % 2));
         }
         /* Mask only tiles that cross a boundary of the visible band or the end of the keys. */
         const bool need_mask = n0 < row_last + p.key_lo_off || n0 + kBlockN - 1 > m0 + p.key_hi_off ||
                                n0 + kBlockN > p.seqlen_k;
         if (need_mask) {
 #pragma unroll
-            for (int j = 0; j < Tr::kSTiles; ++j)
+            for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    if (!visible(p, row0 + 8 * (e / 2), n0 + 8 * j + 2 * t + (e % 2))) s[j][e] = -INFINITY;
+                for (int j = 0; j < Tr::kSTiles; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        if (!visible(p, warp_row0 + 16 * mt + g + 8 * (e / 2), n0 + 8 * j + 2 * t + (e % 2)))
+                            s[mt][j][e] = -INFINITY;
         }
 
-        /* Online softmax, rows g (r = 0) and g + 8 (r = 1). */
+        /* Online softmax, rows g (r = 0) and g + 8 (r = 1) of each m16 tile. */
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            float mx = row_max[r];
+        for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-            for (int j = 0; j < Tr::kSTiles; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
-            mx = quad_max(mx);
-            /* A row with nothing visible yet keeps max -inf; subtract 0 so exp2 gives 0, not NaN. */
-            const float m_scaled = (mx == -INFINITY) ? 0.0f : mx * mult;
-            const float corr = fast_exp2(row_max[r] * mult - m_scaled);
-            row_max[r] = mx;
-            row_sum[r] *= corr;
+            for (int r = 0; r < 2; ++r) {
+                float mx = row_max[mt][r];
 #pragma unroll
-            for (int j = 0; j < Tr::kOTiles; ++j) {
-                o_acc[j][2 * r] *= corr;
-                o_acc[j][2 * r + 1] *= corr;
+                for (int j = 0; j < Tr::kSTiles; ++j) mx = fmaxf(mx, fmaxf(s[mt][j][2 * r], s[mt][j][2 * r + 1]));
+                mx = quad_max(mx);
+                /* A row with nothing visible yet keeps max -inf; subtract 0 so exp2 gives 0, not NaN. */
+                const float m_scaled = (mx == -INFINITY) ? 0.0f : mx * mult;
+                const float corr = fast_exp2(row_max[mt][r] * mult - m_scaled);
+                row_max[mt][r] = mx;
+                row_sum[mt][r] *= corr;
+#pragma unroll
+                for (int j = 0; j < Tr::kOTiles; ++j) {
+                    o_acc[mt][j][2 * r] *= corr;
+                    o_acc[mt][j][2 * r + 1] *= corr;
+                }
+#pragma unroll
+                for (int j = 0; j < Tr::kSTiles; ++j) {
+                    s[mt][j][2 * r] = fast_exp2(fmaf(s[mt][j][2 * r], mult, -m_scaled));
+                    s[mt][j][2 * r + 1] = fast_exp2(fmaf(s[mt][j][2 * r + 1], mult, -m_scaled));
+                    row_sum[mt][r] += s[mt][j][2 * r] + s[mt][j][2 * r + 1];
+                }
             }
-#pragma unroll
-            for (int j = 0; j < Tr::kSTiles; ++j) {
-                s[j][2 * r] = fast_exp2(fmaf(s[j][2 * r], mult, -m_scaled));
-                s[j][2 * r + 1] = fast_exp2(fmaf(s[j][2 * r + 1], mult, -m_scaled));
-                row_sum[r] += s[j][2 * r] + s[j][2 * r + 1];
-            }
-        }
 
-        /* O += P V, P converted in registers from the S accumulator layout to the A layout. */
+        /* O += P V, P converted in registers from the S accumulator layout to the A layout; each
+         * V fragment feeds every m16 tile. */
 #pragma unroll
         for (int kk = 0; kk < Tr::kPSteps; ++kk) {
-            uint32_t a[4];
-            a[0] = pack_pair<kDtype>(s[2 * kk][0], s[2 * kk][1]);
-            a[1] = pack_pair<kDtype>(s[2 * kk][2], s[2 * kk][3]);
-            a[2] = pack_pair<kDtype>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            a[3] = pack_pair<kDtype>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            uint32_t a[kMT][4];
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+                a[mt][0] = pack_pair<kDtype>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                a[mt][1] = pack_pair<kDtype>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                a[mt][2] = pack_pair<kDtype>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                a[mt][3] = pack_pair<kDtype>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+            }
 #pragma unroll
             for (int dn = 0; dn < Tr::kOTiles / 2; ++dn) {
                 uint32_t vb[4];
                 ldmatrix_x4_trans(vb, sV_st + (uint32_t)(kk * 16 * kStride * 2 + dn * 32));
-                mma_16816<kDtype>(o_acc[2 * dn], a, vb[0], vb[1]);
-                mma_16816<kDtype>(o_acc[2 * dn + 1], a, vb[2], vb[3]);
+#pragma unroll
+                for (int mt = 0; mt < kMT; ++mt) {
+                    mma_16816<kDtype>(o_acc[mt][2 * dn], a[mt], vb[0], vb[1]);
+                    mma_16816<kDtype>(o_acc[mt][2 * dn + 1], a[mt], vb[2], vb[3]);
+                }
             }
         }
 
@@ -335,17 +369,19 @@ fused_fwd_kernel(const __grid_constant__ fa_kernel_params p) {
     /* Epilogue: normalise, stage O through sQ (free now: the loop ended on a barrier), store. */
     T *sO = sQ;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const float l = quad_sum(row_sum[r]);
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        const int row_local = warp * 16 + g + 8 * r;
+    for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-        for (int j = 0; j < Tr::kOTiles; ++j)
-            *reinterpret_cast<uint32_t *>(sO + row_local * kStride + 8 * j + 2 * t) =
-                pack_pair<kDtype>(o_acc[j][2 * r] * inv, o_acc[j][2 * r + 1] * inv);
-        if (lse && t == 0 && m0 + row_local < p.seqlen_q)
-            lse[m0 + row_local] = l > 0.0f ? (row_max[r] * mult + __log2f(l)) * kLn2 : -INFINITY;
-    }
+        for (int r = 0; r < 2; ++r) {
+            const float l = quad_sum(row_sum[mt][r]);
+            const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+            const int row_local = (warp * kMT + mt) * 16 + g + 8 * r;
+#pragma unroll
+            for (int j = 0; j < Tr::kOTiles; ++j)
+                *reinterpret_cast<uint32_t *>(sO + row_local * kStride + 8 * j + 2 * t) =
+                    pack_pair<kDtype>(o_acc[mt][j][2 * r] * inv, o_acc[mt][j][2 * r + 1] * inv);
+            if (lse && t == 0 && m0 + row_local < p.seqlen_q)
+                lse[m0 + row_local] = l > 0.0f ? (row_max[mt][r] * mult + __log2f(l)) * kLn2 : -INFINITY;
+        }
     __syncthreads();
     for (int c = threadIdx.x; c < kBlockM * Tr::kChunks; c += Tr::kThreads) {
         const int r = c / Tr::kChunks, ch = c % Tr::kChunks;
@@ -360,7 +396,8 @@ int launch_fused(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
     using Tr = fused_traits<kDtype, kHeadDim>;
     if (l->threads != Tr::kThreads || l->smem_bytes != Tr::kSmemBytes)
         return (int)cudaErrorInvalidConfiguration; /* planner and kernel disagree: refuse */
-    auto kernel = fused_fwd_kernel<kDtype, kHeadDim>;
+    const bool transform = kp->softcap > 0.0f || kp->alibi_slopes != nullptr;
+    auto kernel = transform ? fused_fwd_kernel<kDtype, kHeadDim, true> : fused_fwd_kernel<kDtype, kHeadDim, false>;
     cudaError_t err =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
     if (err != cudaSuccess) return (int)err;

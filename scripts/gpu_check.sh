@@ -19,6 +19,11 @@ if want test; then
   grep -E '^\[ (reference|fused|plan|threads) \]' -h build/Testing/Temporary/LastTest.log | sort -u > "$OUT/correctness.txt" || true
   summary+=("tests: $(grep -E 'tests passed|tests failed' "$OUT/tests.log" | tail -1)")
   grep -E 'Failed|\*\*\*' "$OUT/tests.log" | head -20
+  # The Python package: installed offline as the README says, its GPU tests, the README example.
+  python3 -m pip install -q --no-build-isolation --no-deps ./python > "$OUT/pytest.log" 2>&1
+  FLASHATTN_LIBRARY=$PWD/build/libflashattn.so python3 -m pytest -q -rs python/tests >> "$OUT/pytest.log" 2>&1
+  summary+=("python: $(tail -1 "$OUT/pytest.log")")
+  FLASHATTN_LIBRARY=$PWD/build/libflashattn.so python3 python/examples/quickstart.py 2>&1 | tail -2
 fi
 if want bench; then
   ./build/benchmarks/flashattn_bench --json "$OUT/bench.json" > "$OUT/bench.log" 2> "$OUT/bench.err"

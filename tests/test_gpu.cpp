@@ -385,6 +385,7 @@ TEST_F(Gpu, CudaGraphCaptureAndReplay) {
             CUDA_CHECK(cudaMemcpy(in.dk.p, fresh.dk.p, in.dk.n * 2, cudaMemcpyDeviceToDevice));
             CUDA_CHECK(cudaMemcpy(in.dv.p, fresh.dv.p, in.dv.n * 2, cudaMemcpyDeviceToDevice));
             CUDA_CHECK(cudaMemset(o.p, 0xff, o.n * 2));
+            CUDA_CHECK(cudaDeviceSynchronize());  // the copies ran on the legacy stream; s does not wait for it
             CUDA_CHECK(cudaGraphLaunch(exec, s));
             CUDA_CHECK(cudaStreamSynchronize(s));
             const std::vector<uint16_t> replayed = o.download();

@@ -1,0 +1,322 @@
+"""The Python API: a handle and the forward call mirroring the C ABI, and flash_attn_func, a drop-in
+for FlashAttention-2's function of the same name, taking any CUDA array (PyTorch, CuPy,
+__cuda_array_interface__, DLPack)."""
+import ctypes
+import math
+import threading
+
+from ._lib import Backend, Dtype, FlashAttnError, FwdParams, Mask, PlanInfo, _check, lib
+
+__all__ = ["Handle", "get_handle", "workspace_size", "supported", "plan", "fwd", "flash_attn_func"]
+
+
+class Handle:
+    """A libflashattn handle bound to one CUDA device (-1: the current one). Thread-safe."""
+
+    def __init__(self, device=-1):
+        h = ctypes.c_void_p()
+        _check(lib().flashattn_handle_create(ctypes.byref(h), int(device)), "flashattn_handle_create")
+        self._h = h
+        dev = ctypes.c_int()
+        _check(lib().flashattn_handle_device(h, ctypes.byref(dev)), "flashattn_handle_device")
+        self.device = dev.value
+
+    @property
+    def ptr(self):
+        return self._h
+
+    def close(self):
+        if self._h:
+            lib().flashattn_handle_destroy(self._h)
+            self._h = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+_handles = {}
+_handles_lock = threading.Lock()
+
+
+def get_handle(device):
+    """The process-wide cached handle for a device ordinal."""
+    with _handles_lock:
+        h = _handles.get(device)
+        if h is None:
+            h = _handles[device] = Handle(device)
+        return h
+
+
+def workspace_size(handle, params):
+    n = ctypes.c_size_t()
+    _check(lib().flashattn_fwd_workspace_size(handle.ptr, ctypes.byref(params), ctypes.byref(n)),
+           "flashattn_fwd_workspace_size")
+    return n.value
+
+
+def supported(handle, params):
+    """(True, None) or (False, FlashAttnError) for what flashattn_fwd would return."""
+    st = lib().flashattn_fwd_supported(handle.ptr, ctypes.byref(params))
+    if st == 0:
+        return True, None
+    return False, FlashAttnError(st, lib().flashattn_status_name(st).decode(), lib().flashattn_last_error().decode())
+
+
+def plan(handle, params):
+    info = PlanInfo()
+    _check(lib().flashattn_plan_info_init(ctypes.byref(info)), "flashattn_plan_info_init")
+    _check(lib().flashattn_fwd_plan(handle.ptr, ctypes.byref(params), ctypes.byref(info)), "flashattn_fwd_plan")
+    return info
+
+
+def fwd(handle, params, workspace=0, workspace_bytes=0, stream=0):
+    """flashattn_fwd: enqueue on `stream` (an int cudaStream_t, 0 = legacy default)."""
+    _check(lib().flashattn_fwd(handle.ptr, ctypes.byref(params), ctypes.c_void_p(workspace or None),
+                               ctypes.c_size_t(workspace_bytes), ctypes.c_void_p(stream or None)), "flashattn_fwd")
+
+
+# ---- arrays from any CUDA library ---------------------------------------------------------------
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class _Array:
+    """What the library needs of an array: pointer, shape, strides (elements), dtype code, device,
+    and which library owns it (to allocate outputs and find the current stream)."""
+
+    def __init__(self, obj, name):
+        self.obj, self.name, self.kind, self.keepalive = obj, name, None, None
+        mod = type(obj).__module__.split(".")[0]
+        if mod == "torch":
+            import torch
+            if not obj.is_cuda:
+                raise ValueError(f"{name} is on {obj.device}; libflashattn needs CUDA tensors")
+            codes = {torch.float16: Dtype.FLOAT16, torch.bfloat16: Dtype.BFLOAT16, torch.float32: "f32"}
+            if obj.dtype not in codes:
+                raise TypeError(f"{name} has dtype {obj.dtype}; expected torch.float16 or torch.bfloat16")
+            self.kind, self.ptr, self.shape = "torch", obj.data_ptr(), tuple(obj.shape)
+            self.strides, self.dtype, self.device = tuple(obj.stride()), codes[obj.dtype], obj.device.index
+            return
+        if mod == "cupy":
+            import cupy
+            codes = {cupy.dtype("float16"): Dtype.FLOAT16, cupy.dtype("float32"): "f32"}
+            if obj.dtype not in codes:
+                raise TypeError(f"{name} has dtype {obj.dtype}; CuPy inputs must be float16")
+            self.kind, self.ptr, self.shape = "cupy", obj.data.ptr, tuple(obj.shape)
+            self.strides = tuple(s // obj.itemsize for s in obj.strides)
+            self.dtype, self.device = codes[obj.dtype], obj.device.id
+            return
+        cai = getattr(obj, "__cuda_array_interface__", None)
+        if cai is not None:
+            typestr = cai["typestr"]
+            codes = {"<f2": (Dtype.FLOAT16, 2), "<f4": ("f32", 4)}
+            if typestr not in codes:
+                raise TypeError(f"{name} has typestr {typestr}; expected '<f2' (bfloat16 arrays: use DLPack)")
+            self.dtype, item = codes[typestr]
+            self.kind, self.ptr, self.shape = "cai", cai["data"][0], tuple(cai["shape"])
+            st = cai.get("strides")
+            self.strides = tuple(s // item for s in st) if st else _contiguous(self.shape)
+            self.device = None
+            return
+        if hasattr(obj, "__dlpack__"):
+            cap = obj.__dlpack__()
+            get = ctypes.pythonapi.PyCapsule_GetPointer
+            get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+            t = _DLTensor.from_address(get(cap, b"dltensor"))  # DLManagedTensor starts with its DLTensor
+            if t.device.device_type != 2:  # kDLCUDA
+                raise ValueError(f"{name} is not on a CUDA device (DLPack device type {t.device.device_type})")
+            code = {(2, 16): Dtype.FLOAT16, (4, 16): Dtype.BFLOAT16, (2, 32): "f32"}.get((t.dtype.code, t.dtype.bits))
+            if code is None:
+                raise TypeError(f"{name} has DLPack dtype code {t.dtype.code} bits {t.dtype.bits}; expected fp16/bf16")
+            self.kind, self.keepalive, self.dtype, self.device = "dlpack", cap, code, t.device.device_id
+            self.shape = tuple(t.shape[i] for i in range(t.ndim))
+            self.strides = tuple(t.strides[i] for i in range(t.ndim)) if t.strides else _contiguous(self.shape)
+            self.ptr = t.data + t.byte_offset
+            return
+        raise TypeError(f"{name}: {type(obj).__name__} is not a CUDA array (torch, cupy, __cuda_array_interface__ "
+                        f"or __dlpack__)")
+
+
+def _contiguous(shape):
+    st, acc = [], 1
+    for n in reversed(shape):
+        st.append(acc)
+        acc *= n
+    return tuple(reversed(st))
+
+
+def _empty(like, shape, dtype):
+    """A new array from the same library and device as `like`. dtype: 'same', 'f32' or 'u8'."""
+    if like.kind == "torch":
+        import torch
+        dt = {"same": like.obj.dtype, "f32": torch.float32, "u8": torch.uint8}[dtype]
+        return torch.empty(shape, dtype=dt, device=like.obj.device)
+    if like.kind == "cupy":
+        import cupy
+        dt = {"same": like.obj.dtype, "f32": cupy.float32, "u8": cupy.uint8}[dtype]
+        with cupy.cuda.Device(like.device):
+            return cupy.empty(shape, dtype=dt)
+    raise TypeError(f"cannot allocate an output for a {type(like.obj).__name__}; pass out= (and, for "
+                    f"return_attn_probs, a torch or CuPy input)")
+
+
+def _ptr(x):
+    """Device address of an array this module allocated (torch or CuPy)."""
+    return x.data_ptr() if hasattr(x, "data_ptr") else x.data.ptr
+
+
+def _current_stream(a):
+    if a.kind == "torch":
+        import torch
+        return torch.cuda.current_stream(a.obj.device).cuda_stream
+    if a.kind == "cupy":
+        import cupy
+        return cupy.cuda.get_current_stream().ptr
+    return 0
+
+
+def _pad_head_dim(x, a, to):
+    if a.kind == "torch":
+        import torch.nn.functional as F
+        return F.pad(x, (0, to - a.shape[-1]))
+    if a.kind == "cupy":
+        import cupy
+        return cupy.pad(x, [(0, 0)] * (len(a.shape) - 1) + [(0, to - a.shape[-1])])
+    raise ValueError(f"head dim {a.shape[-1]} is not a multiple of 8 and a {type(x).__name__} cannot be padded "
+                     f"here; pad it to {to} yourself")
+
+
+class _DeviceScope:
+    def __init__(self, a):
+        self.a, self.ctx = a, None
+
+    def __enter__(self):
+        if self.a.kind == "torch":
+            import torch
+            self.ctx = torch.cuda.device(self.a.obj.device)
+        elif self.a.kind == "cupy":
+            import cupy
+            self.ctx = cupy.cuda.Device(self.a.device)
+        if self.ctx is not None:
+            self.ctx.__enter__()
+
+    def __exit__(self, *exc):
+        if self.ctx is not None:
+            self.ctx.__exit__(*exc)
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                    softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False,
+                    *, out=None, stream=None, backend=Backend.AUTO):
+    """FlashAttention-2's flash_attn_func on libflashattn.
+
+    q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim), fp16/bf16,
+    on one CUDA device, last dimension contiguous, any other strides. nheads % nheads_k == 0.
+    causal: bottom-right aligned (FlashAttention >= 2.1). window_size: (left, right), -1 unbounded.
+    softcap: 0 disables. alibi_slopes: fp32 (nheads,) or (batch, nheads). deterministic: always true.
+    Returns out (batch, seqlen_q, nheads, headdim); with return_attn_probs, (out, softmax_lse
+    (batch, nheads, seqlen_q) fp32, None): the probabilities are never materialised.
+    Extensions: out= writes into a given array; stream= an int cudaStream_t (default: the input
+    library's current stream); backend= a flashattn.Backend value.
+    Raises ValueError/TypeError for inputs it cannot take (naming the argument), FlashAttnError for
+    anything the library refuses.
+    """
+    if dropout_p != 0.0:
+        raise ValueError(f"dropout_p={dropout_p}: libflashattn computes exact attention; dropout is not supported")
+    del deterministic  # every call is deterministic
+    qa, ka, va = _Array(q, "q"), _Array(k, "k"), _Array(v, "v")
+    for a in (qa, ka, va):
+        if len(a.shape) != 4:
+            raise ValueError(f"{a.name} has shape {a.shape}; expected (batch, seqlen, nheads, headdim)")
+        if a.dtype not in (Dtype.FLOAT16, Dtype.BFLOAT16):
+            raise TypeError(f"{a.name} must be float16 or bfloat16")
+    if not (qa.dtype == ka.dtype == va.dtype):
+        raise TypeError("q, k and v must have the same dtype")
+    B, Sq, Hq, D = qa.shape
+    if ka.shape != va.shape:
+        raise ValueError(f"k has shape {ka.shape} but v has shape {va.shape}")
+    if ka.shape[0] != B or ka.shape[3] != D:
+        raise ValueError(f"k has shape {ka.shape}; batch and headdim must match q's {qa.shape}")
+    Sk, Hkv = ka.shape[1], ka.shape[2]
+    if len({a.device for a in (qa, ka, va) if a.device is not None}) > 1:
+        raise ValueError("q, k and v are on different devices")
+    padded = (D + 7) // 8 * 8
+    if padded != D:
+        q, k, v = (_pad_head_dim(x, a, padded) for x, a in ((q, qa), (k, ka), (v, va)))
+        qa, ka, va = _Array(q, "q"), _Array(k, "k"), _Array(v, "v")
+    for a in (qa, ka, va):
+        if a.strides[-1] != 1:
+            raise ValueError(f"{a.name} must be contiguous in its last dimension (stride {a.strides[-1]})")
+
+    write_into = None
+    if out is not None and padded == D:
+        oa = _Array(out, "out")
+        if oa.shape != (B, Sq, Hq, D) or oa.dtype != qa.dtype or oa.strides[-1] != 1:
+            raise ValueError(f"out must be a {(B, Sq, Hq, D)} array of q's dtype, contiguous in its last dimension")
+        result = out
+    else:
+        if out is not None:
+            write_into = out
+        result = _empty(qa, (B, Sq, Hq, padded), "same")
+        oa = _Array(result, "out")
+    lse = None
+    if return_attn_probs:
+        lse = _empty(qa, (B, Hq, Sq), "f32")
+    slopes = None
+    if alibi_slopes is not None:
+        slopes = _Array(alibi_slopes, "alibi_slopes")
+        if slopes.dtype != "f32":
+            raise TypeError("alibi_slopes must be float32")
+        if slopes.shape not in ((Hq,), (B, Hq)) or slopes.strides[-1] != 1:
+            raise ValueError(f"alibi_slopes has shape {slopes.shape}; expected ({Hq},) or ({B}, {Hq}), contiguous")
+
+    p = FwdParams.new()
+    p.dtype, p.backend = qa.dtype, backend
+    p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv, p.head_dim = B, Sq, Sk, Hq, Hkv, padded
+    p.q, (p.q_batch_stride, p.q_seq_stride, p.q_head_stride) = qa.ptr, qa.strides[:3]
+    p.k, (p.k_batch_stride, p.k_seq_stride, p.k_head_stride) = ka.ptr, ka.strides[:3]
+    p.v, (p.v_batch_stride, p.v_seq_stride, p.v_head_stride) = va.ptr, va.strides[:3]
+    p.o, (p.o_batch_stride, p.o_seq_stride, p.o_head_stride) = oa.ptr, oa.strides[:3]
+    p.lse = _ptr(lse) if lse is not None else None
+    p.softmax_scale = 0.0 if softmax_scale is None else float(softmax_scale)
+    if p.softmax_scale == 0.0 and softmax_scale is None and padded != D:
+        p.softmax_scale = 1.0 / math.sqrt(D)  # the scale of the real head dim, not the padded one
+    p.softcap = float(softcap)
+    p.mask = Mask.CAUSAL_BOTTOM_RIGHT if causal else Mask.NONE
+    p.window_left, p.window_right = int(window_size[0]), int(window_size[1])
+    if slopes is not None:
+        p.alibi_slopes = slopes.ptr
+        p.alibi_batch_stride = slopes.strides[0] if len(slopes.shape) == 2 else 0
+
+    with _DeviceScope(qa):
+        handle = get_handle(qa.device if qa.device is not None else -1)
+        nbytes = workspace_size(handle, p)
+        ws = _empty(qa, (nbytes,), "u8") if nbytes else None
+        s = _current_stream(qa) if stream is None else int(stream)
+        fwd(handle, p, _ptr(ws) if ws is not None else 0, nbytes, s)
+    if padded != D:
+        result = result[..., :D]
+        if write_into is not None:
+            write_into[...] = result
+            result = write_into
+    return (result, lse, None) if return_attn_probs else result
