@@ -10,9 +10,11 @@
  *       S = Q K^T                                 mma.sync, fp32, in registers (never in DRAM)
  *       S = softcap / ALiBi (if asked)            in log2 units afterwards
  *       S = mask(S)                               only on tiles that cross a mask boundary
- *       m_new = max(m, rowmax(S))                 online softmax, exp2 with the scale folded in
- *       P = exp2(S - m_new); l = l * c + rowsum(P); O = O * c   (c = exp2(m - m_new))
- *       O += P V                                  mma.sync, P as bf16/fp16 from registers
+ *       per m16 tile of the warp:
+ *         m_new = max(m, rowmax(S))               online softmax, exp2 with the scale folded in
+ *         P = exp2(S - m_new); l = l * c + rowsum(P); O = O * c   (c = exp2(m - m_new))
+ *         O += P V                                mma.sync, P as bf16/fp16 from registers; the next
+ *                                                 tile's softmax overlaps these MMAs
  *   O /= l, LSE = (m + log2 l) ln 2               one normalisation, staged through shared memory
  *
  * Tiles that no query row of the block can see are never loaded or computed. Rows that see no key
@@ -138,12 +140,21 @@ template <typename Tr, int kRows>
 __device__ __forceinline__ void load_tile(typename Tr::T *dst, const typename Tr::T *src,
                                           int64_t row_stride, int row0, int rows_valid,
                                           int head_dim) {
+    /* Unrolled with a compile-time trip count: each thread's (row, chunk) pairs are constants
+     * relative to row0, so only the row base moves from tile to tile. */
+    constexpr int kTotal = kRows * Tr::kChunks;
+    constexpr int kIters = (kTotal + Tr::kThreads - 1) / Tr::kThreads;
     const uint32_t base = smem_u32(dst);
-    for (int c = threadIdx.x; c < kRows * Tr::kChunks; c += Tr::kThreads) {
-        const int r = c / Tr::kChunks, ch = c % Tr::kChunks;
-        const bool valid = (row0 + r < rows_valid) && (ch * 8 < head_dim);
-        const typename Tr::T *g = valid ? src + (int64_t)(row0 + r) * row_stride + ch * 8 : src;
-        cp_async_16(base + (uint32_t)((r * Tr::kStride + ch * 8) * 2), g, valid);
+    const typename Tr::T *src_row0 = src + (int64_t)row0 * row_stride;
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+        const int c = (int)threadIdx.x + i * Tr::kThreads;
+        if (kTotal % Tr::kThreads == 0 || c < kTotal) {
+            const int r = c / Tr::kChunks, ch = c % Tr::kChunks;
+            const bool valid = (row0 + r < rows_valid) && (ch * 8 < head_dim);
+            const typename Tr::T *g = valid ? src_row0 + (int64_t)r * row_stride + ch * 8 : src;
+            cp_async_16(base + (uint32_t)((r * Tr::kStride + ch * 8) * 2), g, valid);
+        }
     }
 }
 
@@ -303,16 +314,17 @@ fused_fwd_kernel(const __grid_constant__ fa_kernel_params p) {
                             s[mt][j][e] = -INFINITY;
         }
 
-        /* Online softmax, rows g (r = 0) and g + 8 (r = 1) of each m16 tile. */
+        /* Per m16 tile: softmax, then O += P V. Tile mt + 1's softmax has no dependence on tile
+         * mt's MMAs, so the scheduler can overlap them (at the cost of reading V fragments once per
+         * m16 tile). */
 #pragma unroll
-        for (int mt = 0; mt < kMT; ++mt)
+        for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 float mx = row_max[mt][r];
 #pragma unroll
                 for (int j = 0; j < Tr::kSTiles; ++j) mx = fmaxf(mx, fmaxf(s[mt][j][2 * r], s[mt][j][2 * r + 1]));
                 mx = quad_max(mx);
-                /* A row with nothing visible yet keeps max -inf; subtract 0 so exp2 gives 0, not NaN. */
                 const float m_scaled = (mx == -INFINITY) ? 0.0f : mx * mult;
                 const float corr = fast_exp2(row_max[mt][r] * mult - m_scaled);
                 row_max[mt][r] = mx;
@@ -329,31 +341,22 @@ fused_fwd_kernel(const __grid_constant__ fa_kernel_params p) {
                     row_sum[mt][r] += s[mt][j][2 * r] + s[mt][j][2 * r + 1];
                 }
             }
-
-        /* O += P V, P converted in registers from the S accumulator layout to the A layout; each
-         * V fragment feeds every m16 tile. */
 #pragma unroll
-        for (int kk = 0; kk < Tr::kPSteps; ++kk) {
-            uint32_t a[kMT][4];
+            for (int kk = 0; kk < Tr::kPSteps; ++kk) {
+                uint32_t a[4];
+                a[0] = pack_pair<kDtype>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                a[1] = pack_pair<kDtype>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                a[2] = pack_pair<kDtype>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                a[3] = pack_pair<kDtype>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
 #pragma unroll
-            for (int mt = 0; mt < kMT; ++mt) {
-                a[mt][0] = pack_pair<kDtype>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-                a[mt][1] = pack_pair<kDtype>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-                a[mt][2] = pack_pair<kDtype>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-                a[mt][3] = pack_pair<kDtype>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-            }
-#pragma unroll
-            for (int dn = 0; dn < Tr::kOTiles / 2; ++dn) {
-                uint32_t vb[4];
-                ldmatrix_x4_trans(vb, sV_st + (uint32_t)(kk * 16 * kStride * 2 + dn * 32));
-#pragma unroll
-                for (int mt = 0; mt < kMT; ++mt) {
-                    mma_16816<kDtype>(o_acc[mt][2 * dn], a[mt], vb[0], vb[1]);
-                    mma_16816<kDtype>(o_acc[mt][2 * dn + 1], a[mt], vb[2], vb[3]);
+                for (int dn = 0; dn < Tr::kOTiles / 2; ++dn) {
+                    uint32_t vb[4];
+                    ldmatrix_x4_trans(vb, sV_st + (uint32_t)(kk * 16 * kStride * 2 + dn * 32));
+                    mma_16816<kDtype>(o_acc[mt][2 * dn], a, vb[0], vb[1]);
+                    mma_16816<kDtype>(o_acc[mt][2 * dn + 1], a, vb[2], vb[3]);
                 }
             }
         }
-
         __syncthreads(); /* every warp is done with this stage; refill it with tile it + 2 */
         if (it + 2 < n_tiles) {
             const int n2 = (tile_begin + it + 2) * kBlockN;

@@ -8,10 +8,10 @@ OUT=${OUT:-/tmp/flashattn_out}
 mkdir -p "$OUT"
 steps=${*:-all}
 want() { [[ " $steps " == *" all "* || " $steps " == *" $1 "* ]]; }
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
 start=$(date +%s)
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release ${FLASHATTN_HEAD_DIMS:+-DFLASHATTN_HEAD_DIMS=$FLASHATTN_HEAD_DIMS} >/dev/null
-cmake --build build -j "$(nproc)" > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+cmake --build build -j "$(nproc)" > /tmp/flashattn_build.log 2>&1 || { cp /tmp/flashattn_build.log "$OUT/build.log"; tail -40 /tmp/flashattn_build.log; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 summary=()
 if want test; then
@@ -26,7 +26,7 @@ if want test; then
   FLASHATTN_LIBRARY=$PWD/build/libflashattn.so python3 python/examples/quickstart.py 2>&1 | tail -2
 fi
 if want bench; then
-  ./build/benchmarks/flashattn_bench --json "$OUT/bench.json" > "$OUT/bench.log" 2> "$OUT/bench.err"
+  ./build/benchmarks/flashattn_bench --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
   summary+=("bench: $(tail -1 "$OUT/bench.log")")
 fi
 if want peers && [ -f benchmarks/compare_peers.py ]; then
@@ -35,6 +35,7 @@ if want peers && [ -f benchmarks/compare_peers.py ]; then
   summary+=("peers: see peers.log")
 fi
 [ -f "$OUT/correctness.txt" ] && cat "$OUT/correctness.txt"
-[ -f "$OUT/bench.log" ] && grep -vE '^#' "$OUT/bench.log" | cut -c1-150
+[ -f "$OUT/pytest.log" ] && grep -E "FAILED|Error|assert" "$OUT/pytest.log" | head -20
+[ -f "$OUT/bench.log" ] && grep -vE '^#|^\[' "$OUT/bench.log" | cut -c1-150
 [ -f "$OUT/peers.log" ] && tail -70 "$OUT/peers.log"
 printf '%s\n' "${summary[@]}"

@@ -148,7 +148,7 @@ def test_errors_name_the_argument():
     assert e.value.name == "FLASHATTN_STATUS_BAD_HEAD_GROUPING"
     with pytest.raises(ValueError, match="k has shape"):
         flashattn.flash_attn_func(q, rand(1, 64, 4, 32), rand(1, 64, 4, 32))
-    with pytest.raises(TypeError, match="dtype"):
+    with pytest.raises(TypeError, match="float16 or bfloat16"):
         flashattn.flash_attn_func(q.float(), k, v)
 
 
