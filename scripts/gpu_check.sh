@@ -25,6 +25,14 @@ if want test; then
   summary+=("python: $(tail -1 "$OUT/pytest.log")")
   FLASHATTN_LIBRARY=$PWD/build/libflashattn.so python3 python/examples/quickstart.py 2>&1 | tail -2
 fi
+if want sanitize; then
+  : > "$OUT/sanitizer.log"
+  for tool in memcheck racecheck initcheck; do
+    compute-sanitizer --tool $tool --error-exitcode 1 ./build/tests/test_gpu --gtest_filter='Gpu.SanitizerSubset' \
+      >> "$OUT/sanitizer.log" 2>&1
+    summary+=("sanitizer $tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.log" | tail -1)")
+  done
+fi
 if want bench; then
   ./build/benchmarks/flashattn_bench --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
   summary+=("bench: $(tail -1 "$OUT/bench.log")")

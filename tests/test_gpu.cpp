@@ -223,6 +223,22 @@ TEST_F(Gpu, FusedFeatures) {
     print_rule("features (softcap, ALiBi, windows, layouts, scale, no LSE)", st);
 }
 
+// A small, representative set for compute-sanitizer (memcheck, racecheck, initcheck): every
+// compiled head dim, ragged lengths, each mask, softcap/ALiBi, GQA, padded strides, both backends.
+TEST_F(Gpu, SanitizerSubset) {
+    RuleStats st;
+    for (int64_t d : {32, 64, 96, 128, 160, 192, 256}) {
+        Case c;
+        c.d = d, c.sq = 77, c.sk = 150, c.hq = 4, c.hkv = 2, c.b = 1;
+        c.mask = (int)(d / 32 % 3);
+        check_fa_rule(h, c, st);
+        Case f = c;
+        f.softcap = 2.0f, f.alibi = true, f.layout = kPadded, f.wl = 40, f.wr = 5, f.sq = 150, f.sk = 77;
+        check_fa_rule(h, f, st);
+    }
+    print_rule("sanitizer subset", st);
+}
+
 TEST_F(Gpu, FusedIsDeterministic) {
     Case c;
     c.sq = 1023, c.sk = 1024, c.d = 128, c.hq = 4, c.hkv = 2, c.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
