@@ -333,6 +333,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--json") && next) json_path = argv[++i];
         else if (!strcmp(a, "--csv") && next) csv_path = argv[++i];
         else if (!strcmp(a, "--no-check")) check = 0;
+        else if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(); return 0; }
         else { usage(); return 2; }
     }
 
