@@ -35,12 +35,23 @@ __device__ __forceinline__ bool visible(const fa_kernel_params &p, int i, int j)
     return d >= p.key_lo_off && d <= p.key_hi_off && j < p.seqlen_k;
 }
 
-/* Score after softcap and ALiBi, in natural units, from the already-scaled dot product. */
+__device__ __forceinline__ float alibi_bias(const fa_kernel_params &p, float slope, int i, int j) {
+    return p.alibi_slopes != nullptr ? slope * fabsf((float)(i + p.seqlen_k - p.seqlen_q - j)) : 0.0f;
+}
+
+/* Score after softcap and ALiBi, in natural units, from the already-scaled dot product (REFERENCE). */
 __device__ __forceinline__ float transform_score(const fa_kernel_params &p, float s, float slope, int i,
                                                  int j) {
     if (p.softcap > 0.0f) s = p.softcap * tanhf(s / p.softcap);
-    if (p.alibi_slopes != nullptr) s -= slope * fabsf((float)(i + p.seqlen_k - p.seqlen_q - j));
-    return s;
+    return s - alibi_bias(p, slope, i, j);
+}
+
+/* The same from the raw dot product (FUSED): the scale is folded into the softcap's divisor on the
+ * host (softcap_inv_scale = scale / softcap), saving a multiply and a division per score. */
+__device__ __forceinline__ float transform_raw_score(const fa_kernel_params &p, float acc, float slope,
+                                                     int i, int j) {
+    const float s = p.softcap > 0.0f ? p.softcap * tanhf(acc * p.softcap_inv_scale) : acc * p.scale;
+    return s - alibi_bias(p, slope, i, j);
 }
 
 __device__ __forceinline__ float alibi_slope(const fa_kernel_params &p, int b, int h) {

@@ -296,9 +296,9 @@ fused_fwd_kernel(const __grid_constant__ fa_kernel_params p) {
                 for (int j = 0; j < Tr::kSTiles; ++j)
 #pragma unroll
                     for (int e = 0; e < 4; ++e)
-                        s[mt][j][e] = kLog2e * transform_score(p, s[mt][j][e] * p.scale, slope,
-                                                               warp_row0 + 16 * mt + g + 8 * (e / 2),
-                                                               n0 + 8 * j + 2 * t + (e % 2));
+                        s[mt][j][e] = kLog2e * transform_raw_score(p, s[mt][j][e], slope,
+                                                                   warp_row0 + 16 * mt + g + 8 * (e / 2),
+                                                                   n0 + 8 * j + 2 * t + (e % 2));
         }
         /* Mask only tiles that cross a boundary of the visible band or the end of the keys. */
         const bool need_mask = n0 < row_last + p.key_lo_off || n0 + kBlockN - 1 > m0 + p.key_hi_off ||

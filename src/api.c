@@ -16,7 +16,7 @@ static flashattn_status read_caps(int device, fa_device_caps *caps) {
     int count = 0;
     cudaError_t err = cudaGetDeviceCount(&count);
     if (err != cudaSuccess || count == 0) {
-        (void)cudaGetLastError(); /* clear the sticky-free error so later calls start clean */
+        (void)cudaGetLastError(); /* reset the runtime's last error so the caller's next check is clean */
         return fa_fail(FLASHATTN_STATUS_NO_DEVICE, "no CUDA device available (cudaGetDeviceCount: %s)",
                        err == cudaSuccess ? "0 devices" : cudaGetErrorString(err));
     }
