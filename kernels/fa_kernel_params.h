@@ -51,25 +51,24 @@ typedef struct fa_launch {
 
 /* Tile configuration of the fused kernel for one compiled head dim. A warp owns
  * block_m / warps query rows: 32 (two m16 tiles, so each K/V fragment read from shared memory feeds
- * two MMAs) where the O accumulator fits in registers, else 16. q_in_regs: Q fragments stay in
- * registers for the whole key loop (one m16 tile per warp only). Shared memory holds Q and two
+ * two MMAs) where the O accumulator fits in registers, else 16. Shared memory holds Q and two
  * stages of K and V, each row padded by 8 elements (16 bytes) so ldmatrix is bank-conflict free. */
 typedef struct fa_fused_config {
-    int32_t head_dim, block_m, block_n, warps, q_in_regs;
+    int32_t head_dim, block_m, block_n, warps;
 } fa_fused_config;
 
 #define FA_SMEM_PAD 8
 
-/* X(head_dim, block_m, block_n, warps, q_in_regs): the one table of tile choices; the planner and
+/* X(head_dim, block_m, block_n, warps): the one table of tile choices; the planner and
  * the kernel instances both expand it, so they cannot disagree. docs/performance.md records why. */
 #define FA_FUSED_CONFIGS(X) \
-    X(32, 128, 128, 4, 0)   \
-    X(64, 128, 128, 4, 0)   \
-    X(96, 128, 64, 4, 0)    \
-    X(128, 128, 64, 4, 0)   \
-    X(160, 128, 64, 8, 0)   \
-    X(192, 128, 64, 8, 0)   \
-    X(256, 128, 64, 8, 0)
+    X(32, 128, 128, 4)   \
+    X(64, 128, 128, 4)   \
+    X(96, 128, 64, 4)    \
+    X(128, 128, 64, 4)   \
+    X(160, 128, 64, 8)   \
+    X(192, 128, 64, 8)   \
+    X(256, 128, 64, 8)
 
 static inline int64_t fa_fused_smem_bytes(const fa_fused_config *c) {
     const int64_t row_bytes = (int64_t)(c->head_dim + FA_SMEM_PAD) * 2;

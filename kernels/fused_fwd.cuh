@@ -5,7 +5,7 @@
  * One thread block owns kBlockM query rows of one (batch, head); each of its warps owns 16 or 32 of
  * those rows (one or two m16 tiles) for the whole kernel. Per block:
  *
- *   load Q tile                                   cp.async, once (kept in registers when it fits)
+ *   load Q tile                                   cp.async, once; fragments re-read per key tile
  *   for each visible key tile (kBlockN keys), K and V double-buffered in shared memory:
  *       S = Q K^T                                 mma.sync, fp32, in registers (never in DRAM)
  *       S = softcap / ALiBi (if asked)            in log2 units afterwards
@@ -33,10 +33,9 @@
 namespace fa {
 
 template <int kHeadDim> struct fused_cfg;
-#define FA_CFG_SPEC(hd, bm, bn, w, qr)                                                     \
+#define FA_CFG_SPEC(hd, bm, bn, w)                                                     \
     template <> struct fused_cfg<hd> {                                                     \
         static constexpr int block_m = bm, block_n = bn, warps = w;                        \
-        static constexpr bool q_in_regs = qr;                                              \
     };
 FA_FUSED_CONFIGS(FA_CFG_SPEC)
 #undef FA_CFG_SPEC
@@ -116,7 +115,6 @@ struct fused_traits {
     using cfg = fused_cfg<kHeadDim>;
     using T = typename elem<kDtype>::type;
     static constexpr int kBlockM = cfg::block_m, kBlockN = cfg::block_n, kWarps = cfg::warps;
-    static constexpr bool kQInRegs = cfg::q_in_regs;
     static constexpr int kThreads = 32 * kWarps;
     static constexpr int kMTiles = kBlockM / (16 * kWarps); /* m16 tiles (query rows / 16) per warp */
     static constexpr int kStride = kHeadDim + FA_SMEM_PAD; /* elements per shared-memory row */
@@ -130,7 +128,6 @@ struct fused_traits {
      * the other's matrix products on each SM sub-partition. */
     static constexpr int kMinBlocks = kWarps == 4 ? 2 : 1;
     static_assert(kMTiles >= 1 && kBlockM == 16 * kMTiles * kWarps, "a warp owns 16 * kMTiles rows");
-    static_assert(!kQInRegs || kMTiles == 1, "Q in registers only with one m16 tile per warp");
     static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0, "tile shapes must be multiples of 16");
 };
 
@@ -236,7 +233,6 @@ fused_fwd_kernel(const __grid_constant__ fa_kernel_params p) {
     float row_max[kMT][2], row_sum[kMT][2];
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) row_max[mt][0] = row_max[mt][1] = -INFINITY, row_sum[mt][0] = row_sum[mt][1] = 0.0f;
-    uint32_t q_frag[Tr::kQInRegs ? Tr::kKSteps : 1][4];
 
     /* Per-lane ldmatrix offsets (bytes) inside a 16x16 block, see the layouts in the header. */
     const uint32_t a_off = (uint32_t)((((lane % 8) + 8 * ((lane / 8) % 2)) * kStride + 8 * (lane / 16)) * 2);
@@ -252,13 +248,6 @@ fused_fwd_kernel(const __grid_constant__ fa_kernel_params p) {
         const uint32_t sK_st = smem_u32(sK + stage * kBlockN * kStride) + kb_off;
         const uint32_t sV_st = smem_u32(sV + stage * kBlockN * kStride) + vb_off;
 
-        if constexpr (Tr::kQInRegs) {
-            if (it == 0) {
-#pragma unroll
-                for (int ks = 0; ks < Tr::kKSteps; ++ks) ldmatrix_x4(q_frag[ks], sQ_warp + ks * 32);
-            }
-        }
-
         /* S = Q K^T for this warp's rows x kBlockN keys; each K fragment feeds every m16 tile. */
         float s[kMT][Tr::kSTiles][4];
 #pragma unroll
@@ -269,14 +258,8 @@ fused_fwd_kernel(const __grid_constant__ fa_kernel_params p) {
         for (int ks = 0; ks < Tr::kKSteps; ++ks) {
             uint32_t a[kMT][4];
 #pragma unroll
-            for (int mt = 0; mt < kMT; ++mt) {
-                if constexpr (Tr::kQInRegs) {
-#pragma unroll
-                    for (int x = 0; x < 4; ++x) a[mt][x] = q_frag[ks][x];
-                } else {
-                    ldmatrix_x4(a[mt], sQ_warp + (uint32_t)(mt * 16 * kStride * 2 + ks * 32));
-                }
-            }
+            for (int mt = 0; mt < kMT; ++mt)
+                ldmatrix_x4(a[mt], sQ_warp + (uint32_t)(mt * 16 * kStride * 2 + ks * 32));
 #pragma unroll
             for (int nb = 0; nb < Tr::kSTiles / 2; ++nb) {
                 uint32_t kb[4];

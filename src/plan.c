@@ -12,7 +12,7 @@
 typedef long long ll;
 
 static const fa_fused_config fa_fused_configs[] = {
-#define FA_CFG_ROW(hd, bm, bn, w, qr) {hd, bm, bn, w, qr},
+#define FA_CFG_ROW(hd, bm, bn, w) {hd, bm, bn, w},
     FA_FUSED_CONFIGS(FA_CFG_ROW)
 #undef FA_CFG_ROW
 };
