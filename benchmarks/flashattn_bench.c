@@ -6,7 +6,7 @@
  *   flashattn_bench --suite quick         a few shapes, for a smoke test
  *   flashattn_bench --shape prefill:bf16:4:16:16:4096:4096:128:causal     one shape
  *                   (kind:dtype:batch:heads_q:heads_kv:seqlen_q:seqlen_k:head_dim:none|causal)
- *   --backend auto|fused|reference   --iters N (30)   --warmup N (5)   --seed S
+ *   --backend auto|fused|fused_sm90|reference   --iters N (30)   --warmup N (5)   --seed S
  *   --json FILE   --csv FILE   --no-check
  *
  * Each shape is first checked against the REFERENCE backend (max |O - O_ref|); then it is timed
@@ -212,7 +212,10 @@ static int bench_shape(flashattn_handle *h, const shape *s, int backend, int ite
         fprintf(stderr, "plan failed: %s: %s\n", flashattn_status_name(st), flashattn_last_error());
         return 0;
     }
-    snprintf(out->backend, sizeof out->backend, "%s", info.backend == FLASHATTN_BACKEND_FUSED ? "fused" : "reference");
+    snprintf(out->backend, sizeof out->backend, "%s",
+             info.backend == FLASHATTN_BACKEND_FUSED        ? "fused"
+             : info.backend == FLASHATTN_BACKEND_FUSED_SM90 ? "fused_sm90"
+                                                            : "reference");
     snprintf(out->kernel, sizeof out->kernel, "%s", info.kernel_name);
     if (ws_bytes) CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
     out->mem_bytes = (nq * 2 + nk * 2) * 2 + (int64_t)ws_bytes;
@@ -303,7 +306,7 @@ static int bench_shape(flashattn_handle *h, const shape *s, int backend, int ite
 static void usage(void) {
     fprintf(stderr,
             "usage: flashattn_bench [--suite default|quick] [--shape kind:dtype:b:hq:hkv:sq:sk:d:none|causal]\n"
-            "                       [--backend auto|fused|reference] [--iters N] [--warmup N] [--seed S]\n"
+            "                       [--backend auto|fused|fused_sm90|reference] [--iters N] [--warmup N] [--seed S]\n"
             "                       [--json FILE] [--csv FILE] [--no-check]\n");
 }
 
@@ -318,6 +321,7 @@ int main(int argc, char **argv) {
             ++i;
             if (!strcmp(next, "auto")) backend = FLASHATTN_BACKEND_AUTO;
             else if (!strcmp(next, "fused")) backend = FLASHATTN_BACKEND_FUSED;
+            else if (!strcmp(next, "fused_sm90")) backend = FLASHATTN_BACKEND_FUSED_SM90;
             else if (!strcmp(next, "reference")) backend = FLASHATTN_BACKEND_REFERENCE;
             else { usage(); return 2; }
         } else if (!strcmp(a, "--suite") && next) {

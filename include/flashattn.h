@@ -148,7 +148,12 @@ typedef enum flashattn_mask {
 typedef enum flashattn_backend {
     FLASHATTN_BACKEND_AUTO = 0,       /* the fastest backend that supports the call on this device */
     FLASHATTN_BACKEND_REFERENCE = 1,  /* cuBLAS GEMMs + softmax kernel; needs a workspace */
-    FLASHATTN_BACKEND_FUSED = 2       /* FlashAttention kernel on tensor cores (mma.sync); no workspace */
+    FLASHATTN_BACKEND_FUSED = 2,      /* FlashAttention kernel on tensor cores (mma.sync, sm_80 and
+                                         newer); no workspace */
+    FLASHATTN_BACKEND_FUSED_SM90 = 3  /* FlashAttention kernel on Hopper's warpgroup MMAs (wgmma); compute
+                                         capability 9.0 only, and only in builds for sm_90a; head dims
+                                         that are multiples of 8 up to 256; no workspace. AUTO picks it on
+                                         9.0 devices for the head dims where it is measured faster. */
 } flashattn_backend;
 
 /*
@@ -250,7 +255,7 @@ typedef struct flashattn_plan_info {
     int32_t kernel_head_dim;   /* head dim of the compiled kernel variant (>= head_dim) */
     int64_t workspace_bytes;   /* same as flashattn_fwd_workspace_size */
     int64_t shared_mem_bytes;  /* dynamic shared memory per block of the main kernel */
-    char kernel_name[64];      /* e.g. "fused_fwd_bf16_d128_m128_n64_w8" */
+    char kernel_name[64];      /* e.g. "fused_fwd_bf16_d128_m128_n64_w4", "fused_sm90_bf16_d128_m128_n128_w8" */
     char description[192];     /* one line with all of the above */
 } flashattn_plan_info;
 

@@ -16,7 +16,7 @@ echo "build: $(( $(date +%s) - start )) s"
 summary=()
 if want test; then
   ctest --test-dir build -j 4 --output-on-failure --timeout 900 > "$OUT/tests.log" 2>&1
-  grep -E '^\[ (reference|fused|plan|threads) \]' -h build/Testing/Temporary/LastTest.log | sort -u > "$OUT/correctness.txt" || true
+  grep -E '^\[ (reference|fused|fused_sm90|plan|threads) \]' -h build/Testing/Temporary/LastTest.log | sort -u > "$OUT/correctness.txt" || true
   summary+=("tests: $(grep -E 'tests passed|tests failed' "$OUT/tests.log" | tail -1)")
   grep -E 'Failed|\*\*\*' "$OUT/tests.log" | head -20
   # The Python package: installed offline as the README says, its GPU tests, the README example.
@@ -28,7 +28,7 @@ fi
 if want sanitize; then
   : > "$OUT/sanitizer.log"
   for tool in memcheck racecheck initcheck; do
-    compute-sanitizer --tool $tool --error-exitcode 1 ./build/tests/test_gpu --gtest_filter='Gpu.SanitizerSubset' \
+    compute-sanitizer --tool $tool --error-exitcode 1 ./build/tests/test_gpu --gtest_filter='Gpu.SanitizerSubset:GpuSm90.SanitizerSubset' \
       >> "$OUT/sanitizer.log" 2>&1
     summary+=("sanitizer $tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.log" | tail -1)")
   done

@@ -53,12 +53,12 @@ typedef struct fa_ref_layout {
 } fa_ref_layout;
 
 typedef struct fa_plan {
-    int32_t backend;      /* resolved: FLASHATTN_BACKEND_REFERENCE or _FUSED */
+    int32_t backend;      /* resolved: FLASHATTN_BACKEND_REFERENCE, _FUSED or _FUSED_SM90 */
     int32_t dtype;
     int32_t noop;         /* seqlen_q == 0: nothing to do */
     int32_t ref_lowprec;  /* REFERENCE only: plain low-precision attention (tests' baseline) */
     fa_kernel_params kp;
-    fa_fused_config cfg;  /* FUSED */
+    fa_fused_config cfg;  /* FUSED and FUSED_SM90 (warps = 8 for the latter) */
     int32_t grid_x, grid_y, grid_z, threads;
     int64_t smem_bytes;
     int64_t workspace_bytes;
@@ -78,10 +78,16 @@ FA_HIDDEN flashattn_status fa_plan_make(const fa_device_caps *caps, const flasha
                                         int ref_lowprec, fa_plan *out);
 FA_HIDDEN int fa_fused_kernel_head_dim(int64_t head_dim);
 FA_HIDDEN const fa_fused_config *fa_fused_config_for(int kernel_head_dim);
+/* FUSED_SM90: the compiled-for head dim that runs head_dim (0 if none), and its tile row. */
+FA_HIDDEN int fa_sm90_kernel_head_dim(int64_t head_dim);
+FA_HIDDEN const fa_fused_config *fa_sm90_config_for(int kernel_head_dim);
+/* Whether AUTO prefers FUSED_SM90 over FUSED for this head dim (when both can run the call). */
+FA_HIDDEN int fa_sm90_auto_prefers(int64_t head_dim);
 FA_HIDDEN void fa_plan_describe(const fa_plan *plan, flashattn_plan_info *info);
 
 /* dispatch.c: the table of compiled fused variants. */
 FA_HIDDEN int fa_fused_compiled(int dtype, int kernel_head_dim);
+FA_HIDDEN int fa_sm90_compiled(int dtype, int kernel_head_dim);
 FA_HIDDEN flashattn_status fa_dispatch(const flashattn_handle *h, const fa_plan *plan, void *workspace,
                                        void *stream);
 

@@ -30,6 +30,31 @@ const fa_fused_config *fa_fused_config_for(int kernel_head_dim) {
     return NULL;
 }
 
+static const struct { fa_fused_config cfg; int32_t auto_min; } fa_sm90_configs[] = {
+#define FA_SM90_ROW(hd, bn, auto_min) {{hd, FA_SM90_BLOCK_M, bn, FA_SM90_THREADS / 32}, auto_min},
+    FA_SM90_CONFIGS(FA_SM90_ROW)
+#undef FA_SM90_ROW
+};
+#define FA_NUM_SM90_CONFIGS ((int)(sizeof fa_sm90_configs / sizeof fa_sm90_configs[0]))
+
+int fa_sm90_kernel_head_dim(int64_t head_dim) {
+    for (int i = 0; i < FA_NUM_SM90_CONFIGS; ++i)
+        if (head_dim <= fa_sm90_configs[i].cfg.head_dim) return fa_sm90_configs[i].cfg.head_dim;
+    return 0;
+}
+
+const fa_fused_config *fa_sm90_config_for(int kernel_head_dim) {
+    for (int i = 0; i < FA_NUM_SM90_CONFIGS; ++i)
+        if (fa_sm90_configs[i].cfg.head_dim == kernel_head_dim) return &fa_sm90_configs[i].cfg;
+    return NULL;
+}
+
+int fa_sm90_auto_prefers(int64_t head_dim) {
+    for (int i = 0; i < FA_NUM_SM90_CONFIGS; ++i)
+        if (head_dim <= fa_sm90_configs[i].cfg.head_dim) return head_dim >= fa_sm90_configs[i].auto_min;
+    return 0;
+}
+
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 static int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
@@ -74,6 +99,9 @@ static void fill_kernel_params(const flashattn_fwd_params *p, fa_kernel_params *
     kp->softcap_inv_scale = p->softcap > 0.0f ? kp->scale / p->softcap : 0.0f;
 }
 
+static const char *fused_layout_reason(const char *backend, const flashattn_fwd_params *p, char *buf,
+                                       size_t n);
+
 /* NULL when the fused kernel can run p, else the reason (written into buf). */
 static const char *fused_unsupported_reason(const fa_device_caps *caps,
                                             const flashattn_fwd_params *p, char *buf, size_t n) {
@@ -90,6 +118,20 @@ static const char *fused_unsupported_reason(const fa_device_caps *caps,
                  p->dtype == FLASHATTN_DTYPE_BFLOAT16 ? "bfloat16" : "float16", khd);
         return buf;
     }
+    if (fused_layout_reason("fused", p, buf, n)) return buf;
+    const fa_fused_config *cfg = fa_fused_config_for(khd);
+    const int64_t smem = fa_fused_smem_bytes(cfg);
+    if (smem > caps->smem_per_block_optin) {
+        snprintf(buf, n, "the fused kernel for head dim %d needs %lld bytes of shared memory; the "
+                 "device allows %lld per block", khd, (ll)smem, (ll)caps->smem_per_block_optin);
+        return buf;
+    }
+    return NULL;
+}
+
+/* The pointer, stride and grid limits both fused backends share; NULL when p meets them. */
+static const char *fused_layout_reason(const char *backend, const flashattn_fwd_params *p, char *buf,
+                                       size_t n) {
     const void *ptrs[4] = {p->q, p->k, p->v, p->o};
     const char *names[4] = {"q", "k", "v", "o"};
     const int64_t strides[4][3] = {
@@ -106,21 +148,46 @@ static const char *fused_unsupported_reason(const fa_device_caps *caps,
         for (int s = 0; s < 3; ++s)
             if (strides[t][s] % 8 != 0) {
                 snprintf(buf, n,
-                         "the fused backend needs every %s stride to be a multiple of 8 elements "
+                         "the %s backend needs every %s stride to be a multiple of 8 elements "
                          "(got %lld, %lld, %lld)",
-                         names[t], (ll)strides[t][0], (ll)strides[t][1], (ll)strides[t][2]);
+                         backend, names[t], (ll)strides[t][0], (ll)strides[t][1], (ll)strides[t][2]);
                 return buf;
             }
     }
     if (p->heads_q > 65535 || p->batch > 65535) {
-        snprintf(buf, n, "the fused backend supports heads_q and batch up to 65535 (got %lld, %lld)",
-                 (ll)p->heads_q, (ll)p->batch);
+        snprintf(buf, n, "the %s backend supports heads_q and batch up to 65535 (got %lld, %lld)",
+                 backend, (ll)p->heads_q, (ll)p->batch);
         return buf;
     }
-    const fa_fused_config *cfg = fa_fused_config_for(khd);
-    const int64_t smem = fa_fused_smem_bytes(cfg);
+    return NULL;
+}
+
+/* NULL when the FUSED_SM90 kernel can run p on this device, else the reason (written into buf). */
+static const char *sm90_unsupported_reason(const fa_device_caps *caps, const flashattn_fwd_params *p,
+                                           char *buf, size_t n) {
+    if (caps->cc_major != 9 || caps->cc_minor != 0) {
+        snprintf(buf, n, "the fused_sm90 backend needs a compute capability 9.0 device (device %d is %d.%d)",
+                 caps->device, caps->cc_major, caps->cc_minor);
+        return buf;
+    }
+    if (p->head_dim % 8 != 0) {
+        snprintf(buf, n, "the fused_sm90 backend needs head_dim to be a multiple of 8 (got %lld)",
+                 (ll)p->head_dim);
+        return buf;
+    }
+    const int khd = fa_sm90_kernel_head_dim(p->head_dim);
+    if (khd == 0 || !fa_sm90_compiled(p->dtype, khd)) {
+        snprintf(buf, n,
+                 "the fused_sm90 kernel for %s head dim %d is not compiled into this build "
+                 "(FLASHATTN_HEAD_DIMS, and CMAKE_CUDA_ARCHITECTURES must include 90a)",
+                 p->dtype == FLASHATTN_DTYPE_BFLOAT16 ? "bfloat16" : "float16", khd);
+        return buf;
+    }
+    if (fused_layout_reason("fused_sm90", p, buf, n)) return buf;
+    const fa_fused_config *cfg = fa_sm90_config_for(khd);
+    const int64_t smem = fa_sm90_smem_bytes(cfg->head_dim, cfg->block_n);
     if (smem > caps->smem_per_block_optin) {
-        snprintf(buf, n, "the fused kernel for head dim %d needs %lld bytes of shared memory; the "
+        snprintf(buf, n, "the fused_sm90 kernel for head dim %d needs %lld bytes of shared memory; the "
                  "device allows %lld per block", khd, (ll)smem, (ll)caps->smem_per_block_optin);
         return buf;
     }
@@ -201,13 +268,16 @@ flashattn_status fa_plan_make(const fa_device_caps *caps, const flashattn_fwd_pa
     plan.ref_lowprec = ref_lowprec;
     fill_kernel_params(p, &plan.kp);
 
-    char why_fused[256], why_ref[256];
+    char why_fused[256], why_sm90[256], why_ref[256];
     const char *no_fused = fused_unsupported_reason(caps, p, why_fused, sizeof why_fused);
+    const char *no_sm90 = sm90_unsupported_reason(caps, p, why_sm90, sizeof why_sm90);
     const char *no_ref = reference_unsupported_reason(p, &plan.ref, why_ref, sizeof why_ref);
 
     int backend = p->backend;
     if (backend == FLASHATTN_BACKEND_AUTO) {
-        if (!no_fused)
+        if (!no_sm90 && (no_fused || fa_sm90_auto_prefers(p->head_dim)))
+            backend = FLASHATTN_BACKEND_FUSED_SM90;
+        else if (!no_fused)
             backend = FLASHATTN_BACKEND_FUSED;
         else if (!no_ref)
             backend = FLASHATTN_BACKEND_REFERENCE;
@@ -216,21 +286,26 @@ flashattn_status fa_plan_make(const fa_device_caps *caps, const flashattn_fwd_pa
                            no_fused, no_ref);
     } else if (backend == FLASHATTN_BACKEND_FUSED && no_fused) {
         return fa_fail(FLASHATTN_STATUS_UNSUPPORTED, "%s", no_fused);
+    } else if (backend == FLASHATTN_BACKEND_FUSED_SM90 && no_sm90) {
+        return fa_fail(FLASHATTN_STATUS_UNSUPPORTED, "%s", no_sm90);
     } else if (backend == FLASHATTN_BACKEND_REFERENCE && no_ref) {
         return fa_fail(FLASHATTN_STATUS_UNSUPPORTED, "%s", no_ref);
     }
     plan.backend = backend;
     plan.noop = (p->seqlen_q == 0);
 
-    if (backend == FLASHATTN_BACKEND_FUSED) {
-        plan.cfg = *fa_fused_config_for(fa_fused_kernel_head_dim(p->head_dim));
+    if (backend == FLASHATTN_BACKEND_FUSED || backend == FLASHATTN_BACKEND_FUSED_SM90) {
+        const int sm90 = backend == FLASHATTN_BACKEND_FUSED_SM90;
+        plan.cfg = sm90 ? *fa_sm90_config_for(fa_sm90_kernel_head_dim(p->head_dim))
+                        : *fa_fused_config_for(fa_fused_kernel_head_dim(p->head_dim));
         const int64_t mblocks = (p->seqlen_q + plan.cfg.block_m - 1) / plan.cfg.block_m;
         plan.kp.num_m_blocks = (int32_t)mblocks;
         plan.grid_x = (int32_t)mblocks;
         plan.grid_y = (int32_t)p->heads_q;
         plan.grid_z = (int32_t)p->batch;
         plan.threads = 32 * plan.cfg.warps;
-        plan.smem_bytes = fa_fused_smem_bytes(&plan.cfg);
+        plan.smem_bytes = sm90 ? fa_sm90_smem_bytes(plan.cfg.head_dim, plan.cfg.block_n)
+                               : fa_fused_smem_bytes(&plan.cfg);
         plan.workspace_bytes = 0;
     } else {
         const int64_t rows = p->batch * p->heads_q * p->seqlen_q;
@@ -256,12 +331,16 @@ void fa_plan_describe(const fa_plan *plan, flashattn_plan_info *info) {
     info->grid_x = plan->grid_x, info->grid_y = plan->grid_y, info->grid_z = plan->grid_z;
     info->num_splits = 1;
     const char *dt = plan->dtype == FLASHATTN_DTYPE_BFLOAT16 ? "bf16" : "fp16";
-    if (plan->backend == FLASHATTN_BACKEND_FUSED) {
+    const char *bname = "REFERENCE";
+    if (plan->backend == FLASHATTN_BACKEND_FUSED || plan->backend == FLASHATTN_BACKEND_FUSED_SM90) {
+        const int sm90 = plan->backend == FLASHATTN_BACKEND_FUSED_SM90;
+        bname = sm90 ? "FUSED_SM90" : "FUSED";
         info->block_m = plan->cfg.block_m;
         info->block_n = plan->cfg.block_n;
         info->kernel_head_dim = plan->cfg.head_dim;
-        snprintf(info->kernel_name, sizeof info->kernel_name, "fused_fwd_%s_d%d_m%d_n%d_w%d", dt,
-                 plan->cfg.head_dim, plan->cfg.block_m, plan->cfg.block_n, plan->cfg.warps);
+        snprintf(info->kernel_name, sizeof info->kernel_name, "%s_%s_d%d_m%d_n%d_w%d",
+                 sm90 ? "fused_sm90" : "fused_fwd", dt, plan->cfg.head_dim, plan->cfg.block_m,
+                 plan->cfg.block_n, plan->cfg.warps);
     } else {
         info->block_m = 1;
         info->block_n = 0;
@@ -270,7 +349,7 @@ void fa_plan_describe(const fa_plan *plan, flashattn_plan_info *info) {
     }
     snprintf(info->description, sizeof info->description,
              "backend=%s kernel=%s grid=(%d,%d,%d) threads=%d smem=%lld splits=%d workspace=%lld%s",
-             plan->backend == FLASHATTN_BACKEND_FUSED ? "FUSED" : "REFERENCE", info->kernel_name,
+             bname, info->kernel_name,
              info->grid_x, info->grid_y, info->grid_z, plan->threads, (ll)plan->smem_bytes,
              info->num_splits, (ll)plan->workspace_bytes, plan->noop ? " (no-op: seqlen_q=0)" : "");
 }

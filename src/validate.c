@@ -101,8 +101,8 @@ flashattn_status fa_validate(const flashattn_fwd_params *p) {
                        (int)p->dtype);
     if (p->mask < FLASHATTN_MASK_NONE || p->mask > FLASHATTN_MASK_CAUSAL_TOP_LEFT)
         return fa_fail(FLASHATTN_STATUS_BAD_MASK, "mask is %d; expected 0, 1 or 2", (int)p->mask);
-    if (p->backend < FLASHATTN_BACKEND_AUTO || p->backend > FLASHATTN_BACKEND_FUSED)
-        return fa_fail(FLASHATTN_STATUS_BAD_BACKEND, "backend is %d; expected 0, 1 or 2",
+    if (p->backend < FLASHATTN_BACKEND_AUTO || p->backend > FLASHATTN_BACKEND_FUSED_SM90)
+        return fa_fail(FLASHATTN_STATUS_BAD_BACKEND, "backend is %d; expected 0, 1, 2 or 3",
                        (int)p->backend);
 
     const struct { const char *name; int64_t value, min, max; } dims[] = {

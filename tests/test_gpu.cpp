@@ -27,6 +27,24 @@ class Gpu : public ::testing::Test {
     flashattn_handle *h = nullptr;
 };
 
+// The FUSED_SM90 tests: the same checks, on devices and builds that have that backend.
+class GpuSm90 : public Gpu {
+  protected:
+    void SetUp() override {
+        Gpu::SetUp();
+        if (HasFatalFailure() || IsSkipped()) return;
+        int dev = 0, major = 0, minor = 0;
+        ASSERT_EQ(cudaSuccess, cudaGetDevice(&dev));
+        ASSERT_EQ(cudaSuccess, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+        ASSERT_EQ(cudaSuccess, cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+        if (major != 9 || minor != 0)
+            GTEST_SKIP() << "FUSED_SM90 needs a compute capability 9.0 device; this one is " << major << "."
+                         << minor;
+        if (!fa_sm90_compiled(FLASHATTN_DTYPE_BFLOAT16, 128))
+            GTEST_SKIP() << "this build has no FUSED_SM90 kernels (CMAKE_CUDA_ARCHITECTURES without 90a)";
+    }
+};
+
 // Relative rounding of one output element in the dtype (one full ulp, twice the round-off).
 double dtype_ulp(int dtype) { return dtype == FLASHATTN_DTYPE_BFLOAT16 ? 1.0 / 128 : 1.0 / 1024; }
 
@@ -135,10 +153,10 @@ TEST_F(Gpu, EmptyRowsAreZeroAndLseMinusInf) {
 struct RuleStats { int cases = 0; double worst_ratio = 0, max_err = 0, max_lse_err = 0; std::string worst_case; };
 
 // max|fused - hi| <= 2 * max|lowprec - hi| + atol, hi = fp64 oracle (small) or the reference's fp32 O.
-void check_fa_rule(flashattn_handle *h, const Case &c, RuleStats &st) {
-    SCOPED_TRACE(c.str());
+void check_fa_rule(flashattn_handle *h, const Case &c, RuleStats &st, int backend = FLASHATTN_BACKEND_FUSED) {
+    SCOPED_TRACE(c.str() + (backend == FLASHATTN_BACKEND_FUSED_SM90 ? " [fused_sm90]" : " [fused]"));
     Inputs in(c);
-    const Result f = run(h, in, FLASHATTN_BACKEND_FUSED);
+    const Result f = run(h, in, backend);
     ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, f.status) << flashattn_last_error();
     EXPECT_EQ(0u, f.unwritten);
     EXPECT_EQ(0u, f.gap_writes);
@@ -166,9 +184,10 @@ void check_fa_rule(flashattn_handle *h, const Case &c, RuleStats &st) {
     ++st.cases;
 }
 
-void print_rule(const char *name, const RuleStats &st) {
-    printf("[ fused ] %s: %d cases, max |O err| %.3g, max |LSE err| %.3g, worst err/lowprec-err %.2f (%s)\n", name,
-           st.cases, st.max_err, st.max_lse_err, st.worst_ratio, st.worst_case.c_str());
+void print_rule(const char *name, const RuleStats &st, int backend = FLASHATTN_BACKEND_FUSED) {
+    printf("[ %s ] %s: %d cases, max |O err| %.3g, max |LSE err| %.3g, worst err/lowprec-err %.2f (%s)\n",
+           backend == FLASHATTN_BACKEND_FUSED_SM90 ? "fused_sm90" : "fused", name, st.cases, st.max_err,
+           st.max_lse_err, st.worst_ratio, st.worst_case.c_str());
 }
 
 const int64_t kRuleDims[] = {32, 40, 64, 80, 96, 128, 160, 192, 224, 256};
@@ -176,7 +195,7 @@ const std::pair<int64_t, int64_t> kRuleSeqs[] = {{1, 239}, {239, 1}, {113, 203},
                                                  {217, 128}, {108, 256}, {256, 108}, {256, 512}, {512, 256},
                                                  {1023, 1024}, {1024, 1023}, {2048, 2048}};
 
-TEST_F(Gpu, FusedFlashAttentionRuleBf16) {
+void rule_bf16(flashattn_handle *h, int backend) {
     RuleStats st;
     for (int64_t d : kRuleDims)
         for (auto [sq, sk] : kRuleSeqs)
@@ -187,41 +206,48 @@ TEST_F(Gpu, FusedFlashAttentionRuleBf16) {
                     c.b = (sq * sk > 300000) ? 1 : 2;
                     if (m < 3) c.mask = m;
                     else c.wl = 64, c.wr = 16;  // sliding window
-                    check_fa_rule(h, c, st);
+                    check_fa_rule(h, c, st, backend);
                 }
-    print_rule("bf16 (head dims x seqlens x MHA/GQA/MQA x none/causal-br/causal-tl/window)", st);
+    print_rule("bf16 (head dims x seqlens x MHA/GQA/MQA x none/causal-br/causal-tl/window)", st, backend);
 }
 
-TEST_F(Gpu, FusedFlashAttentionRuleFp16) {
+void rule_fp16(flashattn_handle *h, int backend) {
     RuleStats st;
     for (int64_t d : kRuleDims)
         for (auto [sq, sk] : kRuleSeqs)
             for (int mask : {FLASHATTN_MASK_NONE, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT}) {
                 Case c;
                 c.dtype = FLASHATTN_DTYPE_FLOAT16, c.d = d, c.sq = sq, c.sk = sk, c.hq = 4, c.hkv = 2, c.mask = mask;
-                check_fa_rule(h, c, st);
+                check_fa_rule(h, c, st, backend);
             }
-    print_rule("fp16 (head dims x seqlens x GQA x none/causal-br)", st);
+    print_rule("fp16 (head dims x seqlens x GQA x none/causal-br)", st, backend);
 }
 
-TEST_F(Gpu, FusedFeatures) {
+void rule_features(flashattn_handle *h, int backend) {
     RuleStats st;
     for (int dtype : {FLASHATTN_DTYPE_FLOAT16, FLASHATTN_DTYPE_BFLOAT16})
         for (int64_t d : {40, 64, 128, 256})
             for (auto [sq, sk] : {std::pair<int64_t, int64_t>{113, 203}, {256, 512}, {1023, 1024}, {300, 77}}) {
                 Case c;
                 c.dtype = dtype, c.d = d, c.sq = sq, c.sk = sk, c.hq = 4, c.hkv = 2;
-                Case s = c; s.softcap = 1.5f; s.scale = 0.5f; check_fa_rule(h, s, st);
-                Case a = c; a.alibi = true; a.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT; check_fa_rule(h, a, st);
-                Case as = c; as.alibi = true; as.softcap = 5.0f; check_fa_rule(h, as, st);
-                Case w = c; w.wl = 0; w.wr = 0; check_fa_rule(h, w, st);
-                Case wl = c; wl.wl = 100; wl.mask = FLASHATTN_MASK_CAUSAL_TOP_LEFT; check_fa_rule(h, wl, st);
-                Case l1 = c; l1.layout = kHeadMajor; check_fa_rule(h, l1, st);
-                Case l2 = c; l2.layout = kPadded; l2.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT; check_fa_rule(h, l2, st);
-                Case sc = c; sc.scale = 0.02f; sc.lse = false; check_fa_rule(h, sc, st);
+                Case s = c; s.softcap = 1.5f; s.scale = 0.5f; check_fa_rule(h, s, st, backend);
+                Case a = c; a.alibi = true; a.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT; check_fa_rule(h, a, st, backend);
+                Case as = c; as.alibi = true; as.softcap = 5.0f; check_fa_rule(h, as, st, backend);
+                Case w = c; w.wl = 0; w.wr = 0; check_fa_rule(h, w, st, backend);
+                Case wl = c; wl.wl = 100; wl.mask = FLASHATTN_MASK_CAUSAL_TOP_LEFT; check_fa_rule(h, wl, st, backend);
+                Case l1 = c; l1.layout = kHeadMajor; check_fa_rule(h, l1, st, backend);
+                Case l2 = c; l2.layout = kPadded; l2.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT; check_fa_rule(h, l2, st, backend);
+                Case sc = c; sc.scale = 0.02f; sc.lse = false; check_fa_rule(h, sc, st, backend);
             }
-    print_rule("features (softcap, ALiBi, windows, layouts, scale, no LSE)", st);
+    print_rule("features (softcap, ALiBi, windows, layouts, scale, no LSE)", st, backend);
 }
+
+TEST_F(Gpu, FusedFlashAttentionRuleBf16) { rule_bf16(h, FLASHATTN_BACKEND_FUSED); }
+TEST_F(Gpu, FusedFlashAttentionRuleFp16) { rule_fp16(h, FLASHATTN_BACKEND_FUSED); }
+TEST_F(Gpu, FusedFeatures) { rule_features(h, FLASHATTN_BACKEND_FUSED); }
+TEST_F(GpuSm90, FlashAttentionRuleBf16) { rule_bf16(h, FLASHATTN_BACKEND_FUSED_SM90); }
+TEST_F(GpuSm90, FlashAttentionRuleFp16) { rule_fp16(h, FLASHATTN_BACKEND_FUSED_SM90); }
+TEST_F(GpuSm90, Features) { rule_features(h, FLASHATTN_BACKEND_FUSED_SM90); }
 
 // A small, representative set for compute-sanitizer (memcheck, racecheck, initcheck): every
 // compiled head dim, ragged lengths, each mask, softcap/ALiBi, GQA, padded strides, both backends.
@@ -239,23 +265,41 @@ TEST_F(Gpu, SanitizerSubset) {
     print_rule("sanitizer subset", st);
 }
 
-TEST_F(Gpu, FusedIsDeterministic) {
+TEST_F(GpuSm90, SanitizerSubset) {
+    RuleStats st;
+    for (int64_t d : {64, 128, 256}) {
+        Case c;
+        c.d = d, c.sq = 77, c.sk = 150, c.hq = 4, c.hkv = 2, c.b = 1;
+        c.mask = (int)(d / 64 % 3);
+        check_fa_rule(h, c, st, FLASHATTN_BACKEND_FUSED_SM90);
+        Case f = c;
+        f.softcap = 2.0f, f.alibi = true, f.layout = kPadded, f.wl = 40, f.wr = 5, f.sq = 300, f.sk = 200;
+        check_fa_rule(h, f, st, FLASHATTN_BACKEND_FUSED_SM90);
+    }
+    print_rule("sanitizer subset", st, FLASHATTN_BACKEND_FUSED_SM90);
+}
+
+void check_deterministic(flashattn_handle *h, int backend) {
     Case c;
     c.sq = 1023, c.sk = 1024, c.d = 128, c.hq = 4, c.hkv = 2, c.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
     Inputs in(c);
-    const Result first = run(h, in, FLASHATTN_BACKEND_FUSED);
+    const Result first = run(h, in, backend);
     ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, first.status);
     int identical = 0;
     for (int rep = 0; rep < 100; ++rep) {
-        const Result r = run(h, in, FLASHATTN_BACKEND_FUSED);
+        const Result r = run(h, in, backend);
         ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, r.status);
         const bool same = std::memcmp(r.o.data(), first.o.data(), r.o.size() * 4) == 0 &&
                           std::memcmp(r.lse.data(), first.lse.data(), r.lse.size() * 4) == 0;
         EXPECT_TRUE(same) << "repeat " << rep;
         identical += same;
     }
-    printf("[ fused ] determinism: %d of 100 repeats bit-identical\n", identical);
+    printf("[ %s ] determinism: %d of 100 repeats bit-identical\n",
+           backend == FLASHATTN_BACKEND_FUSED_SM90 ? "fused_sm90" : "fused", identical);
 }
+
+TEST_F(Gpu, FusedIsDeterministic) { check_deterministic(h, FLASHATTN_BACKEND_FUSED); }
+TEST_F(GpuSm90, IsDeterministic) { check_deterministic(h, FLASHATTN_BACKEND_FUSED_SM90); }
 
 // ---- the API on the device ---------------------------------------------------------------------------
 

@@ -293,7 +293,7 @@ fa_plan plan_ok(const flashattn_fwd_params &p, const fa_device_caps &caps) {
 
 TEST(Planning, AutoPicksFusedWithTheTableTiles) {
     flashattn_fwd_params p = valid_params();
-    const fa_plan plan = plan_ok(p, h200_caps());
+    const fa_plan plan = plan_ok(p, a100_caps());
     if (!fa_fused_compiled(FLASHATTN_DTYPE_BFLOAT16, 128)) GTEST_SKIP() << "d128 not compiled in";
     EXPECT_EQ(FLASHATTN_BACKEND_FUSED, plan.backend);
     EXPECT_EQ(128, plan.cfg.head_dim);
@@ -304,6 +304,57 @@ TEST(Planning, AutoPicksFusedWithTheTableTiles) {
     EXPECT_EQ(32 * plan.cfg.warps, plan.threads);
     EXPECT_EQ(fa_fused_smem_bytes(&plan.cfg), plan.smem_bytes);
     EXPECT_EQ(4, plan.kp.head_group);
+}
+
+TEST(Planning, AutoPicksSm90OnHopperWhereTheTableSaysSo) {
+    if (!fa_sm90_compiled(FLASHATTN_DTYPE_BFLOAT16, 128)) GTEST_SKIP() << "no FUSED_SM90 d128 in this build";
+    flashattn_fwd_params p = valid_params();  // head dim 128
+    const fa_plan plan = plan_ok(p, h200_caps());
+    EXPECT_EQ(FLASHATTN_BACKEND_FUSED_SM90, plan.backend);
+    EXPECT_EQ(128, plan.cfg.head_dim);
+    EXPECT_EQ(FA_SM90_BLOCK_M, plan.cfg.block_m);
+    EXPECT_EQ(FA_SM90_THREADS, plan.threads);
+    EXPECT_EQ(fa_sm90_smem_bytes(128, plan.cfg.block_n), plan.smem_bytes);
+    EXPECT_EQ(0, plan.workspace_bytes);
+    EXPECT_EQ((100 + 127) / 128, plan.grid_x);
+    flashattn_plan_info info;
+    flashattn_plan_info_init(&info);
+    fa_plan_describe(&plan, &info);
+    EXPECT_EQ(0, std::string(info.kernel_name).rfind("fused_sm90_bf16_d128_m128_", 0)) << info.kernel_name;
+    EXPECT_NE(std::string(info.description).find("backend=FUSED_SM90"), std::string::npos);
+    // Not on an A100: AUTO takes FUSED there, and a forced FUSED_SM90 is refused with the reason.
+    EXPECT_EQ(FLASHATTN_BACKEND_FUSED, plan_ok(p, a100_caps()).backend);
+    p.backend = FLASHATTN_BACKEND_FUSED_SM90;
+    fa_plan refused;
+    const fa_device_caps a100 = a100_caps();
+    EXPECT_EQ(FLASHATTN_STATUS_UNSUPPORTED, fa_plan_make(&a100, &p, 0, &refused));
+    EXPECT_NE(std::string(flashattn_last_error()).find("compute capability 9.0"), std::string::npos);
+    // Forced on Hopper, any multiple of 8 runs on the smallest variant that holds it.
+    const fa_device_caps h200 = h200_caps();
+    for (auto [d, khd] : {std::pair<int, int>{8, 64}, {72, 128}, {128, 128}, {136, 256}, {256, 256}}) {
+        p.head_dim = d;
+        flashattn_fwd_params_set_packed_strides(&p);
+        if (!fa_sm90_compiled(p.dtype, khd)) continue;
+        EXPECT_EQ(khd, plan_ok(p, h200).cfg.head_dim) << "head dim " << d;
+    }
+    p.head_dim = 36;
+    flashattn_fwd_params_set_packed_strides(&p);
+    EXPECT_EQ(FLASHATTN_STATUS_UNSUPPORTED, fa_plan_make(&h200, &p, 0, &refused));
+    EXPECT_NE(std::string(flashattn_last_error()).find("multiple of 8"), std::string::npos);
+}
+
+TEST(Planning, AutoUsesTheSm90RangesOfTheTable) {
+    EXPECT_FALSE(fa_sm90_auto_prefers(64));   // the mma.sync kernel is measured faster at d64
+    EXPECT_TRUE(fa_sm90_auto_prefers(128));
+    EXPECT_TRUE(fa_sm90_auto_prefers(104));
+    EXPECT_FALSE(fa_sm90_auto_prefers(96));   // d96 has its own FUSED variant
+    EXPECT_FALSE(fa_sm90_auto_prefers(160));
+    EXPECT_TRUE(fa_sm90_auto_prefers(256));
+    EXPECT_FALSE(fa_sm90_auto_prefers(264));
+    EXPECT_EQ(64, fa_sm90_kernel_head_dim(8));
+    EXPECT_EQ(128, fa_sm90_kernel_head_dim(72));
+    EXPECT_EQ(256, fa_sm90_kernel_head_dim(200));
+    EXPECT_EQ(0, fa_sm90_kernel_head_dim(264));
 }
 
 TEST(Planning, HeadDimsRoundUpToACompiledVariant) {

@@ -50,6 +50,7 @@ class Backend:
     AUTO = 0
     REFERENCE = 1
     FUSED = 2
+    FUSED_SM90 = 3
 
 
 class FwdParams(ctypes.Structure):
