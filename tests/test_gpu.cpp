@@ -386,7 +386,12 @@ TEST_F(Gpu, PlanQueryMatchesWhatRuns) {
     flashattn_plan_info info;
     flashattn_plan_info_init(&info);
     ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_plan(h, &p, &info));
-    EXPECT_EQ(FLASHATTN_BACKEND_FUSED, info.backend);
+    int dev = 0, major = 0, minor = 0;
+    ASSERT_EQ(cudaSuccess, cudaGetDevice(&dev));
+    ASSERT_EQ(cudaSuccess, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    ASSERT_EQ(cudaSuccess, cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    const bool sm90 = major == 9 && minor == 0 && fa_sm90_compiled(FLASHATTN_DTYPE_BFLOAT16, 128);
+    EXPECT_EQ(sm90 ? FLASHATTN_BACKEND_FUSED_SM90 : FLASHATTN_BACKEND_FUSED, info.backend);
     EXPECT_EQ(0, info.workspace_bytes);
     EXPECT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_supported(h, &p));
     printf("[ plan ] %s\n", info.description);

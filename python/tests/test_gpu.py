@@ -164,8 +164,12 @@ def test_low_level_api_plan():
     p.v_batch_stride, p.v_seq_stride, p.v_head_stride = q.stride()[:3]
     p.o_batch_stride, p.o_seq_stride, p.o_head_stride = q.stride()[:3]
     info = flashattn.plan(h, p)
-    assert info.backend == flashattn.Backend.FUSED
-    assert b"fused_fwd_bf16_d128" in info.kernel_name
+    if torch.cuda.get_device_capability() == (9, 0):  # default builds carry the sm_90a kernels
+        assert info.backend == flashattn.Backend.FUSED_SM90
+        assert b"fused_sm90_bf16_d128" in info.kernel_name
+    else:
+        assert info.backend == flashattn.Backend.FUSED
+        assert b"fused_fwd_bf16_d128" in info.kernel_name
     assert flashattn.workspace_size(h, p) == 0
     p.head_dim = 300
     ok, err = flashattn.supported(h, p)
