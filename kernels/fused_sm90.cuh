@@ -1,26 +1,40 @@
 /*
- * fused_sm90.cuh - the FUSED_SM90 forward kernel: FlashAttention on Hopper's warpgroup tensor-core
- * instructions (wgmma, sm_90a). Same contract and semantics as the portable kernel in
- * fused_fwd.cuh; a separate backend, so neither constrains the other.
+ * fused_sm90.cuh - the FUSED_SM90 forward kernel: FlashAttention on Hopper's tensor memory
+ * accelerator (TMA) and warpgroup tensor-core instructions (wgmma), sm_90a. Same contract and
+ * semantics as the portable kernel in fused_fwd.cuh; a separate backend, so neither constrains the
+ * other.
  *
- * A block owns 128 query rows of one (batch, head) and has two warpgroups; warpgroup w owns rows
- * 64w..64w+63 for the whole kernel. Q, K and V live in shared memory in the layout wgmma reads
- * (rows of 64 elements = 128 bytes, 16-byte chunks XOR-swizzled by row % 8, one region per 64
- * columns of the head dim). Per visible key tile j, in each warpgroup:
+ * A block owns 128 query rows of one (batch, head) and has three warpgroups:
+ *   producer (warpgroup 0, one thread): TMA loads of Q once, then of K_j and V_j into two stages
+ *     each, as the consumers free them. Each load completes on a "full" mbarrier; each stage is
+ *     handed back on an "empty" mbarrier. It keeps 24 registers (setmaxnreg) so that the consumers
+ *     can have 240.
+ *   consumers (warpgroups 1 and 2): 64 query rows each, for the whole kernel. Per key tile j:
  *
- *   wait for K_j (and V_{j-1}) to land; one barrier         cp.async, issued a tile ahead
- *   issue S_j = Q K_j^T                                     wgmma, A and B from shared memory
- *   issue O += P_{j-1} V_{j-1}                              wgmma, P from registers, V N-major
- *   issue the loads of K_{j+1} and V_j                      into the stages those MMAs do not read
- *   wait for S_j; softcap/ALiBi/mask; online softmax       overlaps the P V product on the tensor cores
- *   wait for P V; O *= exp2(m_old - m_new); P_j = bf16/fp16(exp2(S - m_new))
+ *     wait until K_j (and V_{j-1}) are in shared memory
+ *     take the tensor-core turn (named barrier; the consumers alternate, so one's softmax runs
+ *       while the other's matrix products do)
+ *     issue S_j = Q K_j^T                                  wgmma, A and B from shared memory
+ *     issue O += P_{j-1} V_{j-1}                           wgmma, P from registers, V N-major
+ *     pass the turn
+ *     wait for S_j; hand back K_j; softcap/ALiBi/mask; online softmax (exp2, scale folded)
+ *     wait for P V; hand back V_{j-1}; O *= exp2(m_old - m_new); P_j = bf16/fp16(exp2(S - m_new))
  *
- * and after the last tile O += P V once more, O /= l, LSE = (m + log2 l) ln 2. The accumulator
- * layout of wgmma m64nNk16 (per warp: rows g and g + 8 of its 16, columns 8i + 2t, +1) equals
- * mma.sync's, and so does the A-in-registers layout, so the softmax and the S -> P repacking
- * are those of the portable kernel. No atomics, fixed order: deterministic.
+ *   and after the last tile O += P V once more, O /= l, LSE = (m + log2 l) ln 2; O is staged
+ *   through the consumer's own rows of the Q tile and stored with 16-byte writes.
+ *
+ * Shared-memory tiles are rows of 64 elements (128 bytes), 16-byte chunks XOR-swizzled by row % 8,
+ * one region per 64 columns of the head dim: the layout TMA writes with 128-byte swizzling and
+ * wgmma reads through its descriptors. Rows past the sequence and columns past head_dim are zeros
+ * (TMA fills out-of-bounds elements with zero). The accumulator layout of wgmma m64nNk16 (per warp:
+ * rows g and g + 8 of its 16, columns 8i + 2t, +1) equals mma.sync's, and so does the
+ * A-in-registers layout, so the softmax and the S -> P repacking are those of the portable kernel.
+ * No atomics, fixed order: deterministic.
  */
 #pragma once
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
 
 #include "fused_fwd.cuh"
 #include "sm90_wgmma.cuh"
@@ -40,11 +54,12 @@ template <int kDtype, int kHeadDim> struct traits {
     using T = typename elem<kDtype>::type;
     static constexpr int kBlockM = FA_SM90_BLOCK_M, kBlockN = cfg<kHeadDim>::block_n;
     static constexpr int kThreads = FA_SM90_THREADS;
-    static constexpr int kChunks = kHeadDim / 8;          /* 16-byte chunks per row */
+    static constexpr int kChunks = kHeadDim / 8; /* 16-byte chunks per row */
     static constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2, kKVBytes = kBlockN * kHeadDim * 2;
-    static constexpr int kSmemBytes = 1024 + (int)(kQBytes + 4 * kKVBytes);
-    static_assert(kSmemBytes == (int)(1024 + 2 * kHeadDim * (kBlockM + 4 * kBlockN)), "see fa_sm90_smem_bytes");
-    static_assert(kHeadDim % 64 == 0 && kBlockN % 16 == 0 && kBlockM == 128 && kThreads == 256, "tile shape");
+    static constexpr int kSmemBytes = 1024 + (int)(kQBytes + 4 * kKVBytes) + 128;
+    static_assert(kSmemBytes == (int)(1024 + 2 * kHeadDim * (kBlockM + 4 * kBlockN) + 128), "see fa_sm90_smem_bytes");
+    static_assert(kHeadDim % 64 == 0 && kBlockN % 16 == 0 && kBlockN <= 256, "tile shape");
+    static_assert(kBlockM == 128 && kThreads == 384, "one producer and two consumer warpgroups of 64 rows");
 };
 
 /* ---- PTX wrappers -------------------------------------------------------------------------- */
@@ -54,8 +69,6 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 template <int kPending> __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
-/* Shared memory written by cp.async (the generic proxy) is read next by wgmma (the async proxy). */
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 /* Pin registers that an in-flight wgmma reads or writes: the compiler may not move their other uses
  * across this point (the waits and fences above are ordered with it as volatile asm). */
@@ -70,6 +83,45 @@ template <int N> __device__ __forceinline__ void reg_fence(uint32_t (&r)[N][4]) 
         for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
 }
 
+/* mbarriers (shared memory, 8 bytes each). */
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+/* Blocks until the barrier's phase with this parity has completed. */
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done = 0;
+    do {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+
+/* TMA: a box of a 4-D tensor (head dim, sequence, head, batch) into shared memory, completing on bar. */
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, int c3,
+                                         uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+        : "memory");
+}
+
+/* Named barriers 1..4 (0 is __syncthreads): the consumers' tensor-core turns and their epilogues. */
+__device__ __forceinline__ void named_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 /* Shared-memory matrix descriptor, 128-byte swizzle. Byte offsets: lbo between 64-column regions
  * of an N-major operand (unused, 16, for K-major), sbo between groups of 8 rows. */
 __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
@@ -77,56 +129,36 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint3
            ((uint64_t)(sbo >> 4) << 32) | (1ull << 62);
 }
 
-/* Byte offset of element chunk `ch` (8 elements) of row r in a swizzled [kRows x kHeadDim] tile. */
-template <int kRows>
-__device__ __forceinline__ uint32_t swz_off(int r, int ch) {
+/* Byte offset of 16-byte chunk `ch` of row r in a swizzled tile of kRows rows. */
+template <int kRows> __device__ __forceinline__ uint32_t swz_off(int r, int ch) {
     return (uint32_t)((ch / 8) * (kRows * 128) + r * 128 + (((ch % 8) ^ (r % 8)) << 4));
 }
 
-/* Async copy of rows [row0, row0 + kRows) of a [seq, head_dim] slice into a swizzled tile; rows
- * past rows_valid and columns past head_dim are zero-filled. */
-template <typename Tr, int kRows>
-__device__ __forceinline__ void load_tile_swz(uint32_t dst, const typename Tr::T *src, int64_t row_stride,
-                                              int row0, int rows_valid, int head_dim) {
-    constexpr int kTotal = kRows * Tr::kChunks;
-    static_assert(kTotal % Tr::kThreads == 0, "whole rounds of 16-byte copies");
-    const typename Tr::T *src_row0 = src + (int64_t)row0 * row_stride;
-#pragma unroll
-    for (int i = 0; i < kTotal / Tr::kThreads; ++i) {
-        const int c = (int)threadIdx.x + i * Tr::kThreads;
-        const int r = c / Tr::kChunks, ch = c % Tr::kChunks;
-        const bool valid = (row0 + r < rows_valid) && (ch * 8 < head_dim);
-        const typename Tr::T *g = valid ? src_row0 + (int64_t)r * row_stride + ch * 8 : src;
-        cp_async_16(dst + swz_off<kRows>(r, ch), g, valid);
-    }
-}
-
 template <int kDtype, int kHeadDim, bool kTransform>
-__global__ void __launch_bounds__(FA_SM90_THREADS, 1) fused_sm90_kernel(const __grid_constant__ fa_kernel_params p) {
+__global__ void __launch_bounds__(FA_SM90_THREADS, 1)
+fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_constant__ CUtensorMap tm_q,
+                  const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Tr = traits<kDtype, kHeadDim>;
     using T = typename Tr::T;
     constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN;
     constexpr int kSN = kBlockN / 2, kON = kHeadDim / 2; /* accumulator floats per thread */
+    constexpr int kCB = kHeadDim / 64;                   /* 64-column regions of a tile */
     constexpr float kLn2 = 0.6931471805599453f, kLog2e = 1.4426950408889634f;
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const uint32_t raw = smem_u32(smem_raw);
     const uint32_t sQ = (raw + 1023u) & ~1023u;
-    const uint32_t sK = sQ + Tr::kQBytes;       /* 2 stages */
-    const uint32_t sV = sK + 2 * Tr::kKVBytes;  /* 2 stages */
+    const uint32_t sK = sQ + Tr::kQBytes;      /* 2 stages */
+    const uint32_t sV = sK + 2 * Tr::kKVBytes; /* 2 stages */
+    const uint32_t bar_q = sV + 2 * Tr::kKVBytes;
+    const uint32_t full_k = bar_q + 8, full_v = bar_q + 24, empty_k = bar_q + 40, empty_v = bar_q + 56; /* [2] each */
 
     const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32;
-    const int g = lane / 4, t = lane % 4;
     const int m_block = p.num_m_blocks - 1 - (int)blockIdx.x; /* heaviest query tiles first */
     const int h = blockIdx.y, b = blockIdx.z, hk = h / p.head_group;
     const int m0 = m_block * kBlockM;
     const int row_last = min(m0 + kBlockM, p.seqlen_q) - 1;
-    const int row0 = m0 + wg * 64 + ((tid % 128) / 32) * 16 + g; /* this thread's rows: row0, row0 + 8 */
-
-    const T *qg = (const T *)p.q + b * p.q_batch_stride + h * p.q_head_stride;
-    const T *kg = (const T *)p.k + b * p.k_batch_stride + hk * p.k_head_stride;
-    const T *vg = (const T *)p.v + b * p.v_batch_stride + hk * p.v_head_stride;
     T *og = (T *)p.o + b * p.o_batch_stride + h * p.o_head_stride;
     float *lse = p.lse ? p.lse + ((int64_t)b * p.heads_q + h) * p.seqlen_q : nullptr;
 
@@ -146,10 +178,53 @@ __global__ void __launch_bounds__(FA_SM90_THREADS, 1) fused_sm90_kernel(const __
     const int tile_begin = key_lo / kBlockN;
     const int n_tiles = (key_hi + kBlockN - 1) / kBlockN - tile_begin;
 
-    load_tile_swz<Tr, kBlockM>(sQ, qg, p.q_seq_stride, m0, p.seqlen_q, p.head_dim);
-    load_tile_swz<Tr, kBlockN>(sK, kg, p.k_seq_stride, tile_begin * kBlockN, p.seqlen_k, p.head_dim);
-    cp_async_commit();
+    if (tid == 0) {
+        mbar_init(bar_q, 1);
+#pragma unroll
+        for (int st = 0; st < 2; ++st) {
+            mbar_init(full_k + 8 * st, 1);
+            mbar_init(full_v + 8 * st, 1);
+            mbar_init(empty_k + 8 * st, 8); /* one arrival per consumer warp */
+            mbar_init(empty_v + 8 * st, 8);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
 
+    if (wg == 0) {
+        /* ---- producer ---- */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+        if (tid == 0) {
+            mbar_expect_tx(bar_q, Tr::kQBytes);
+#pragma unroll
+            for (int cb = 0; cb < kCB; ++cb) tma_load(sQ + cb * kBlockM * 128, &tm_q, cb * 64, m0, h, b, bar_q);
+            auto load_kv = [&](const CUtensorMap *map, uint32_t dst, uint32_t full, int tile) {
+                mbar_expect_tx(full, Tr::kKVBytes);
+#pragma unroll
+                for (int cb = 0; cb < kCB; ++cb)
+                    tma_load(dst + cb * kBlockN * 128, map, cb * 64, (tile_begin + tile) * kBlockN, hk, b, full);
+            };
+            load_kv(&tm_k, sK, full_k, 0);
+            for (int j = 0; j < n_tiles; ++j) {
+                /* K_{j+1} once S_{j-1} is done with its stage; V_j once P V_{j-2} is done with its. */
+                if (j + 1 < n_tiles) {
+                    const int st = (j + 1) & 1;
+                    if (j + 1 >= 2) mbar_wait(empty_k + 8 * st, ((j - 1) >> 1) & 1);
+                    load_kv(&tm_k, sK + st * Tr::kKVBytes, full_k + 8 * st, j + 1);
+                }
+                const int st = j & 1;
+                if (j >= 2) mbar_wait(empty_v + 8 * st, ((j - 2) >> 1) & 1);
+                load_kv(&tm_v, sV + st * Tr::kKVBytes, full_v + 8 * st, j);
+            }
+        }
+        return;
+    }
+
+    /* ---- consumers ---- */
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+    const int c = wg - 1; /* consumer index: rows 64c..64c+63 of the block */
+    const int g = lane / 4, t = lane % 4;
+    const int row0 = m0 + c * 64 + ((tid % 128) / 32) * 16 + g; /* this thread's rows: row0, row0 + 8 */
     const float mult = kTransform ? 1.0f : p.scale_log2;
     const float slope = kTransform ? alibi_slope(p, b, h) : 0.0f;
 
@@ -158,44 +233,41 @@ __global__ void __launch_bounds__(FA_SM90_THREADS, 1) fused_sm90_kernel(const __
 #pragma unroll
     for (int i = 0; i < kON; ++i) o[i] = 0.0f;
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+    const uint32_t q_wg = sQ + (uint32_t)c * 64 * 128; /* this consumer's 64 rows of Q */
 
-    /* Descriptor bases: this warpgroup's 64 rows of Q; K and V per stage. */
-    const uint32_t q_wg = sQ + (uint32_t)wg * 64 * 128;
+    mbar_wait(bar_q, 0);
+    if (c == 1) named_arrive(1, 256); /* consumer 0 takes the first turn */
 
     for (int it = 0; it < n_tiles; ++it) {
-        cp_async_wait<0>();  /* K_it and V_{it-1} have landed for this thread ... */
-        fence_proxy_async(); /* ... are visible to the tensor cores ... */
-        __syncthreads();     /* ... for every thread; and every warpgroup is past tile it - 1 */
         const int n0 = (tile_begin + it) * kBlockN;
-        const uint32_t k_st = sK + (uint32_t)(it & 1) * Tr::kKVBytes;
+        const int st = it & 1;
+        mbar_wait(full_k + 8 * st, (it >> 1) & 1);
+        if (it > 0) mbar_wait(full_v + 8 * (st ^ 1), ((it - 1) >> 1) & 1);
+        const uint32_t k_st = sK + (uint32_t)st * Tr::kKVBytes;
 
+        named_sync(1 + c, 256); /* our turn on the tensor cores */
         reg_fence(o);
         reg_fence(pf);
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-            const uint32_t col = (uint32_t)(ks / 4) , sub = (uint32_t)(ks % 4) * 32;
+            const uint32_t col = (uint32_t)(ks / 4), sub = (uint32_t)(ks % 4) * 32;
             wgmma_ss<kBlockN, kDtype>::run(s, smem_desc(q_wg + col * kBlockM * 128 + sub, 16, 1024),
                                            smem_desc(k_st + col * kBlockN * 128 + sub, 16, 1024), ks > 0);
         }
         wgmma_commit();
         if (it > 0) {
-            const uint32_t v_st = sV + (uint32_t)((it - 1) & 1) * Tr::kKVBytes;
+            const uint32_t v_st = sV + (uint32_t)(st ^ 1) * Tr::kKVBytes;
 #pragma unroll
             for (int kk = 0; kk < kBlockN / 16; ++kk)
                 wgmma_rs<kHeadDim, kDtype>::run(o, pf[kk], smem_desc(v_st + kk * 16 * 128, kBlockN * 128, 1024), 1);
         }
-        wgmma_commit(); /* empty on the first tile: "wait for all but the newest group" then always means S */
-        /* K_{it+1} into the stage S_{it-1} read; V_it into the stage P V_{it-2} read. */
-        if (it + 1 < n_tiles)
-            load_tile_swz<Tr, kBlockN>(sK + (uint32_t)((it + 1) & 1) * Tr::kKVBytes, kg, p.k_seq_stride,
-                                       n0 + kBlockN, p.seqlen_k, p.head_dim);
-        load_tile_swz<Tr, kBlockN>(sV + (uint32_t)(it & 1) * Tr::kKVBytes, vg, p.v_seq_stride, n0, p.seqlen_k,
-                                   p.head_dim);
-        cp_async_commit();
+        wgmma_commit(); /* empty on the first tile: "all but the newest group" then always means S */
+        named_arrive(2 - c, 256); /* the other consumer's turn */
 
         wgmma_wait<1>();
         reg_fence(s);
+        if (lane == 0) mbar_arrive(empty_k + 8 * st); /* this warp is done with K_it */
 
         if constexpr (kTransform) {
 #pragma unroll
@@ -231,9 +303,10 @@ __global__ void __launch_bounds__(FA_SM90_THREADS, 1) fused_sm90_kernel(const __
             row_sum[r] = row_sum[r] * corr[r] + sum;
         }
 
-        wgmma_wait<0>(); /* P V_{it-1} is done with O and with pf */
+        wgmma_wait<0>(); /* P V_{it-1} is done with O, pf and V_{it-1} */
         reg_fence(o);
         reg_fence(pf);
+        if (it > 0 && lane == 0) mbar_arrive(empty_v + 8 * (st ^ 1));
 #pragma unroll
         for (int j = 0; j < kHeadDim / 8; ++j) {
             o[4 * j] *= corr[0], o[4 * j + 1] *= corr[0];
@@ -248,12 +321,12 @@ __global__ void __launch_bounds__(FA_SM90_THREADS, 1) fused_sm90_kernel(const __
         }
     }
 
-    /* The last tile's P V. */
-    cp_async_wait<0>();
-    fence_proxy_async();
-    __syncthreads();
+    /* The last tile's P V (the stage needs no handing back: nothing more is loaded). */
     {
-        const uint32_t v_st = sV + (uint32_t)((n_tiles - 1) & 1) * Tr::kKVBytes;
+        const int st = (n_tiles - 1) & 1;
+        mbar_wait(full_v + 8 * st, ((n_tiles - 1) >> 1) & 1);
+        const uint32_t v_st = sV + (uint32_t)st * Tr::kKVBytes;
+        named_sync(1 + c, 256);
         reg_fence(o);
         reg_fence(pf);
         wgmma_fence();
@@ -261,35 +334,76 @@ __global__ void __launch_bounds__(FA_SM90_THREADS, 1) fused_sm90_kernel(const __
         for (int kk = 0; kk < kBlockN / 16; ++kk)
             wgmma_rs<kHeadDim, kDtype>::run(o, pf[kk], smem_desc(v_st + kk * 16 * 128, kBlockN * 128, 1024), 1);
         wgmma_commit();
+        if (c == 0) named_arrive(2, 256); /* consumer 1's last turn; nobody waits for consumer 0 again */
         wgmma_wait<0>();
         reg_fence(o);
     }
-    __syncthreads(); /* every warpgroup is done reading K and V: stage O there */
 
-    /* Epilogue: normalise, stage O through shared memory (rows padded by 8 elements), store. */
-    constexpr int kOStride = kHeadDim + 8;
-    static_assert(kBlockM * kOStride * 2 <= (int)(4 * Tr::kKVBytes), "O staging fits in the K/V stages");
-    T *sO = reinterpret_cast<T *>(smem_raw + (sK - raw));
-    const int row_local = row0 - m0;
+    /* Epilogue: normalise; stage O (swizzled, conflict-free) in this consumer's own 64 rows of the Q
+     * tile, which only its finished S products read; store rows with 16-byte writes. */
+    const int row_local = row0 - m0; /* 64c + ... */
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const float l = quad_sum(row_sum[r]);
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
 #pragma unroll
-        for (int j = 0; j < kHeadDim / 8; ++j)
-            *reinterpret_cast<uint32_t *>(sO + (row_local + 8 * r) * kOStride + 8 * j + 2 * t) =
-                pack_pair<kDtype>(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
+        for (int j = 0; j < kHeadDim / 8; ++j) {
+            const uint32_t v = pack_pair<kDtype>(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sQ + swz_off<kBlockM>(row_local + 8 * r, j) + 4 * t), "r"(v)
+                         : "memory");
+        }
         if (lse && t == 0 && row0 + 8 * r < p.seqlen_q)
             lse[row0 + 8 * r] = l > 0.0f ? (row_max[r] * mult + __log2f(l)) * kLn2 : -INFINITY;
     }
-    __syncthreads();
-    for (int c = tid; c < kBlockM * Tr::kChunks; c += Tr::kThreads) {
-        const int r = c / Tr::kChunks, ch = c % Tr::kChunks;
-        if (m0 + r < p.seqlen_q && ch * 8 < p.head_dim)
-            *reinterpret_cast<uint4 *>(og + (int64_t)(m0 + r) * p.o_seq_stride + ch * 8) =
-                *reinterpret_cast<const uint4 *>(sO + r * kOStride + ch * 8);
+    named_sync(3 + c, 128);
+    for (int i = tid % 128; i < 64 * Tr::kChunks; i += 128) {
+        const int rl = c * 64 + i / Tr::kChunks, ch = i % Tr::kChunks;
+        if (m0 + rl < p.seqlen_q && ch * 8 < p.head_dim) {
+            uint4 v;
+            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                         : "r"(sQ + swz_off<kBlockM>(rl, ch))
+                         : "memory");
+            *reinterpret_cast<uint4 *>(og + (int64_t)(m0 + rl) * p.o_seq_stride + ch * 8) = v;
+        }
     }
 #endif
+}
+
+/* cuTensorMapEncodeTiled from the driver, through the runtime (no link against libcuda). */
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+    static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+        void *f = nullptr;
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+        const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q);
+#else
+        const cudaError_t err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &f, cudaEnableDefault, &q);
+#endif
+        return (err == cudaSuccess && q == cudaDriverEntryPointSuccess) ? (PFN_cuTensorMapEncodeTiled_v12000)f : nullptr;
+    }();
+    return fn;
+}
+
+/* The map of a [batch, seq, heads, head_dim] tensor (head dim contiguous) read in boxes of
+ * 64 x box_rows, 128-byte swizzled. Extents of 0 become 1 (such a tensor is never read). */
+inline bool encode_map(CUtensorMap *map, int dtype, const void *ptr, int64_t head_dim, int64_t seq, int64_t heads,
+                       int64_t batch, int64_t seq_stride, int64_t head_stride, int64_t batch_stride, int box_rows) {
+    const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+    if (encode == nullptr) return false;
+    const cuuint64_t dims[4] = {(cuuint64_t)head_dim, (cuuint64_t)(seq > 0 ? seq : 1), (cuuint64_t)heads,
+                                (cuuint64_t)batch};
+    const int64_t raw[3] = {seq_stride, head_stride, batch_stride};
+    cuuint64_t strides[3];
+    for (int i = 0; i < 3; ++i) /* a one-element dimension's stride is never used; keep it legal */
+        strides[i] = (cuuint64_t)(dims[i + 1] > 1 ? raw[i] * 2 : 16);
+    const cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1};
+    const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+    const CUresult r = encode(map, dtype == 1 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+                              const_cast<void *>(ptr), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS;
 }
 
 template <int kDtype, int kHeadDim>
@@ -297,11 +411,20 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
     using Tr = traits<kDtype, kHeadDim>;
     if (l->threads != Tr::kThreads || l->smem_bytes != Tr::kSmemBytes)
         return (int)cudaErrorInvalidConfiguration; /* planner and kernel disagree: refuse */
+    CUtensorMap tq, tk, tv;
+    if (!encode_map(&tq, kDtype, kp->q, kp->head_dim, kp->seqlen_q, kp->heads_q, kp->batch, kp->q_seq_stride,
+                    kp->q_head_stride, kp->q_batch_stride, Tr::kBlockM) ||
+        !encode_map(&tk, kDtype, kp->k, kp->head_dim, kp->seqlen_k, kp->heads_kv, kp->batch, kp->k_seq_stride,
+                    kp->k_head_stride, kp->k_batch_stride, Tr::kBlockN) ||
+        !encode_map(&tv, kDtype, kp->v, kp->head_dim, kp->seqlen_k, kp->heads_kv, kp->batch, kp->v_seq_stride,
+                    kp->v_head_stride, kp->v_batch_stride, Tr::kBlockN))
+        return (int)cudaErrorInvalidValue; /* the planner checked the limits; not expected */
     const bool transform = kp->softcap > 0.0f || kp->alibi_slopes != nullptr;
     auto kernel = transform ? fused_sm90_kernel<kDtype, kHeadDim, true> : fused_sm90_kernel<kDtype, kHeadDim, false>;
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
     if (err != cudaSuccess) return (int)err;
-    kernel<<<dim3(l->grid_x, l->grid_y, l->grid_z), Tr::kThreads, Tr::kSmemBytes, (cudaStream_t)stream>>>(*kp);
+    kernel<<<dim3(l->grid_x, l->grid_y, l->grid_z), Tr::kThreads, Tr::kSmemBytes, (cudaStream_t)stream>>>(*kp, tq, tk,
+                                                                                                         tv);
     return (int)cudaGetLastError();
 }
 

@@ -184,6 +184,21 @@ static const char *sm90_unsupported_reason(const fa_device_caps *caps, const fla
         return buf;
     }
     if (fused_layout_reason("fused_sm90", p, buf, n)) return buf;
+    /* The tensor memory accelerator takes strides of 16 bytes up to 2^40 bytes; a zero stride
+     * (a broadcast dimension) only where that dimension has one element. */
+    const struct { const char *name; int64_t extent, stride; } tma[] = {
+        {"q_seq_stride", p->seqlen_q, p->q_seq_stride}, {"q_head_stride", p->heads_q, p->q_head_stride},
+        {"q_batch_stride", p->batch, p->q_batch_stride}, {"k_seq_stride", p->seqlen_k, p->k_seq_stride},
+        {"k_head_stride", p->heads_kv, p->k_head_stride}, {"k_batch_stride", p->batch, p->k_batch_stride},
+        {"v_seq_stride", p->seqlen_k, p->v_seq_stride}, {"v_head_stride", p->heads_kv, p->v_head_stride},
+        {"v_batch_stride", p->batch, p->v_batch_stride},
+    };
+    for (size_t i = 0; i < sizeof tma / sizeof tma[0]; ++i)
+        if (tma[i].extent > 1 && (tma[i].stride <= 0 || tma[i].stride >= ((int64_t)1 << 39))) {
+            snprintf(buf, n, "the fused_sm90 backend needs %s in [1, 2^39) elements where that "
+                     "dimension has more than one element (got %lld)", tma[i].name, (ll)tma[i].stride);
+            return buf;
+        }
     const fa_fused_config *cfg = fa_sm90_config_for(khd);
     const int64_t smem = fa_sm90_smem_bytes(cfg->head_dim, cfg->block_n);
     if (smem > caps->smem_per_block_optin) {
