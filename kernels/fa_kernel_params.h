@@ -86,7 +86,7 @@ static inline int64_t fa_fused_smem_bytes(const fa_fused_config *c) {
 #define FA_SM90_BLOCK_M 128
 #define FA_SM90_THREADS 384
 #define FA_SM90_CONFIGS(X) \
-    X(64, 128, 65)         \
+    X(64, 128, 33)         \
     X(128, 128, 97)        \
     X(256, 64, 193)
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One device call: build with all cores, run the whole test suite (GPU tests included), the
 # benchmark's default suite, and the side-by-side comparison with the peers; logs under $OUT, a
-# short table last.   Usage: scripts/gpu_check.sh [all|build|test|bench|peers]...  (default: all)
+# short table last.   Usage: scripts/gpu_check.sh [all|build|test|sanitize|bench|peers|ab]...
+# (default: all). "ab" times FUSED against FUSED_SM90 at every compiled head dim: the measurement
+# behind the AUTO ranges of FA_SM90_CONFIGS.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/flashattn_out}
@@ -37,6 +39,18 @@ if want bench; then
   ./build/benchmarks/flashattn_bench --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
   summary+=("bench: $(tail -1 "$OUT/bench.log")")
 fi
+if want ab; then
+  : > "$OUT/ab.log"
+  for d in 32 64 96 128 160 192 256; do
+    for mask in none causal; do
+      for be in fused fused_sm90; do
+        ./build/benchmarks/flashattn_bench --backend $be --shape prefill:bf16:$((16384 / 4096)):$((2048 / d > 0 ? 2048 / d : 1)):$((2048 / d > 0 ? 2048 / d : 1)):4096:4096:$d:$mask \
+          --iters 20 2>&1 | grep -vE '^#|shapes,|^kind' | tail -1 >> "$OUT/ab.log"
+      done
+    done
+  done
+  summary+=("ab: see ab.log")
+fi
 if want peers && [ -f benchmarks/compare_peers.py ]; then
   FLASHATTN_LIBRARY=$PWD/build/libflashattn.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 \
     python3 benchmarks/compare_peers.py --json "$OUT/peers.json" > "$OUT/peers.log" 2>&1
@@ -45,5 +59,6 @@ fi
 [ -f "$OUT/correctness.txt" ] && cat "$OUT/correctness.txt"
 [ -f "$OUT/pytest.log" ] && grep -E "FAILED|Error|assert" "$OUT/pytest.log" | head -20
 [ -f "$OUT/bench.log" ] && grep -vE '^#|^\[' "$OUT/bench.log" | cut -c1-150
+[ -f "$OUT/ab.log" ] && cut -c1-120 "$OUT/ab.log"
 [ -f "$OUT/peers.log" ] && tail -70 "$OUT/peers.log"
 printf '%s\n' "${summary[@]}"

@@ -344,7 +344,9 @@ TEST(Planning, AutoPicksSm90OnHopperWhereTheTableSaysSo) {
 }
 
 TEST(Planning, AutoUsesTheSm90RangesOfTheTable) {
-    EXPECT_FALSE(fa_sm90_auto_prefers(64));   // the mma.sync kernel is measured faster at d64
+    EXPECT_TRUE(fa_sm90_auto_prefers(64));
+    EXPECT_TRUE(fa_sm90_auto_prefers(40));
+    EXPECT_FALSE(fa_sm90_auto_prefers(32));   // d32 has its own FUSED variant
     EXPECT_TRUE(fa_sm90_auto_prefers(128));
     EXPECT_TRUE(fa_sm90_auto_prefers(104));
     EXPECT_FALSE(fa_sm90_auto_prefers(96));   // d96 has its own FUSED variant
