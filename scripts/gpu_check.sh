@@ -40,16 +40,16 @@ if want bench; then
   summary+=("bench: $(tail -1 "$OUT/bench.log")")
 fi
 if want ab; then
-  : > "$OUT/ab.log"
+  echo "# A/B: FUSED vs FUSED_SM90 per head dim (bf16, 16k tokens, hidden 2048, 4096^2)" >> "$OUT/bench.log"
   for d in 32 64 96 128 160 192 256; do
     for mask in none causal; do
       for be in fused fused_sm90; do
         ./build/benchmarks/flashattn_bench --backend $be --shape prefill:bf16:$((16384 / 4096)):$((2048 / d > 0 ? 2048 / d : 1)):$((2048 / d > 0 ? 2048 / d : 1)):4096:4096:$d:$mask \
-          --iters 20 2>&1 | grep -vE '^#|shapes,|^kind' | tail -1 >> "$OUT/ab.log"
+          --iters 20 2>&1 | grep -vE '^#|shapes,|^kind' | tail -1 >> "$OUT/bench.log"
       done
     done
   done
-  summary+=("ab: see ab.log")
+  summary+=("ab: see the end of bench.log")
 fi
 if want peers && [ -f benchmarks/compare_peers.py ]; then
   FLASHATTN_LIBRARY=$PWD/build/libflashattn.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 \
@@ -59,6 +59,5 @@ fi
 [ -f "$OUT/correctness.txt" ] && cat "$OUT/correctness.txt"
 [ -f "$OUT/pytest.log" ] && grep -E "FAILED|Error|assert" "$OUT/pytest.log" | head -20
 [ -f "$OUT/bench.log" ] && grep -vE '^#|^\[' "$OUT/bench.log" | cut -c1-150
-[ -f "$OUT/ab.log" ] && cut -c1-120 "$OUT/ab.log"
 [ -f "$OUT/peers.log" ] && tail -70 "$OUT/peers.log"
 printf '%s\n' "${summary[@]}"
