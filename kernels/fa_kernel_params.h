@@ -87,8 +87,8 @@ static inline int64_t fa_fused_smem_bytes(const fa_fused_config *c) {
 #define FA_SM90_THREADS 384
 #define FA_SM90_CONFIGS(X) \
     X(64, 128, 33)         \
-    X(128, 128, 97)        \
-    X(256, 64, 193)
+    X(128, 128, 65)        \
+    X(256, 64, 129)
 
 static inline int64_t fa_sm90_smem_bytes(int head_dim, int block_n) {
     /* Q, two stages of K, two of V, 128 bytes of barriers, plus 1 KB to align the base to the

@@ -349,8 +349,8 @@ TEST(Planning, AutoUsesTheSm90RangesOfTheTable) {
     EXPECT_FALSE(fa_sm90_auto_prefers(32));   // d32 has its own FUSED variant
     EXPECT_TRUE(fa_sm90_auto_prefers(128));
     EXPECT_TRUE(fa_sm90_auto_prefers(104));
-    EXPECT_FALSE(fa_sm90_auto_prefers(96));   // d96 has its own FUSED variant
-    EXPECT_FALSE(fa_sm90_auto_prefers(160));
+    EXPECT_TRUE(fa_sm90_auto_prefers(96));    // measured: the d128 variant beats FUSED's d96
+    EXPECT_TRUE(fa_sm90_auto_prefers(160));   // and the d256 variant FUSED's d160 and d192
     EXPECT_TRUE(fa_sm90_auto_prefers(256));
     EXPECT_FALSE(fa_sm90_auto_prefers(264));
     EXPECT_EQ(64, fa_sm90_kernel_head_dim(8));
