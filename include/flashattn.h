@@ -6,7 +6,8 @@
  *     O = softmax(scale * Q K^T  [softcap] [+ ALiBi] [+ mask]) V
  *
  * the FlashAttention way: tiles of Q, K and V in on-chip memory, an online softmax, and no score
- * matrix in device memory (the FUSED backend). A REFERENCE backend built on cuBLAS computes the same
+ * matrix in device memory (the FUSED backend on sm_80 and newer, the FUSED_SM90 backend on Hopper).
+ * A REFERENCE backend built on cuBLAS computes the same
  * function with the score matrix materialised in the caller's workspace; it is the oracle the fused
  * kernels are checked against.
  *
@@ -150,10 +151,12 @@ typedef enum flashattn_backend {
     FLASHATTN_BACKEND_REFERENCE = 1,  /* cuBLAS GEMMs + softmax kernel; needs a workspace */
     FLASHATTN_BACKEND_FUSED = 2,      /* FlashAttention kernel on tensor cores (mma.sync, sm_80 and
                                          newer); no workspace */
-    FLASHATTN_BACKEND_FUSED_SM90 = 3  /* FlashAttention kernel on Hopper's warpgroup MMAs (wgmma); compute
-                                         capability 9.0 only, and only in builds for sm_90a; head dims
-                                         that are multiples of 8 up to 256; no workspace. AUTO picks it on
-                                         9.0 devices for the head dims where it is measured faster. */
+    FLASHATTN_BACKEND_FUSED_SM90 = 3  /* FlashAttention kernel on Hopper's TMA and warpgroup MMAs
+                                         (wgmma); compute capability 9.0 only, and only in builds for
+                                         sm_90a (the default); head dims that are multiples of 8 up to
+                                         256; FUSED's layout rules, and no zero stride on a dimension
+                                         with more than one element; no workspace. AUTO picks it on 9.0
+                                         devices for head dims 33..256, where it is measured faster. */
 } flashattn_backend;
 
 /*
@@ -192,7 +195,7 @@ typedef struct flashattn_fwd_params {
     int64_t seqlen_k;        /* >= 0; 0 gives O = 0 and LSE = -inf */
     int64_t heads_q;         /* >= 1, a multiple of heads_kv */
     int64_t heads_kv;        /* >= 1 */
-    int64_t head_dim;        /* 1..256 (the FUSED backend: multiples of 8) */
+    int64_t head_dim;        /* 1..256 (the FUSED and FUSED_SM90 backends: multiples of 8) */
 
     const void *q;           /* device, [batch, seqlen_q, heads_q, head_dim] */
     int64_t q_batch_stride, q_seq_stride, q_head_stride;
@@ -231,7 +234,7 @@ FLASHATTN_API flashattn_status flashattn_fwd_params_set_packed_strides(flashattn
  * never dereference the tensor pointers, touch the device or enqueue work.
  * ------------------------------------------------------------------------------------------- */
 
-/* Bytes of device workspace flashattn_fwd needs for these params (0 for the FUSED backend), in
+/* Bytes of device workspace flashattn_fwd needs for these params (0 for the fused backends), in
  * *bytes. Returns: SUCCESS or any validation status flashattn_fwd can return (never
  * WORKSPACE_TOO_SMALL, CUDA_ERROR or CUBLAS_ERROR). */
 FLASHATTN_API flashattn_status flashattn_fwd_workspace_size(const flashattn_handle *handle,
