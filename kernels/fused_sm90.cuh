@@ -258,6 +258,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         wgmma_commit();
         if (it > 0) {
             const uint32_t v_st = sV + (uint32_t)(st ^ 1) * Tr::kKVBytes;
+            wgmma_fence(); /* P and O were written by ordinary instructions since the last one */
 #pragma unroll
             for (int kk = 0; kk < kBlockN / 16; ++kk)
                 wgmma_rs<kHeadDim, kDtype>::run(o, pf[kk], smem_desc(v_st + kk * 16 * 128, kBlockN * 128, 1024), 1);

@@ -27,6 +27,22 @@ class Gpu : public ::testing::Test {
     flashattn_handle *h = nullptr;
 };
 
+bool device_has_sm90_backend() {
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+        return false;
+    return major == 9 && minor == 0 && fa_sm90_compiled(FLASHATTN_DTYPE_BFLOAT16, 128);
+}
+
+// REFERENCE plus every fused backend this device and build have.
+std::vector<int> all_backends() {
+    std::vector<int> b = {FLASHATTN_BACKEND_REFERENCE, FLASHATTN_BACKEND_FUSED};
+    if (device_has_sm90_backend()) b.push_back(FLASHATTN_BACKEND_FUSED_SM90);
+    return b;
+}
+
 // The FUSED_SM90 tests: the same checks, on devices and builds that have that backend.
 class GpuSm90 : public Gpu {
   protected:
@@ -122,7 +138,7 @@ TEST_F(Gpu, ReferenceFeatures) {
 }
 
 TEST_F(Gpu, EmptyRowsAreZeroAndLseMinusInf) {
-    for (int backend : {FLASHATTN_BACKEND_REFERENCE, FLASHATTN_BACKEND_FUSED}) {
+    for (int backend : all_backends()) {
         Case c;
         c.sq = 150, c.sk = 97, c.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;  // rows 0..52 see nothing
         Inputs in(c);
@@ -430,7 +446,7 @@ TEST_F(Gpu, EmptyQueryIsANoOp) {
 }
 
 TEST_F(Gpu, CudaGraphCaptureAndReplay) {
-    for (int backend : {FLASHATTN_BACKEND_FUSED, FLASHATTN_BACKEND_REFERENCE}) {
+    for (int backend : all_backends()) {
         Case c;
         c.sq = 300, c.sk = 500, c.d = 128, c.hq = 4, c.hkv = 2, c.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
         Inputs in(c);

@@ -341,6 +341,13 @@ TEST(Planning, AutoPicksSm90OnHopperWhereTheTableSaysSo) {
     flashattn_fwd_params_set_packed_strides(&p);
     EXPECT_EQ(FLASHATTN_STATUS_UNSUPPORTED, fa_plan_make(&h200, &p, 0, &refused));
     EXPECT_NE(std::string(flashattn_last_error()).find("multiple of 8"), std::string::npos);
+    // K shared by every batch entry (stride 0): TMA cannot express it; AUTO takes FUSED instead.
+    p = valid_params();
+    p.k_batch_stride = 0;
+    EXPECT_EQ(FLASHATTN_BACKEND_FUSED, plan_ok(p, h200).backend);
+    p.backend = FLASHATTN_BACKEND_FUSED_SM90;
+    EXPECT_EQ(FLASHATTN_STATUS_UNSUPPORTED, fa_plan_make(&h200, &p, 0, &refused));
+    EXPECT_NE(std::string(flashattn_last_error()).find("k_batch_stride"), std::string::npos) << flashattn_last_error();
 }
 
 TEST(Planning, AutoUsesTheSm90RangesOfTheTable) {
