@@ -155,8 +155,9 @@ typedef enum flashattn_backend {
                                          (wgmma); compute capability 9.0 only, and only in builds for
                                          sm_90a (the default); head dims that are multiples of 8 up to
                                          256; FUSED's layout rules, and no zero stride on a dimension
-                                         with more than one element; no workspace. AUTO picks it on 9.0
-                                         devices for head dims 33..256, where it is measured faster. */
+                                         with more than one element. Needs a workspace only when it splits
+                                         the keys of a decode-shaped call. AUTO picks it on 9.0 devices
+                                         for head dims 33..256, where it is measured faster. */
 } flashattn_backend;
 
 /*
@@ -234,8 +235,10 @@ FLASHATTN_API flashattn_status flashattn_fwd_params_set_packed_strides(flashattn
  * never dereference the tensor pointers, touch the device or enqueue work.
  * ------------------------------------------------------------------------------------------- */
 
-/* Bytes of device workspace flashattn_fwd needs for these params (0 for the fused backends), in
- * *bytes. Returns: SUCCESS or any validation status flashattn_fwd can return (never
+/* Bytes of device workspace flashattn_fwd needs for these params, in *bytes: the REFERENCE backend's
+ * score matrix; FUSED_SM90's per-split partial results when it splits the key range of a call with
+ * too few query tiles to fill the GPU (decode-shaped calls: flashattn_fwd_plan reports num_splits);
+ * otherwise 0. Always ask rather than assume 0. Returns: SUCCESS or any validation status flashattn_fwd can return (never
  * WORKSPACE_TOO_SMALL, CUDA_ERROR or CUBLAS_ERROR). */
 FLASHATTN_API flashattn_status flashattn_fwd_workspace_size(const flashattn_handle *handle,
                                                             const flashattn_fwd_params *params,

@@ -32,6 +32,14 @@ typedef struct fa_kernel_params {
     int32_t key_lo_off, key_hi_off;
     int32_t num_m_blocks;       /* fused: query tiles per (batch, head) */
 
+    /* FUSED_SM90 only. pack_gqa: a tile holds the head_group query heads of one KV head, pack_rows
+     * query positions each (rows hg * pack_rows + i), so K and V are read once per group; the grid's
+     * y is then the KV head. num_splits > 1: the key range of each tile is split that many ways;
+     * each split writes its normalised O (fp32) and LSE to o_accum / lse_accum
+     * ([split][batch][heads_q][seqlen_q](head_dim)), and fa_split_combine merges them. */
+    int32_t pack_gqa, pack_rows, num_splits;
+    float *o_accum, *lse_accum;
+
     float scale;                /* softmax scale (natural units) */
     float scale_log2;           /* scale * log2(e), folded once on the host */
     float softcap;              /* 0: off */
@@ -99,6 +107,9 @@ static inline int64_t fa_sm90_smem_bytes(int head_dim, int block_n) {
 /* Kernel launchers (the .cu files under kernels/). Each returns a cudaError_t value (0 = cudaSuccess) and enqueues
  * on `stream` (a cudaStream_t). */
 typedef int (*fa_fused_launcher)(const fa_kernel_params *kp, const fa_launch *launch, void *stream);
+
+/* Merges the num_splits partial results of a split FUSED_SM90 call into O and LSE (kernels/combine.cu). */
+int fa_split_combine(const fa_kernel_params *kp, int dtype, void *stream);
 
 /* REFERENCE backend pieces (kernels/reference.cu). dtype: 0 float16, 1 bfloat16. `lowprec` rounds
  * scores and probabilities to dtype (plain low-precision attention, the tests' baseline). */

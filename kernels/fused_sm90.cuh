@@ -154,29 +154,55 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     const uint32_t bar_q = sV + 2 * Tr::kKVBytes;
     const uint32_t full_k = bar_q + 8, full_v = bar_q + 24, empty_k = bar_q + 40, empty_v = bar_q + 56; /* [2] each */
 
+    /* The tile: query positions [m0, m0 + rows_per_head) of `heads` query heads starting at h0 (one
+     * head, or with pack_gqa the head_group heads of KV head hk); tile row r is head h0 + r / rows_per_head,
+     * position m0 + r % rows_per_head. Split `split` of num_splits takes its share of the key tiles. */
     const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32;
-    const int m_block = p.num_m_blocks - 1 - (int)blockIdx.x; /* heaviest query tiles first */
-    const int h = blockIdx.y, b = blockIdx.z, hk = h / p.head_group;
-    const int m0 = m_block * kBlockM;
-    const int row_last = min(m0 + kBlockM, p.seqlen_q) - 1;
-    T *og = (T *)p.o + b * p.o_batch_stride + h * p.o_head_stride;
-    float *lse = p.lse ? p.lse + ((int64_t)b * p.heads_q + h) * p.seqlen_q : nullptr;
+    const int split = (int)blockIdx.x % p.num_splits;
+    const int m_block = p.num_m_blocks - 1 - (int)blockIdx.x / p.num_splits; /* heaviest tiles first */
+    const int b = blockIdx.z;
+    const int heads = p.pack_gqa ? p.head_group : 1;
+    const int rows_per_head = p.pack_gqa ? p.pack_rows : kBlockM;
+    const int hk = p.pack_gqa ? (int)blockIdx.y : (int)blockIdx.y / p.head_group;
+    const int h0 = p.pack_gqa ? hk * p.head_group : (int)blockIdx.y;
+    const int m0 = m_block * rows_per_head;
+    const int row_last = min(m0 + rows_per_head, p.seqlen_q) - 1;
+    const bool partial = p.num_splits > 1;
+
+    /* Where tile row r goes: false if it is padding (no such head or position). */
+    auto row_target = [&](int r, int &head, int &pos) {
+        const int hg = r / rows_per_head;
+        head = h0 + hg, pos = m0 + r % rows_per_head;
+        return hg < heads && pos < p.seqlen_q;
+    };
+    auto lse_slot = [&](int head, int pos) -> float * {
+        const int64_t bhq = (int64_t)b * p.heads_q + head;
+        if (partial) return p.lse_accum + ((int64_t)split * p.batch * p.heads_q + bhq) * p.seqlen_q + pos;
+        return p.lse ? p.lse + bhq * p.seqlen_q + pos : nullptr;
+    };
 
     const int key_lo = max(0, m0 + p.key_lo_off);
     const int key_hi = min(p.seqlen_k, row_last + p.key_hi_off + 1);
-    if (key_hi <= key_lo) { /* no row sees a key: O = 0, LSE = -inf */
-        for (int c = tid; c < kBlockM * Tr::kChunks; c += Tr::kThreads) {
-            const int r = c / Tr::kChunks, ch = c % Tr::kChunks;
-            if (m0 + r < p.seqlen_q && ch * 8 < p.head_dim)
-                *reinterpret_cast<uint4 *>(og + (int64_t)(m0 + r) * p.o_seq_stride + ch * 8) = make_uint4(0, 0, 0, 0);
+    const int tile_first = key_lo / kBlockN;
+    const int tiles_all = key_hi > key_lo ? (key_hi + kBlockN - 1) / kBlockN - tile_first : 0;
+    const int tiles_per_split = (tiles_all + p.num_splits - 1) / p.num_splits;
+    const int tile_begin = tile_first + split * tiles_per_split;
+    const int n_tiles = max(0, min(tiles_per_split, tiles_all - split * tiles_per_split));
+    if (n_tiles == 0) { /* no row sees a key in this split: O = 0, LSE = -inf (a split writes only its LSE) */
+        for (int i = tid; i < kBlockM * Tr::kChunks; i += Tr::kThreads) {
+            const int r = i / Tr::kChunks, ch = i % Tr::kChunks;
+            int head, pos;
+            if (!partial && row_target(r, head, pos) && ch * 8 < p.head_dim)
+                *reinterpret_cast<uint4 *>((T *)p.o + b * p.o_batch_stride + head * p.o_head_stride +
+                                           (int64_t)pos * p.o_seq_stride + ch * 8) = make_uint4(0, 0, 0, 0);
         }
-        if (lse)
-            for (int r = tid; r < kBlockM; r += Tr::kThreads)
-                if (m0 + r < p.seqlen_q) lse[m0 + r] = -INFINITY;
+        for (int r = tid; r < kBlockM; r += Tr::kThreads) {
+            int head, pos;
+            if (row_target(r, head, pos))
+                if (float *l = lse_slot(head, pos)) *l = -INFINITY;
+        }
         return;
     }
-    const int tile_begin = key_lo / kBlockN;
-    const int n_tiles = (key_hi + kBlockN - 1) / kBlockN - tile_begin;
 
     if (tid == 0) {
         mbar_init(bar_q, 1);
@@ -195,9 +221,9 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         /* ---- producer ---- */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
         if (tid == 0) {
-            mbar_expect_tx(bar_q, Tr::kQBytes);
+            mbar_expect_tx(bar_q, (uint32_t)(kCB * 128 * rows_per_head * heads));
 #pragma unroll
-            for (int cb = 0; cb < kCB; ++cb) tma_load(sQ + cb * kBlockM * 128, &tm_q, cb * 64, m0, h, b, bar_q);
+            for (int cb = 0; cb < kCB; ++cb) tma_load(sQ + cb * kBlockM * 128, &tm_q, cb * 64, m0, h0, b, bar_q);
             auto load_kv = [&](const CUtensorMap *map, uint32_t dst, uint32_t full, int tile) {
                 mbar_expect_tx(full, Tr::kKVBytes);
 #pragma unroll
@@ -222,11 +248,19 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
 
     /* ---- consumers ---- */
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
-    const int c = wg - 1; /* consumer index: rows 64c..64c+63 of the block */
+    const int c = wg - 1; /* consumer index: tile rows 64c..64c+63 */
     const int g = lane / 4, t = lane % 4;
-    const int row0 = m0 + c * 64 + ((tid % 128) / 32) * 16 + g; /* this thread's rows: row0, row0 + 8 */
+    const int trow = c * 64 + ((tid % 128) / 32) * 16 + g; /* this thread's tile rows: trow, trow + 8 */
+    int head_r[2], pos_r[2];
+    bool valid_r[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) valid_r[r] = row_target(trow + 8 * r, head_r[r], pos_r[r]);
     const float mult = kTransform ? 1.0f : p.scale_log2;
-    const float slope = kTransform ? alibi_slope(p, b, h) : 0.0f;
+    float slope_r[2] = {0.0f, 0.0f};
+    if constexpr (kTransform) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) slope_r[r] = valid_r[r] ? alibi_slope(p, b, head_r[r]) : 0.0f;
+    }
 
     float o[kON], s[kSN];
     uint32_t pf[kBlockN / 16][4];
@@ -272,16 +306,17 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
 
         if constexpr (kTransform) {
 #pragma unroll
-            for (int i = 0; i < kSN; ++i)
-                s[i] = kLog2e * transform_raw_score(p, s[i], slope, row0 + 8 * ((i % 4) / 2),
-                                                    n0 + 8 * (i / 4) + 2 * t + (i % 2));
+            for (int i = 0; i < kSN; ++i) {
+                const int r = (i % 4) / 2;
+                s[i] = kLog2e * transform_raw_score(p, s[i], slope_r[r], pos_r[r], n0 + 8 * (i / 4) + 2 * t + (i % 2));
+            }
         }
         const bool need_mask = n0 < row_last + p.key_lo_off || n0 + kBlockN - 1 > m0 + p.key_hi_off ||
                                n0 + kBlockN > p.seqlen_k;
         if (need_mask) {
 #pragma unroll
             for (int i = 0; i < kSN; ++i)
-                if (!visible(p, row0 + 8 * ((i % 4) / 2), n0 + 8 * (i / 4) + 2 * t + (i % 2))) s[i] = -INFINITY;
+                if (!visible(p, pos_r[(i % 4) / 2], n0 + 8 * (i / 4) + 2 * t + (i % 2))) s[i] = -INFINITY;
         }
 
         float corr[2];
@@ -340,32 +375,52 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         reg_fence(o);
     }
 
-    /* Epilogue: normalise; stage O (swizzled, conflict-free) in this consumer's own 64 rows of the Q
-     * tile, which only its finished S products read; store rows with 16-byte writes. */
-    const int row_local = row0 - m0; /* 64c + ... */
+    float inv_r[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const float l = quad_sum(row_sum[r]);
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        inv_r[r] = l > 0.0f ? 1.0f / l : 0.0f;
+        if (valid_r[r] && t == 0)
+            if (float *ls = lse_slot(head_r[r], pos_r[r]))
+                *ls = l > 0.0f ? (row_max[r] * mult + __log2f(l)) * kLn2 : -INFINITY;
+    }
+    if (partial) { /* this split's normalised O, fp32, straight from the registers */
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            if (!valid_r[r]) continue;
+            float *dst = p.o_accum + (((int64_t)split * p.batch * p.heads_q + (int64_t)b * p.heads_q + head_r[r]) *
+                                          p.seqlen_q + pos_r[r]) * p.head_dim;
+#pragma unroll
+            for (int j = 0; j < kHeadDim / 8; ++j)
+                if (8 * j + 2 * t < p.head_dim) /* head_dim is a multiple of 8: both or neither */
+                    *reinterpret_cast<float2 *>(dst + 8 * j + 2 * t) =
+                        make_float2(o[4 * j + 2 * r] * inv_r[r], o[4 * j + 2 * r + 1] * inv_r[r]);
+        }
+        return;
+    }
+
+    /* Epilogue: normalise; stage O (swizzled, conflict-free) in this consumer's own 64 rows of the Q
+     * tile, which only its finished S products read; store rows with 16-byte writes. */
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
 #pragma unroll
         for (int j = 0; j < kHeadDim / 8; ++j) {
-            const uint32_t v = pack_pair<kDtype>(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sQ + swz_off<kBlockM>(row_local + 8 * r, j) + 4 * t), "r"(v)
+            const uint32_t v = pack_pair<kDtype>(o[4 * j + 2 * r] * inv_r[r], o[4 * j + 2 * r + 1] * inv_r[r]);
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sQ + swz_off<kBlockM>(trow + 8 * r, j) + 4 * t), "r"(v)
                          : "memory");
         }
-        if (lse && t == 0 && row0 + 8 * r < p.seqlen_q)
-            lse[row0 + 8 * r] = l > 0.0f ? (row_max[r] * mult + __log2f(l)) * kLn2 : -INFINITY;
-    }
     named_sync(3 + c, 128);
     for (int i = tid % 128; i < 64 * Tr::kChunks; i += 128) {
         const int rl = c * 64 + i / Tr::kChunks, ch = i % Tr::kChunks;
-        if (m0 + rl < p.seqlen_q && ch * 8 < p.head_dim) {
+        int head, pos;
+        if (row_target(rl, head, pos) && ch * 8 < p.head_dim) {
             uint4 v;
             asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
                          : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                          : "r"(sQ + swz_off<kBlockM>(rl, ch))
                          : "memory");
-            *reinterpret_cast<uint4 *>(og + (int64_t)(m0 + rl) * p.o_seq_stride + ch * 8) = v;
+            *reinterpret_cast<uint4 *>((T *)p.o + b * p.o_batch_stride + head * p.o_head_stride +
+                                       (int64_t)pos * p.o_seq_stride + ch * 8) = v;
         }
     }
 #endif
@@ -387,9 +442,10 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 }
 
 /* The map of a [batch, seq, heads, head_dim] tensor (head dim contiguous) read in boxes of
- * 64 x box_rows, 128-byte swizzled. Extents of 0 become 1 (such a tensor is never read). */
+ * 64 columns x box_rows positions x box_heads heads, 128-byte swizzled. Extents of 0 become 1 (such a tensor is never read). */
 inline bool encode_map(CUtensorMap *map, int dtype, const void *ptr, int64_t head_dim, int64_t seq, int64_t heads,
-                       int64_t batch, int64_t seq_stride, int64_t head_stride, int64_t batch_stride, int box_rows) {
+                       int64_t batch, int64_t seq_stride, int64_t head_stride, int64_t batch_stride, int box_rows,
+                       int box_heads) {
     const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
     if (encode == nullptr) return false;
     const cuuint64_t dims[4] = {(cuuint64_t)head_dim, (cuuint64_t)(seq > 0 ? seq : 1), (cuuint64_t)heads,
@@ -398,7 +454,7 @@ inline bool encode_map(CUtensorMap *map, int dtype, const void *ptr, int64_t hea
     cuuint64_t strides[3];
     for (int i = 0; i < 3; ++i) /* a one-element dimension's stride is never used; keep it legal */
         strides[i] = (cuuint64_t)(dims[i + 1] > 1 ? raw[i] * 2 : 16);
-    const cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1};
+    const cuuint32_t box[4] = {64, (cuuint32_t)box_rows, (cuuint32_t)box_heads, 1};
     const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
     const CUresult r = encode(map, dtype == 1 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
                               const_cast<void *>(ptr), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
@@ -410,15 +466,19 @@ inline bool encode_map(CUtensorMap *map, int dtype, const void *ptr, int64_t hea
 template <int kDtype, int kHeadDim>
 int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
     using Tr = traits<kDtype, kHeadDim>;
-    if (l->threads != Tr::kThreads || l->smem_bytes != Tr::kSmemBytes)
+    if (l->threads != Tr::kThreads || l->smem_bytes != Tr::kSmemBytes ||
+        (kp->pack_gqa && (kp->pack_rows < 1 || kp->pack_rows * kp->head_group > Tr::kBlockM)) ||
+        (kp->num_splits > 1 && (kp->o_accum == nullptr || kp->lse_accum == nullptr)))
         return (int)cudaErrorInvalidConfiguration; /* planner and kernel disagree: refuse */
     CUtensorMap tq, tk, tv;
+    /* Q in boxes of one head x 128 positions, or (pack_gqa) head_group heads x pack_rows positions. */
+    const int q_rows = kp->pack_gqa ? kp->pack_rows : Tr::kBlockM, q_heads = kp->pack_gqa ? kp->head_group : 1;
     if (!encode_map(&tq, kDtype, kp->q, kp->head_dim, kp->seqlen_q, kp->heads_q, kp->batch, kp->q_seq_stride,
-                    kp->q_head_stride, kp->q_batch_stride, Tr::kBlockM) ||
+                    kp->q_head_stride, kp->q_batch_stride, q_rows, q_heads) ||
         !encode_map(&tk, kDtype, kp->k, kp->head_dim, kp->seqlen_k, kp->heads_kv, kp->batch, kp->k_seq_stride,
-                    kp->k_head_stride, kp->k_batch_stride, Tr::kBlockN) ||
+                    kp->k_head_stride, kp->k_batch_stride, Tr::kBlockN, 1) ||
         !encode_map(&tv, kDtype, kp->v, kp->head_dim, kp->seqlen_k, kp->heads_kv, kp->batch, kp->v_seq_stride,
-                    kp->v_head_stride, kp->v_batch_stride, Tr::kBlockN))
+                    kp->v_head_stride, kp->v_batch_stride, Tr::kBlockN, 1))
         return (int)cudaErrorInvalidValue; /* the planner checked the limits; not expected */
     const bool transform = kp->softcap > 0.0f || kp->alibi_slopes != nullptr;
     auto kernel = transform ? fused_sm90_kernel<kDtype, kHeadDim, true> : fused_sm90_kernel<kDtype, kHeadDim, false>;
@@ -426,7 +486,9 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
     if (err != cudaSuccess) return (int)err;
     kernel<<<dim3(l->grid_x, l->grid_y, l->grid_z), Tr::kThreads, Tr::kSmemBytes, (cudaStream_t)stream>>>(*kp, tq, tk,
                                                                                                          tv);
-    return (int)cudaGetLastError();
+    err = cudaGetLastError();
+    if (err != cudaSuccess || kp->num_splits <= 1) return (int)err;
+    return fa_split_combine(kp, kDtype, stream);
 }
 
 }  // namespace sm90

@@ -62,7 +62,12 @@ flashattn_status fa_dispatch(const flashattn_handle *h, const fa_plan *plan, voi
                        plan->cfg.head_dim);
     const fa_launch l = {plan->grid_x, plan->grid_y, plan->grid_z, plan->threads,
                          (int32_t)plan->smem_bytes};
-    const int err = launch(&plan->kp, &l, stream);
+    fa_kernel_params kp = plan->kp;
+    if (kp.num_splits > 1) { /* the splits' partial results live in the caller's workspace */
+        kp.o_accum = (float *)((char *)workspace + plan->o_accum_off);
+        kp.lse_accum = (float *)((char *)workspace + plan->lse_accum_off);
+    }
+    const int err = launch(&kp, &l, stream);
     if (err != 0)
         return fa_fail(FLASHATTN_STATUS_CUDA_ERROR, "launching %s kernel (head dim %d) failed: %s", what,
                        plan->cfg.head_dim, cudaGetErrorString((cudaError_t)err));

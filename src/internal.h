@@ -63,6 +63,7 @@ typedef struct fa_plan {
     int64_t smem_bytes;
     int64_t workspace_bytes;
     fa_ref_layout ref;    /* REFERENCE */
+    int64_t o_accum_off, lse_accum_off; /* FUSED_SM90 with kp.num_splits > 1: workspace offsets */
 } fa_plan;
 
 /* errors.c */

@@ -268,6 +268,41 @@ static const char *reference_unsupported_reason(const flashattn_fwd_params *p,
     return NULL;
 }
 
+/* FUSED_SM90's decode-shaped plans. With few query rows per KV head (seqlen_q <= 64) and grouped
+ * query heads, one tile holds the group's heads (pack_gqa), so K and V are read once per group. When
+ * the tiles are too few to fill the GPU, the key range is split (at least 2 key tiles per split,
+ * at most FA_SM90_MAX_SPLITS splits) and a combine kernel merges the splits from the workspace.
+ * Returns 0 only if the workspace size overflows. */
+#define FA_SM90_MAX_SPLITS 64
+static int sm90_split_plan(const fa_device_caps *caps, const flashattn_fwd_params *p, fa_plan *plan) {
+    const int64_t group = p->heads_q / p->heads_kv;
+    const int pack = group > 1 && group <= FA_SM90_BLOCK_M && p->seqlen_q * 2 <= FA_SM90_BLOCK_M;
+    const int64_t rows = pack ? FA_SM90_BLOCK_M / group : FA_SM90_BLOCK_M;
+    const int64_t mblocks = (p->seqlen_q + rows - 1) / rows;
+    plan->kp.pack_gqa = pack;
+    plan->kp.pack_rows = (int32_t)rows;
+    plan->kp.num_m_blocks = (int32_t)mblocks;
+    plan->grid_y = (int32_t)(pack ? p->heads_kv : p->heads_q);
+    const int64_t ctas = mblocks * plan->grid_y * p->batch;
+    const int64_t key_tiles = (p->seqlen_k + plan->cfg.block_n - 1) / plan->cfg.block_n;
+    int64_t splits = 1;
+    if (ctas > 0 && ctas < caps->sm_count) {
+        splits = min64((caps->sm_count + ctas - 1) / ctas, min64(key_tiles / 2, FA_SM90_MAX_SPLITS));
+        if (splits < 2) splits = 1;
+    }
+    plan->kp.num_splits = (int32_t)splits;
+    plan->grid_x = (int32_t)(mblocks * splits);
+    if (splits > 1) {
+        int64_t nrows, o_elems, at = 0;
+        if (!mul_ok(splits * p->batch, p->heads_q, &nrows) || !mul_ok(nrows, p->seqlen_q, &nrows) ||
+            !mul_ok(nrows, p->head_dim, &o_elems) || !add_region(&at, o_elems, 4, &plan->o_accum_off) ||
+            !add_region(&at, nrows, 4, &plan->lse_accum_off))
+            return 0;
+        plan->workspace_bytes = at;
+    }
+    return 1;
+}
+
 flashattn_status fa_plan_make(const fa_device_caps *caps, const flashattn_fwd_params *p,
                               int ref_lowprec, fa_plan *out) {
     flashattn_status st = fa_validate(p);
@@ -322,6 +357,10 @@ flashattn_status fa_plan_make(const fa_device_caps *caps, const flashattn_fwd_pa
         plan.smem_bytes = sm90 ? fa_sm90_smem_bytes(plan.cfg.head_dim, plan.cfg.block_n)
                                : fa_fused_smem_bytes(&plan.cfg);
         plan.workspace_bytes = 0;
+        plan.kp.num_splits = 1;
+        if (sm90 && !sm90_split_plan(caps, p, &plan))
+            return fa_fail(FLASHATTN_STATUS_INDEX_OVERFLOW,
+                           "the split-key workspace for this shape overflows int64");
     } else {
         const int64_t rows = p->batch * p->heads_q * p->seqlen_q;
         plan.grid_x = (int32_t)min64(rows, 65535 * 16);
@@ -344,7 +383,7 @@ void fa_plan_describe(const fa_plan *plan, flashattn_plan_info *info) {
     info->shared_mem_bytes = plan->smem_bytes;
     info->num_warps = plan->threads / 32;
     info->grid_x = plan->grid_x, info->grid_y = plan->grid_y, info->grid_z = plan->grid_z;
-    info->num_splits = 1;
+    info->num_splits = plan->kp.num_splits > 1 ? plan->kp.num_splits : 1;
     const char *dt = plan->dtype == FLASHATTN_DTYPE_BFLOAT16 ? "bf16" : "fp16";
     const char *bname = "REFERENCE";
     if (plan->backend == FLASHATTN_BACKEND_FUSED || plan->backend == FLASHATTN_BACKEND_FUSED_SM90) {
@@ -366,5 +405,6 @@ void fa_plan_describe(const fa_plan *plan, flashattn_plan_info *info) {
              "backend=%s kernel=%s grid=(%d,%d,%d) threads=%d smem=%lld splits=%d workspace=%lld%s",
              bname, info->kernel_name,
              info->grid_x, info->grid_y, info->grid_z, plan->threads, (ll)plan->smem_bytes,
-             info->num_splits, (ll)plan->workspace_bytes, plan->noop ? " (no-op: seqlen_q=0)" : "");
+             info->num_splits, (ll)plan->workspace_bytes,
+             plan->noop ? " (no-op: seqlen_q=0)" : plan->kp.pack_gqa ? " gqa_packed" : "");
 }

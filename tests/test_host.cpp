@@ -350,6 +350,44 @@ TEST(Planning, AutoPicksSm90OnHopperWhereTheTableSaysSo) {
     EXPECT_NE(std::string(flashattn_last_error()).find("k_batch_stride"), std::string::npos) << flashattn_last_error();
 }
 
+TEST(Planning, Sm90DecodePacksQueryGroupsAndSplitsKeys) {
+    if (!fa_sm90_compiled(FLASHATTN_DTYPE_BFLOAT16, 128)) GTEST_SKIP() << "no FUSED_SM90 d128 in this build";
+    flashattn_fwd_params p = valid_params();
+    p.batch = 1, p.seqlen_q = 1, p.seqlen_k = 8192, p.heads_q = 32, p.heads_kv = 8, p.head_dim = 128;
+    flashattn_fwd_params_set_packed_strides(&p);
+    const fa_plan plan = plan_ok(p, h200_caps());
+    ASSERT_EQ(FLASHATTN_BACKEND_FUSED_SM90, plan.backend);
+    EXPECT_EQ(1, plan.kp.pack_gqa);
+    EXPECT_EQ(128 / 4, plan.kp.pack_rows);
+    EXPECT_EQ(8, plan.grid_y);  // one tile per KV head
+    EXPECT_EQ(17, plan.kp.num_splits);  // ceil(132 SMs / 8 tiles), under 8192/128/2 key tiles
+    EXPECT_EQ(17, plan.grid_x);
+    const int64_t o_bytes = 17LL * 32 * 128 * 4, lse_bytes = 17LL * 32 * 4;
+    EXPECT_GE(plan.workspace_bytes, o_bytes + lse_bytes);
+    EXPECT_LE(plan.lse_accum_off, plan.workspace_bytes - lse_bytes);
+    EXPECT_GE(plan.lse_accum_off, plan.o_accum_off + o_bytes);
+    EXPECT_EQ(0, plan.o_accum_off % FA_WORKSPACE_ALIGN);
+    EXPECT_EQ(0, plan.lse_accum_off % FA_WORKSPACE_ALIGN);
+    flashattn_plan_info info;
+    flashattn_plan_info_init(&info);
+    fa_plan_describe(&plan, &info);
+    EXPECT_EQ(17, info.num_splits);
+    EXPECT_EQ(plan.workspace_bytes, info.workspace_bytes);
+    EXPECT_NE(std::string(info.description).find("gqa_packed"), std::string::npos) << info.description;
+    // Enough tiles to fill the GPU: no split and no workspace; no grouping: no packing.
+    p.batch = 64;
+    EXPECT_EQ(1, plan_ok(p, h200_caps()).kp.num_splits);
+    EXPECT_EQ(0, plan_ok(p, h200_caps()).workspace_bytes);
+    p.batch = 1, p.heads_kv = 32;
+    flashattn_fwd_params_set_packed_strides(&p);
+    EXPECT_EQ(0, plan_ok(p, h200_caps()).kp.pack_gqa);
+    // Prefill: neither.
+    const fa_plan pre = plan_ok(valid_params(), h200_caps());
+    EXPECT_EQ(0, pre.kp.pack_gqa);
+    EXPECT_EQ(1, pre.kp.num_splits);
+    EXPECT_EQ(0, pre.workspace_bytes);
+}
+
 TEST(Planning, AutoUsesTheSm90RangesOfTheTable) {
     EXPECT_TRUE(fa_sm90_auto_prefers(64));
     EXPECT_TRUE(fa_sm90_auto_prefers(40));
