@@ -1,12 +1,14 @@
 """Side by side on one GPU, in one process: libflashattn (through the ctypes package) against
 PyTorch's scaled_dot_product_attention with its FLASH (FlashAttention-2) and CUDNN backends, on the
-same tensors, for every prefill shape of the peer table (16k tokens, hidden 2048).
+same tensors, for every prefill and decode shape of the peer table (prefill: 16k tokens, hidden
+2048; decode: one query row against a long KV cache, grouped-query heads 32/8).
 
     FLASHATTN_LIBRARY=build/libflashattn.so PYTHONPATH=python python3 benchmarks/compare_peers.py --json out.json
 
 Timing: CUDA events around each call, median of 30 after 5 warm-ups (the peer table's protocol).
-FLOPs = 4*B*Hq*Sq*Sk*D, halved for causal when Sq == Sk. The causal mask is bottom-right for
-libflashattn and top-left for PyTorch; with Sq == Sk they are the same mask.
+FLOPs = 4*B*Hq*Sq*Sk*D, halved for causal when Sq == Sk; decode rows report K+V bytes read per second
+instead. The causal mask is bottom-right for libflashattn and top-left for PyTorch; with Sq == Sk
+they are the same mask.
 """
 import argparse
 import json
@@ -35,16 +37,19 @@ def bench(fn, iters=30, warm=5):
 
 
 def shapes():
+    """(kind, dtype, batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal)"""
     out = []
     for d in (64, 128, 256):
         for s in (512, 1024, 2048, 4096, 8192, 16384):
             for c in (False, True):
-                out.append(("prefill", torch.bfloat16, 16384 // s, 2048 // d, 2048 // d, s, d, c))
+                out.append(("prefill", torch.bfloat16, 16384 // s, 2048 // d, 2048 // d, s, s, d, c))
     for s in (512, 1024, 2048, 4096, 8192, 16384):
         for c in (False, True):
-            out.append(("prefill", torch.float16, 16384 // s, 16, 16, s, 128, c))
-    out.append(("prefill-gqa", torch.bfloat16, 8, 32, 8, 2048, 128, True))
-    out.append(("prefill-gqa", torch.bfloat16, 2, 32, 8, 8192, 128, True))
+            out.append(("prefill", torch.float16, 16384 // s, 16, 16, s, s, 128, c))
+    out.append(("prefill-gqa", torch.bfloat16, 8, 32, 8, 2048, 2048, 128, True))
+    out.append(("prefill-gqa", torch.bfloat16, 2, 32, 8, 8192, 8192, 128, True))
+    for b, sk in ((1, 8192), (16, 8192), (64, 4096), (128, 2048), (8, 32768), (1, 131072)):
+        out.append(("decode", torch.bfloat16, b, 32, 8, 1, sk, 128, False))
     return out
 
 
@@ -60,9 +65,12 @@ def ours_fn(q, k, v, o, causal):
         for field, st in zip(("batch", "seq", "head"), t.stride()[:3]):
             setattr(p, f"{name}_{field}_stride", st)
     p.mask = flashattn.Mask.CAUSAL_BOTTOM_RIGHT if causal else flashattn.Mask.NONE
-    assert flashattn.workspace_size(h, p) == 0
+    nbytes = flashattn.workspace_size(h, p)  # split decode needs one
+    ws = torch.empty(nbytes, dtype=torch.uint8, device=q.device) if nbytes else None
     stream = torch.cuda.current_stream().cuda_stream
-    return lambda: flashattn.fwd(h, p, 0, 0, stream), flashattn.plan(h, p).kernel_name.decode()
+    info = flashattn.plan(h, p)
+    kernel = info.kernel_name.decode() + (f" splits={info.num_splits}" if info.num_splits > 1 else "")
+    return lambda: flashattn.fwd(h, p, ws.data_ptr() if ws is not None else 0, nbytes, stream), kernel
 
 
 def main():
@@ -74,16 +82,20 @@ def main():
     print(f"# {props.name}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, "
           f"libflashattn {flashattn.library_version()}", flush=True)
     rows = []
-    hdr = f"{'kind':<11} {'dtype':<5} {'b x hq/hkv':<10} {'seq':>5} {'d':>3} {'mask':<6} {'ours':>7} {'FA2':>7} {'cuDNN':>7} {'vs FA2':>7} {'vs cuDNN':>8}  check"
+    hdr = f"{'kind':<11} {'dtype':<5} {'b x hq/hkv':<10} {'sq':>5} {'sk':>6} {'d':>3} {'mask':<6} {'ours':>7} {'FA2':>7} {'cuDNN':>7} {'vs FA2':>7} {'vs cuDNN':>8} unit     check"
     print(hdr, flush=True)
-    for kind, dt, b, hq, hkv, s, d, causal in shapes():
+    for kind, dt, b, hq, hkv, s, sk, d, causal in shapes():
         torch.manual_seed(len(rows))
         q = torch.randn(b, s, hq, d, device="cuda", dtype=dt)
-        k = torch.randn(b, s, hkv, d, device="cuda", dtype=dt)
-        v = torch.randn(b, s, hkv, d, device="cuda", dtype=dt)
+        k = torch.randn(b, sk, hkv, d, device="cuda", dtype=dt)
+        v = torch.randn(b, sk, hkv, d, device="cuda", dtype=dt)
         o = torch.empty_like(q)
-        flops = 4 * b * hq * s * s * d / (2 if causal else 1)
-        row = dict(kind=kind, dtype=str(dt).split(".")[-1], b=b, hq=hq, hkv=hkv, sq=s, sk=s, d=d, causal=causal)
+        decode = kind == "decode"
+        # work per call: FLOPs (prefill, rate in TFLOP/s) or K+V bytes (decode, rate in GB/s)
+        work = 2 * b * sk * hkv * d * 2 if decode else 4 * b * hq * s * sk * d / (2 if causal else 1)
+        unit, key = ("GB/s", "_gbps") if decode else ("TFLOP/s", "_tflops")
+        row = dict(kind=kind, dtype=str(dt).split(".")[-1], b=b, hq=hq, hkv=hkv, sq=s, sk=sk, d=d, causal=causal,
+                   unit=unit)
         fn, kernel = ours_fn(q, k, v, o, causal)
         row["kernel"] = kernel
         row["ours_ms"] = bench(fn, args.iters)
@@ -100,23 +112,28 @@ def main():
                 row[name + "_error"] = str(e).splitlines()[0]
         for name in ("ours", "fa2", "cudnn"):
             if name + "_ms" in row:
-                row[name + "_tflops"] = flops / row[name + "_ms"] / 1e9
+                row[name + key] = work / row[name + "_ms"] / 1e9
         fn()
         torch.cuda.synchronize()
         row["max_diff_vs_peer"] = (o.float() - peer_out.float()).abs().max().item() if peer_out is not None else None
-        r_fa2 = row["ours_tflops"] / row["fa2_tflops"] if "fa2_tflops" in row else float("nan")
-        r_cud = row["ours_tflops"] / row["cudnn_tflops"] if "cudnn_tflops" in row else float("nan")
+        r_fa2 = row["ours" + key] / row["fa2" + key] if "fa2" + key in row else float("nan")
+        r_cud = row["ours" + key] / row["cudnn" + key] if "cudnn" + key in row else float("nan")
         row["ratio_vs_fa2"], row["ratio_vs_cudnn"] = r_fa2, r_cud
         rows.append(row)
         ok = row["max_diff_vs_peer"] is not None and row["max_diff_vs_peer"] < 0.05
-        print(f"{kind:<11} {row['dtype'][:5]:<5} {f'{b}x{hq}/{hkv}':<10} {s:>5} {d:>3} {'causal' if causal else 'none':<6} "
-              f"{row['ours_tflops']:7.1f} {row.get('fa2_tflops', float('nan')):7.1f} {row.get('cudnn_tflops', float('nan')):7.1f} "
-              f"{r_fa2:7.2f} {r_cud:8.2f}  {'ok' if ok else 'DIFF'} {row['max_diff_vs_peer']}", flush=True)
+        print(f"{kind:<11} {row['dtype'][:5]:<5} {f'{b}x{hq}/{hkv}':<10} {s:>5} {sk:>6} {d:>3} {'causal' if causal else 'none':<6} "
+              f"{row['ours' + key]:7.1f} {row.get('fa2' + key, float('nan')):7.1f} {row.get('cudnn' + key, float('nan')):7.1f} "
+              f"{r_fa2:7.2f} {r_cud:8.2f} {unit:<8} {'ok' if ok else 'DIFF'} {row['max_diff_vs_peer']}", flush=True)
         del q, k, v, o, qt, kt, vt, peer_out
-    beats = sum(r["ratio_vs_fa2"] >= 1.0 for r in rows)
-    print(f"ours >= FA2 on {beats}/{len(rows)} shapes; geomean vs FA2 "
-          f"{torch.tensor([r['ratio_vs_fa2'] for r in rows]).log().mean().exp():.3f}, vs cuDNN "
-          f"{torch.tensor([r['ratio_vs_cudnn'] for r in rows]).log().mean().exp():.3f}")
+    for label, sel in (("prefill", [r for r in rows if r["kind"] != "decode"]),
+                       ("decode", [r for r in rows if r["kind"] == "decode"])):
+        if not sel:
+            continue
+        beats = sum(r["ratio_vs_fa2"] >= 1.0 for r in sel)
+        beats_cudnn = sum(r["ratio_vs_cudnn"] >= 1.0 for r in sel)
+        print(f"{label}: ours >= FA2 on {beats}/{len(sel)} shapes, >= cuDNN on {beats_cudnn}/{len(sel)}; geomean vs FA2 "
+              f"{torch.tensor([r['ratio_vs_fa2'] for r in sel]).log().mean().exp():.3f}, vs cuDNN "
+              f"{torch.tensor([r['ratio_vs_cudnn'] for r in sel]).log().mean().exp():.3f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(gpu=props.name, torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
