@@ -93,7 +93,7 @@ def main():
         decode = kind == "decode"
         # work per call: FLOPs (prefill, rate in TFLOP/s) or K+V bytes (decode, rate in GB/s)
         work = 2 * b * sk * hkv * d * 2 if decode else 4 * b * hq * s * sk * d / (2 if causal else 1)
-        unit, key = ("GB/s", "_gbps") if decode else ("TFLOP/s", "_tflops")
+        unit, key, per_ms = ("GB/s", "_gbps", 1e6) if decode else ("TFLOP/s", "_tflops", 1e9)
         row = dict(kind=kind, dtype=str(dt).split(".")[-1], b=b, hq=hq, hkv=hkv, sq=s, sk=sk, d=d, causal=causal,
                    unit=unit)
         fn, kernel = ours_fn(q, k, v, o, causal)
@@ -112,7 +112,7 @@ def main():
                 row[name + "_error"] = str(e).splitlines()[0]
         for name in ("ours", "fa2", "cudnn"):
             if name + "_ms" in row:
-                row[name + key] = work / row[name + "_ms"] / 1e9
+                row[name + key] = work / row[name + "_ms"] / per_ms
         fn()
         torch.cuda.synchronize()
         row["max_diff_vs_peer"] = (o.float() - peer_out.float()).abs().max().item() if peer_out is not None else None

@@ -270,8 +270,9 @@ static const char *reference_unsupported_reason(const flashattn_fwd_params *p,
 
 /* FUSED_SM90's decode-shaped plans. With few query rows per KV head (seqlen_q <= 64) and grouped
  * query heads, one tile holds the group's heads (pack_gqa), so K and V are read once per group. When
- * the tiles are too few to fill the GPU, the key range is split (at least 2 key tiles per split,
- * at most FA_SM90_MAX_SPLITS splits) and a combine kernel merges the splits from the workspace.
+ * the tiles are too few to fill the GPU, the key range is split (as many ways as fit in one wave of
+ * blocks, at least 2 key tiles per split, at most FA_SM90_MAX_SPLITS) and a combine kernel merges
+ * the splits from the workspace.
  * Returns 0 only if the workspace size overflows. */
 #define FA_SM90_MAX_SPLITS 64
 static int sm90_split_plan(const fa_device_caps *caps, const flashattn_fwd_params *p, fa_plan *plan) {
@@ -287,7 +288,8 @@ static int sm90_split_plan(const fa_device_caps *caps, const flashattn_fwd_param
     const int64_t key_tiles = (p->seqlen_k + plan->cfg.block_n - 1) / plan->cfg.block_n;
     int64_t splits = 1;
     if (ctas > 0 && ctas < caps->sm_count) {
-        splits = min64((caps->sm_count + ctas - 1) / ctas, min64(key_tiles / 2, FA_SM90_MAX_SPLITS));
+        /* One block per SM (its shared memory), so round down: ctas * splits stays within one wave. */
+        splits = min64(caps->sm_count / ctas, min64(key_tiles / 2, FA_SM90_MAX_SPLITS));
         if (splits < 2) splits = 1;
     }
     plan->kp.num_splits = (int32_t)splits;
