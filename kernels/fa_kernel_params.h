@@ -85,23 +85,23 @@ static inline int64_t fa_fused_smem_bytes(const fa_fused_config *c) {
 
 /* The Hopper-native backend (FUSED_SM90, sm_90a only): a producer warpgroup loads Q, K and V with
  * the tensor memory accelerator (TMA) into 128-byte-swizzled shared memory (two stages of K and of
- * V); two consumer warpgroups of 64 query rows each (block_m = 128, 384 threads in all) run wgmma
- * and the softmax, taking turns on the tensor cores. X(head_dim, block_n, auto_min_head_dim): AUTO
+ * V); `consumers` warpgroups of 64 query rows each (block_m = 64 x consumers) run wgmma and the
+ * softmax, taking turns on the tensor cores. X(head_dim, block_n, consumers, auto_min_head_dim): AUTO
  * prefers this backend for head dims in [auto_min_head_dim, head_dim] (docs/performance.md records
  * why); a forced FUSED_SM90 call runs any multiple of 8 up to 256 on the smallest variant that holds
  * it. */
 #define FA_SM90_NUM_HEAD_DIMS 3
-#define FA_SM90_BLOCK_M 128
-#define FA_SM90_THREADS 384
 #define FA_SM90_CONFIGS(X) \
-    X(64, 128, 33)         \
-    X(128, 128, 65)        \
-    X(256, 64, 129)
+    X(64, 128, 3, 33)      \
+    X(128, 128, 2, 65)     \
+    X(256, 64, 2, 129)
 
-static inline int64_t fa_sm90_smem_bytes(int head_dim, int block_n) {
+static inline int fa_sm90_block_m(int consumers) { return 64 * consumers; }
+static inline int fa_sm90_threads(int consumers) { return 128 * (consumers + 1); }
+static inline int64_t fa_sm90_smem_bytes(int head_dim, int block_m, int block_n) {
     /* Q, two stages of K, two of V, 128 bytes of barriers, plus 1 KB to align the base to the
      * 1024-byte swizzle atom. */
-    return 1024 + 2 * (int64_t)head_dim * (FA_SM90_BLOCK_M + 4 * (int64_t)block_n) + 128;
+    return 1024 + 2 * (int64_t)head_dim * (block_m + 4 * (int64_t)block_n) + 128;
 }
 
 /* Kernel launchers (the .cu files under kernels/). Each returns a cudaError_t value (0 = cudaSuccess) and enqueues

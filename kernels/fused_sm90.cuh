@@ -4,16 +4,17 @@
  * semantics as the portable kernel in fused_fwd.cuh; a separate backend, so neither constrains the
  * other.
  *
- * A block owns 128 query rows of one (batch, head) and has three warpgroups:
+ * A block owns 64 x C query rows of one (batch, head) (C = 2 consumer warpgroups at head dims 128
+ * and 256, 3 at 64; the table in fa_kernel_params.h) and has C + 1 warpgroups:
  *   producer (warpgroup 0, one thread): TMA loads of Q once, then of K_j and V_j into two stages
  *     each, as the consumers free them. Each load completes on a "full" mbarrier; each stage is
  *     handed back on an "empty" mbarrier. It keeps 24 registers (setmaxnreg) so that the consumers
- *     can have 240.
- *   consumers (warpgroups 1 and 2): 64 query rows each, for the whole kernel. Per key tile j:
+ *     can have 240 (C = 2) or 160 (C = 3).
+ *   consumers (warpgroups 1..C): 64 query rows each, for the whole kernel. Per key tile j:
  *
  *     wait until K_j (and V_{j-1}) are in shared memory
- *     take the tensor-core turn (named barrier; the consumers alternate, so one's softmax runs
- *       while the other's matrix products do)
+ *     take the tensor-core turn (named barriers; the consumers go round in turn, so one's
+ *       softmax runs while another's matrix products do)
  *     issue S_j = Q K_j^T                                  wgmma, A and B from shared memory
  *     issue O += P_{j-1} V_{j-1}                           wgmma, P from registers, V N-major
  *     pass the turn
@@ -43,23 +44,28 @@ namespace fa {
 namespace sm90 {
 
 template <int kHeadDim> struct cfg;
-#define FA_SM90_CFG_SPEC(hd, bn, auto_min)                                                          \
+#define FA_SM90_CFG_SPEC(hd, bn, nc, auto_min)                                                      \
     template <> struct cfg<hd> {                                                                    \
-        static constexpr int block_n = bn;                                                          \
+        static constexpr int block_n = bn, consumers = nc;                                          \
     };
 FA_SM90_CONFIGS(FA_SM90_CFG_SPEC)
 #undef FA_SM90_CFG_SPEC
 
 template <int kDtype, int kHeadDim> struct traits {
     using T = typename elem<kDtype>::type;
-    static constexpr int kBlockM = FA_SM90_BLOCK_M, kBlockN = cfg<kHeadDim>::block_n;
-    static constexpr int kThreads = FA_SM90_THREADS;
+    static constexpr int kConsumers = cfg<kHeadDim>::consumers;
+    static constexpr int kBlockM = 64 * kConsumers, kBlockN = cfg<kHeadDim>::block_n;
+    static constexpr int kThreads = 128 * (kConsumers + 1);
+    /* setmaxnreg: the producer keeps 24 registers, the consumers share the rest (a multiple of 8). */
+    static constexpr int kConsumerRegs = ((65536 / 128 - 24) / kConsumers) / 8 * 8 > 240
+                                             ? 240
+                                             : ((65536 / 128 - 24) / kConsumers) / 8 * 8;
     static constexpr int kChunks = kHeadDim / 8; /* 16-byte chunks per row */
     static constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2, kKVBytes = kBlockN * kHeadDim * 2;
     static constexpr int kSmemBytes = 1024 + (int)(kQBytes + 4 * kKVBytes) + 128;
     static_assert(kSmemBytes == (int)(1024 + 2 * kHeadDim * (kBlockM + 4 * kBlockN) + 128), "see fa_sm90_smem_bytes");
     static_assert(kHeadDim % 64 == 0 && kBlockN % 16 == 0 && kBlockN <= 256, "tile shape");
-    static_assert(kBlockM == 128 && kThreads == 384, "one producer and two consumer warpgroups of 64 rows");
+    static_assert(kConsumers == 2 || kConsumers == 3, "one producer and two or three consumer warpgroups");
 };
 
 /* ---- PTX wrappers -------------------------------------------------------------------------- */
@@ -135,7 +141,7 @@ template <int kRows> __device__ __forceinline__ uint32_t swz_off(int r, int ch) 
 }
 
 template <int kDtype, int kHeadDim, bool kTransform>
-__global__ void __launch_bounds__(FA_SM90_THREADS, 1)
+__global__ void __launch_bounds__(128 * (cfg<kHeadDim>::consumers + 1), 1)
 fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_constant__ CUtensorMap tm_q,
                   const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -144,6 +150,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN;
     constexpr int kSN = kBlockN / 2, kON = kHeadDim / 2; /* accumulator floats per thread */
     constexpr int kCB = kHeadDim / 64;                   /* 64-column regions of a tile */
+    constexpr int kNC = Tr::kConsumers;
     constexpr float kLn2 = 0.6931471805599453f, kLog2e = 1.4426950408889634f;
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -210,8 +217,8 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         for (int st = 0; st < 2; ++st) {
             mbar_init(full_k + 8 * st, 1);
             mbar_init(full_v + 8 * st, 1);
-            mbar_init(empty_k + 8 * st, 8); /* one arrival per consumer warp */
-            mbar_init(empty_v + 8 * st, 8);
+            mbar_init(empty_k + 8 * st, 4 * kNC); /* one arrival per consumer warp */
+            mbar_init(empty_v + 8 * st, 4 * kNC);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -247,7 +254,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     }
 
     /* ---- consumers ---- */
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Tr::kConsumerRegs));
     const int c = wg - 1; /* consumer index: tile rows 64c..64c+63 */
     const int g = lane / 4, t = lane % 4;
     const int trow = c * 64 + ((tid % 128) / 32) * 16 + g; /* this thread's tile rows: trow, trow + 8 */
@@ -270,7 +277,10 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     const uint32_t q_wg = sQ + (uint32_t)c * 64 * 128; /* this consumer's 64 rows of Q */
 
     mbar_wait(bar_q, 0);
-    if (c == 1) named_arrive(1, 256); /* consumer 0 takes the first turn */
+    /* Turns go round: consumer c waits on barrier 1 + c and then passes to c + 1 (mod kNC); the
+     * last one starts the round by passing to consumer 0. */
+    const int my_turn = 1 + c, next_turn = 1 + (c + 1) % kNC;
+    if (c == kNC - 1) named_arrive(1, 256);
 
     for (int it = 0; it < n_tiles; ++it) {
         const int n0 = (tile_begin + it) * kBlockN;
@@ -279,7 +289,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         if (it > 0) mbar_wait(full_v + 8 * (st ^ 1), ((it - 1) >> 1) & 1);
         const uint32_t k_st = sK + (uint32_t)st * Tr::kKVBytes;
 
-        named_sync(1 + c, 256); /* our turn on the tensor cores */
+        named_sync(my_turn, 256); /* our turn on the tensor cores */
         reg_fence(o);
         reg_fence(pf);
         wgmma_fence();
@@ -298,7 +308,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                 wgmma_rs<kHeadDim, kDtype>::run(o, pf[kk], smem_desc(v_st + kk * 16 * 128, kBlockN * 128, 1024), 1);
         }
         wgmma_commit(); /* empty on the first tile: "all but the newest group" then always means S */
-        named_arrive(2 - c, 256); /* the other consumer's turn */
+        named_arrive(next_turn, 256); /* the next consumer's turn */
 
         wgmma_wait<1>();
         reg_fence(s);
@@ -362,7 +372,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         const int st = (n_tiles - 1) & 1;
         mbar_wait(full_v + 8 * st, ((n_tiles - 1) >> 1) & 1);
         const uint32_t v_st = sV + (uint32_t)st * Tr::kKVBytes;
-        named_sync(1 + c, 256);
+        named_sync(my_turn, 256);
         reg_fence(o);
         reg_fence(pf);
         wgmma_fence();
@@ -370,7 +380,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         for (int kk = 0; kk < kBlockN / 16; ++kk)
             wgmma_rs<kHeadDim, kDtype>::run(o, pf[kk], smem_desc(v_st + kk * 16 * 128, kBlockN * 128, 1024), 1);
         wgmma_commit();
-        if (c == 0) named_arrive(2, 256); /* consumer 1's last turn; nobody waits for consumer 0 again */
+        if (c != kNC - 1) named_arrive(next_turn, 256); /* nobody waits for consumer 0 again */
         wgmma_wait<0>();
         reg_fence(o);
     }
@@ -409,7 +419,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sQ + swz_off<kBlockM>(trow + 8 * r, j) + 4 * t), "r"(v)
                          : "memory");
         }
-    named_sync(3 + c, 128);
+    named_sync(1 + kNC + c, 128); /* this consumer's rows of O are staged */
     for (int i = tid % 128; i < 64 * Tr::kChunks; i += 128) {
         const int rl = c * 64 + i / Tr::kChunks, ch = i % Tr::kChunks;
         int head, pos;

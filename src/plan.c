@@ -31,7 +31,8 @@ const fa_fused_config *fa_fused_config_for(int kernel_head_dim) {
 }
 
 static const struct { fa_fused_config cfg; int32_t auto_min; } fa_sm90_configs[] = {
-#define FA_SM90_ROW(hd, bn, auto_min) {{hd, FA_SM90_BLOCK_M, bn, FA_SM90_THREADS / 32}, auto_min},
+#define FA_SM90_ROW(hd, bn, consumers, auto_min) \
+    {{hd, 64 * (consumers), bn, 4 * ((consumers) + 1)}, auto_min},
     FA_SM90_CONFIGS(FA_SM90_ROW)
 #undef FA_SM90_ROW
 };
@@ -200,7 +201,7 @@ static const char *sm90_unsupported_reason(const fa_device_caps *caps, const fla
             return buf;
         }
     const fa_fused_config *cfg = fa_sm90_config_for(khd);
-    const int64_t smem = fa_sm90_smem_bytes(cfg->head_dim, cfg->block_n);
+    const int64_t smem = fa_sm90_smem_bytes(cfg->head_dim, cfg->block_m, cfg->block_n);
     if (smem > caps->smem_per_block_optin) {
         snprintf(buf, n, "the fused_sm90 kernel for head dim %d needs %lld bytes of shared memory; the "
                  "device allows %lld per block", khd, (ll)smem, (ll)caps->smem_per_block_optin);
@@ -277,8 +278,9 @@ static const char *reference_unsupported_reason(const flashattn_fwd_params *p,
 #define FA_SM90_MAX_SPLITS 64
 static int sm90_split_plan(const fa_device_caps *caps, const flashattn_fwd_params *p, fa_plan *plan) {
     const int64_t group = p->heads_q / p->heads_kv;
-    const int pack = group > 1 && group <= FA_SM90_BLOCK_M && p->seqlen_q * 2 <= FA_SM90_BLOCK_M;
-    const int64_t rows = pack ? FA_SM90_BLOCK_M / group : FA_SM90_BLOCK_M;
+    const int64_t block_m = plan->cfg.block_m;
+    const int pack = group > 1 && group <= block_m && p->seqlen_q * 2 <= block_m;
+    const int64_t rows = pack ? block_m / group : block_m;
     const int64_t mblocks = (p->seqlen_q + rows - 1) / rows;
     plan->kp.pack_gqa = pack;
     plan->kp.pack_rows = (int32_t)rows;
@@ -356,7 +358,7 @@ flashattn_status fa_plan_make(const fa_device_caps *caps, const flashattn_fwd_pa
         plan.grid_y = (int32_t)p->heads_q;
         plan.grid_z = (int32_t)p->batch;
         plan.threads = 32 * plan.cfg.warps;
-        plan.smem_bytes = sm90 ? fa_sm90_smem_bytes(plan.cfg.head_dim, plan.cfg.block_n)
+        plan.smem_bytes = sm90 ? fa_sm90_smem_bytes(plan.cfg.head_dim, plan.cfg.block_m, plan.cfg.block_n)
                                : fa_fused_smem_bytes(&plan.cfg);
         plan.workspace_bytes = 0;
         plan.kp.num_splits = 1;

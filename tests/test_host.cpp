@@ -312,9 +312,10 @@ TEST(Planning, AutoPicksSm90OnHopperWhereTheTableSaysSo) {
     const fa_plan plan = plan_ok(p, h200_caps());
     EXPECT_EQ(FLASHATTN_BACKEND_FUSED_SM90, plan.backend);
     EXPECT_EQ(128, plan.cfg.head_dim);
-    EXPECT_EQ(FA_SM90_BLOCK_M, plan.cfg.block_m);
-    EXPECT_EQ(FA_SM90_THREADS, plan.threads);
-    EXPECT_EQ(fa_sm90_smem_bytes(128, plan.cfg.block_n), plan.smem_bytes);
+    EXPECT_EQ(0, plan.cfg.block_m % 64);  // 64 rows per consumer warpgroup
+    EXPECT_EQ(32 * plan.cfg.warps, plan.threads);
+    EXPECT_EQ(128 * (plan.cfg.block_m / 64 + 1), plan.threads);  // plus the producer warpgroup
+    EXPECT_EQ(fa_sm90_smem_bytes(128, plan.cfg.block_m, plan.cfg.block_n), plan.smem_bytes);
     EXPECT_EQ(0, plan.workspace_bytes);
     EXPECT_EQ((100 + 127) / 128, plan.grid_x);
     flashattn_plan_info info;
