@@ -86,15 +86,18 @@ static inline int64_t fa_fused_smem_bytes(const fa_fused_config *c) {
 /* The Hopper-native backend (FUSED_SM90, sm_90a only): a producer warpgroup loads Q, K and V with
  * the tensor memory accelerator (TMA) into 128-byte-swizzled shared memory (two stages of K and of
  * V); `consumers` warpgroups of 64 query rows each (block_m = 64 x consumers) run wgmma and the
- * softmax, taking turns on the tensor cores. X(head_dim, block_n, consumers, auto_min_head_dim): AUTO
- * prefers this backend for head dims in [auto_min_head_dim, head_dim] (docs/performance.md records
- * why); a forced FUSED_SM90 call runs any multiple of 8 up to 256 on the smallest variant that holds
- * it. */
+ * softmax, taking turns on the tensor cores.
+ * X(head_dim, block_n, consumers, auto_min_head_dim, masked_max_seqlen_q): AUTO prefers this backend
+ * for head dims in [auto_min_head_dim, head_dim]; a forced FUSED_SM90 call runs any multiple of 8 up
+ * to 256 on the smallest head dim that holds it. A head dim's row with masked_max_seqlen_q = 0 is its
+ * default; a row with masked_max_seqlen_q > 0 replaces it for causal or windowed calls with
+ * seqlen_q <= masked_max_seqlen_q. docs/performance.md records the measurements behind each choice. */
 #define FA_SM90_NUM_HEAD_DIMS 3
-#define FA_SM90_CONFIGS(X) \
-    X(64, 128, 3, 33)      \
-    X(128, 128, 2, 65)     \
-    X(256, 64, 2, 129)
+#define FA_SM90_CONFIGS(X)      \
+    X(64, 128, 3, 33, 0)        \
+    X(64, 128, 2, 33, 1024)     \
+    X(128, 128, 2, 65, 0)       \
+    X(256, 64, 2, 129, 0)
 
 static inline int fa_sm90_block_m(int consumers) { return 64 * consumers; }
 static inline int fa_sm90_threads(int consumers) { return 128 * (consumers + 1); }

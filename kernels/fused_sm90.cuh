@@ -43,18 +43,18 @@
 namespace fa {
 namespace sm90 {
 
-template <int kHeadDim> struct cfg;
-#define FA_SM90_CFG_SPEC(hd, bn, nc, auto_min)                                                      \
-    template <> struct cfg<hd> {                                                                    \
-        static constexpr int block_n = bn, consumers = nc;                                          \
+template <int kHeadDim, int kConsumers> struct cfg;
+#define FA_SM90_CFG_SPEC(hd, bn, nc, auto_min, masked_max_sq)                                       \
+    template <> struct cfg<hd, nc> {                                                                \
+        static constexpr int block_n = bn;                                                          \
     };
 FA_SM90_CONFIGS(FA_SM90_CFG_SPEC)
 #undef FA_SM90_CFG_SPEC
 
-template <int kDtype, int kHeadDim> struct traits {
+template <int kDtype, int kHeadDim, int kNumConsumers> struct traits {
     using T = typename elem<kDtype>::type;
-    static constexpr int kConsumers = cfg<kHeadDim>::consumers;
-    static constexpr int kBlockM = 64 * kConsumers, kBlockN = cfg<kHeadDim>::block_n;
+    static constexpr int kConsumers = kNumConsumers;
+    static constexpr int kBlockM = 64 * kConsumers, kBlockN = cfg<kHeadDim, kConsumers>::block_n;
     static constexpr int kThreads = 128 * (kConsumers + 1);
     /* setmaxnreg: the producer keeps 24 registers, the consumers share the rest (a multiple of 8). */
     static constexpr int kConsumerRegs = ((65536 / 128 - 24) / kConsumers) / 8 * 8 > 240
@@ -140,12 +140,12 @@ template <int kRows> __device__ __forceinline__ uint32_t swz_off(int r, int ch) 
     return (uint32_t)((ch / 8) * (kRows * 128) + r * 128 + (((ch % 8) ^ (r % 8)) << 4));
 }
 
-template <int kDtype, int kHeadDim, bool kTransform>
-__global__ void __launch_bounds__(128 * (cfg<kHeadDim>::consumers + 1), 1)
+template <int kDtype, int kHeadDim, int kConsumers, bool kTransform>
+__global__ void __launch_bounds__(128 * (kConsumers + 1), 1)
 fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_constant__ CUtensorMap tm_q,
                   const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using Tr = traits<kDtype, kHeadDim>;
+    using Tr = traits<kDtype, kHeadDim, kConsumers>;
     using T = typename Tr::T;
     constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN;
     constexpr int kSN = kBlockN / 2, kON = kHeadDim / 2; /* accumulator floats per thread */
@@ -473,9 +473,9 @@ inline bool encode_map(CUtensorMap *map, int dtype, const void *ptr, int64_t hea
     return r == CUDA_SUCCESS;
 }
 
-template <int kDtype, int kHeadDim>
+template <int kDtype, int kHeadDim, int kConsumers>
 int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
-    using Tr = traits<kDtype, kHeadDim>;
+    using Tr = traits<kDtype, kHeadDim, kConsumers>;
     if (l->threads != Tr::kThreads || l->smem_bytes != Tr::kSmemBytes ||
         (kp->pack_gqa && (kp->pack_rows < 1 || kp->pack_rows * kp->head_group > Tr::kBlockM)) ||
         (kp->num_splits > 1 && (kp->o_accum == nullptr || kp->lse_accum == nullptr)))
@@ -491,7 +491,8 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
                     kp->v_head_stride, kp->v_batch_stride, Tr::kBlockN, 1))
         return (int)cudaErrorInvalidValue; /* the planner checked the limits; not expected */
     const bool transform = kp->softcap > 0.0f || kp->alibi_slopes != nullptr;
-    auto kernel = transform ? fused_sm90_kernel<kDtype, kHeadDim, true> : fused_sm90_kernel<kDtype, kHeadDim, false>;
+    auto kernel = transform ? fused_sm90_kernel<kDtype, kHeadDim, kConsumers, true>
+                            : fused_sm90_kernel<kDtype, kHeadDim, kConsumers, false>;
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
     if (err != cudaSuccess) return (int)err;
     kernel<<<dim3(l->grid_x, l->grid_y, l->grid_z), Tr::kThreads, Tr::kSmemBytes, (cudaStream_t)stream>>>(*kp, tq, tk,
@@ -504,8 +505,8 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
 }  // namespace sm90
 }  // namespace fa
 
-#define FA_SM90_INSTANCE(DTYPE, NAME, HD)                                                  \
-    extern "C" __attribute__((visibility("hidden"))) int fa_sm90_fwd_##NAME##_d##HD(       \
+#define FA_SM90_INSTANCE(DTYPE, NAME, HD, NC)                                              \
+    extern "C" __attribute__((visibility("hidden"))) int fa_sm90_fwd_##NAME##_d##HD##_c##NC( \
         const fa_kernel_params *kp, const fa_launch *l, void *stream) {                    \
-        return fa::sm90::launch<DTYPE, HD>(kp, l, stream);                                 \
+        return fa::sm90::launch<DTYPE, HD, NC>(kp, l, stream);                             \
     }

@@ -12,42 +12,49 @@
     int fa_fused_fwd_##NAME##_d##HD(const fa_kernel_params *kp, const fa_launch *l, void *stream);
 FA_FUSED_INSTANCES(FA_DECLARE)
 #undef FA_DECLARE
-#define FA_DECLARE(NAME, DTYPE, HD) \
-    int fa_sm90_fwd_##NAME##_d##HD(const fa_kernel_params *kp, const fa_launch *l, void *stream);
+#define FA_DECLARE(NAME, DTYPE, HD, NC) \
+    int fa_sm90_fwd_##NAME##_d##HD##_c##NC(const fa_kernel_params *kp, const fa_launch *l, void *stream);
 FA_SM90_INSTANCES(FA_DECLARE)
 #undef FA_DECLARE
 
+/* variant: 0 for FUSED; the number of consumer warpgroups for FUSED_SM90. */
 typedef struct kernel_entry {
-    int dtype, head_dim;
+    int dtype, head_dim, variant;
     fa_fused_launcher launch;
 } kernel_entry;
 
 static const kernel_entry fa_fused_table[] = {
-#define FA_ENTRY(NAME, DTYPE, HD) {DTYPE, HD, fa_fused_fwd_##NAME##_d##HD},
+#define FA_ENTRY(NAME, DTYPE, HD) {DTYPE, HD, 0, fa_fused_fwd_##NAME##_d##HD},
     FA_FUSED_INSTANCES(FA_ENTRY)
 #undef FA_ENTRY
-    {-1, 0, NULL},
+    {-1, 0, 0, NULL},
 };
 
 static const kernel_entry fa_sm90_table[] = {
-#define FA_ENTRY(NAME, DTYPE, HD) {DTYPE, HD, fa_sm90_fwd_##NAME##_d##HD},
+#define FA_ENTRY(NAME, DTYPE, HD, NC) {DTYPE, HD, NC, fa_sm90_fwd_##NAME##_d##HD##_c##NC},
     FA_SM90_INSTANCES(FA_ENTRY)
 #undef FA_ENTRY
-    {-1, 0, NULL},
+    {-1, 0, 0, NULL},
 };
 
-static fa_fused_launcher find_kernel(const kernel_entry *table, int dtype, int head_dim) {
+/* variant < 0: any. */
+static fa_fused_launcher find_kernel(const kernel_entry *table, int dtype, int head_dim, int variant) {
     for (const kernel_entry *e = table; e->launch != NULL; ++e)
-        if (e->dtype == dtype && e->head_dim == head_dim) return e->launch;
+        if (e->dtype == dtype && e->head_dim == head_dim && (variant < 0 || e->variant == variant))
+            return e->launch;
     return NULL;
 }
 
 int fa_fused_compiled(int dtype, int kernel_head_dim) {
-    return find_kernel(fa_fused_table, dtype, kernel_head_dim) != NULL;
+    return find_kernel(fa_fused_table, dtype, kernel_head_dim, -1) != NULL;
 }
 
 int fa_sm90_compiled(int dtype, int kernel_head_dim) {
-    return find_kernel(fa_sm90_table, dtype, kernel_head_dim) != NULL;
+    return find_kernel(fa_sm90_table, dtype, kernel_head_dim, -1) != NULL;
+}
+
+int fa_sm90_variant_compiled(int dtype, int kernel_head_dim, int consumers) {
+    return find_kernel(fa_sm90_table, dtype, kernel_head_dim, consumers) != NULL;
 }
 
 flashattn_status fa_dispatch(const flashattn_handle *h, const fa_plan *plan, void *workspace,
@@ -55,8 +62,8 @@ flashattn_status fa_dispatch(const flashattn_handle *h, const fa_plan *plan, voi
     if (plan->backend == FLASHATTN_BACKEND_REFERENCE) return fa_reference_run(h, plan, workspace, stream);
     const int sm90 = plan->backend == FLASHATTN_BACKEND_FUSED_SM90;
     const char *what = sm90 ? "fused_sm90" : "fused";
-    fa_fused_launcher launch =
-        find_kernel(sm90 ? fa_sm90_table : fa_fused_table, plan->dtype, plan->cfg.head_dim);
+    fa_fused_launcher launch = sm90 ? find_kernel(fa_sm90_table, plan->dtype, plan->cfg.head_dim, plan->cfg.block_m / 64)
+                                    : find_kernel(fa_fused_table, plan->dtype, plan->cfg.head_dim, 0);
     if (launch == NULL) /* the planner checked the table; this is a library bug */
         return fa_fail(FLASHATTN_STATUS_UNSUPPORTED, "%s kernel for head dim %d not compiled", what,
                        plan->cfg.head_dim);

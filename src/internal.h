@@ -82,6 +82,8 @@ FA_HIDDEN const fa_fused_config *fa_fused_config_for(int kernel_head_dim);
 /* FUSED_SM90: the compiled-for head dim that runs head_dim (0 if none), and its tile row. */
 FA_HIDDEN int fa_sm90_kernel_head_dim(int64_t head_dim);
 FA_HIDDEN const fa_fused_config *fa_sm90_config_for(int kernel_head_dim);
+/* The row of FA_SM90_CONFIGS that runs this call (its masked_max_seqlen_q rule). */
+FA_HIDDEN const fa_fused_config *fa_sm90_config_for_call(int kernel_head_dim, const flashattn_fwd_params *p);
 /* Whether AUTO prefers FUSED_SM90 over FUSED for this head dim (when both can run the call). */
 FA_HIDDEN int fa_sm90_auto_prefers(int64_t head_dim);
 FA_HIDDEN void fa_plan_describe(const fa_plan *plan, flashattn_plan_info *info);
@@ -89,6 +91,7 @@ FA_HIDDEN void fa_plan_describe(const fa_plan *plan, flashattn_plan_info *info);
 /* dispatch.c: the table of compiled fused variants. */
 FA_HIDDEN int fa_fused_compiled(int dtype, int kernel_head_dim);
 FA_HIDDEN int fa_sm90_compiled(int dtype, int kernel_head_dim);
+FA_HIDDEN int fa_sm90_variant_compiled(int dtype, int kernel_head_dim, int consumers);
 FA_HIDDEN flashattn_status fa_dispatch(const flashattn_handle *h, const fa_plan *plan, void *workspace,
                                        void *stream);
 

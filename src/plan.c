@@ -30,9 +30,9 @@ const fa_fused_config *fa_fused_config_for(int kernel_head_dim) {
     return NULL;
 }
 
-static const struct { fa_fused_config cfg; int32_t auto_min; } fa_sm90_configs[] = {
-#define FA_SM90_ROW(hd, bn, consumers, auto_min) \
-    {{hd, 64 * (consumers), bn, 4 * ((consumers) + 1)}, auto_min},
+static const struct { fa_fused_config cfg; int32_t auto_min, masked_max_sq; } fa_sm90_configs[] = {
+#define FA_SM90_ROW(hd, bn, consumers, auto_min, masked_max_sq) \
+    {{hd, 64 * (consumers), bn, 4 * ((consumers) + 1)}, auto_min, masked_max_sq},
     FA_SM90_CONFIGS(FA_SM90_ROW)
 #undef FA_SM90_ROW
 };
@@ -46,8 +46,19 @@ int fa_sm90_kernel_head_dim(int64_t head_dim) {
 
 const fa_fused_config *fa_sm90_config_for(int kernel_head_dim) {
     for (int i = 0; i < FA_NUM_SM90_CONFIGS; ++i)
-        if (fa_sm90_configs[i].cfg.head_dim == kernel_head_dim) return &fa_sm90_configs[i].cfg;
+        if (fa_sm90_configs[i].cfg.head_dim == kernel_head_dim && fa_sm90_configs[i].masked_max_sq == 0)
+            return &fa_sm90_configs[i].cfg;
     return NULL;
+}
+
+const fa_fused_config *fa_sm90_config_for_call(int kernel_head_dim, const flashattn_fwd_params *p) {
+    const int masked = p->mask != FLASHATTN_MASK_NONE || p->window_left >= 0 || p->window_right >= 0;
+    for (int i = 0; i < FA_NUM_SM90_CONFIGS; ++i)
+        if (fa_sm90_configs[i].cfg.head_dim == kernel_head_dim && masked &&
+            p->seqlen_q <= fa_sm90_configs[i].masked_max_sq &&
+            fa_sm90_variant_compiled(p->dtype, kernel_head_dim, fa_sm90_configs[i].cfg.block_m / 64))
+            return &fa_sm90_configs[i].cfg;
+    return fa_sm90_config_for(kernel_head_dim);
 }
 
 int fa_sm90_auto_prefers(int64_t head_dim) {
@@ -177,7 +188,7 @@ static const char *sm90_unsupported_reason(const fa_device_caps *caps, const fla
         return buf;
     }
     const int khd = fa_sm90_kernel_head_dim(p->head_dim);
-    if (khd == 0 || !fa_sm90_compiled(p->dtype, khd)) {
+    if (khd == 0 || !fa_sm90_variant_compiled(p->dtype, khd, fa_sm90_config_for(khd)->block_m / 64)) {
         snprintf(buf, n,
                  "the fused_sm90 kernel for %s head dim %d is not compiled into this build "
                  "(FLASHATTN_HEAD_DIMS, and CMAKE_CUDA_ARCHITECTURES must include 90a)",
@@ -200,7 +211,7 @@ static const char *sm90_unsupported_reason(const fa_device_caps *caps, const fla
                      "dimension has more than one element (got %lld)", tma[i].name, (ll)tma[i].stride);
             return buf;
         }
-    const fa_fused_config *cfg = fa_sm90_config_for(khd);
+    const fa_fused_config *cfg = fa_sm90_config_for_call(khd, p);
     const int64_t smem = fa_sm90_smem_bytes(cfg->head_dim, cfg->block_m, cfg->block_n);
     if (smem > caps->smem_per_block_optin) {
         snprintf(buf, n, "the fused_sm90 kernel for head dim %d needs %lld bytes of shared memory; the "
@@ -350,7 +361,7 @@ flashattn_status fa_plan_make(const fa_device_caps *caps, const flashattn_fwd_pa
 
     if (backend == FLASHATTN_BACKEND_FUSED || backend == FLASHATTN_BACKEND_FUSED_SM90) {
         const int sm90 = backend == FLASHATTN_BACKEND_FUSED_SM90;
-        plan.cfg = sm90 ? *fa_sm90_config_for(fa_sm90_kernel_head_dim(p->head_dim))
+        plan.cfg = sm90 ? *fa_sm90_config_for_call(fa_sm90_kernel_head_dim(p->head_dim), p)
                         : *fa_fused_config_for(fa_fused_kernel_head_dim(p->head_dim));
         const int64_t mblocks = (p->seqlen_q + plan.cfg.block_m - 1) / plan.cfg.block_m;
         plan.kp.num_m_blocks = (int32_t)mblocks;

@@ -389,6 +389,28 @@ TEST(Planning, Sm90DecodePacksQueryGroupsAndSplitsKeys) {
     EXPECT_EQ(0, pre.workspace_bytes);
 }
 
+TEST(Planning, Sm90HeadDim64UsesTwoConsumersForShortMaskedCalls) {
+    if (!fa_sm90_compiled(FLASHATTN_DTYPE_BFLOAT16, 64)) GTEST_SKIP() << "no FUSED_SM90 d64 in this build";
+    flashattn_fwd_params p = valid_params();
+    p.head_dim = 64, p.seqlen_q = p.seqlen_k = 512;
+    flashattn_fwd_params_set_packed_strides(&p);
+    EXPECT_EQ(192, plan_ok(p, h200_caps()).cfg.block_m);  // unmasked: three consumer warpgroups
+    p.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+    fa_plan plan = plan_ok(p, h200_caps());
+    EXPECT_EQ(FLASHATTN_BACKEND_FUSED_SM90, plan.backend);
+    EXPECT_EQ(128, plan.cfg.block_m);                      // short and causal: two
+    EXPECT_EQ(384, plan.threads);
+    EXPECT_EQ(fa_sm90_smem_bytes(64, 128, plan.cfg.block_n), plan.smem_bytes);
+    p.mask = FLASHATTN_MASK_NONE, p.window_left = 100;
+    EXPECT_EQ(128, plan_ok(p, h200_caps()).cfg.block_m);  // windows count as masks
+    p.seqlen_q = p.seqlen_k = 2048;
+    flashattn_fwd_params_set_packed_strides(&p);
+    plan = plan_ok(p, h200_caps());
+    EXPECT_EQ(192, plan.cfg.block_m);                      // long: three
+    EXPECT_EQ(512, plan.threads);
+    EXPECT_EQ((2048 + 191) / 192, plan.grid_x);
+}
+
 TEST(Planning, AutoUsesTheSm90RangesOfTheTable) {
     EXPECT_TRUE(fa_sm90_auto_prefers(64));
     EXPECT_TRUE(fa_sm90_auto_prefers(40));
