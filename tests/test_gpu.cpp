@@ -333,9 +333,8 @@ TEST_F(GpuSm90, DecodePackedAndSplit) {
     EXPECT_GT(split, 20);
 }
 
-void check_deterministic(flashattn_handle *h, int backend) {
-    Case c;
-    c.sq = 1023, c.sk = 1024, c.d = 128, c.hq = 4, c.hkv = 2, c.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+// 100 repeats of one call must give bit-identical O and LSE.
+void check_deterministic(flashattn_handle *h, int backend, const Case &c, const char *what) {
     Inputs in(c);
     const Result first = run(h, in, backend);
     ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, first.status);
@@ -348,28 +347,23 @@ void check_deterministic(flashattn_handle *h, int backend) {
         EXPECT_TRUE(same) << "repeat " << rep;
         identical += same;
     }
-    printf("[ %s ] determinism: %d of 100 repeats bit-identical\n",
-           backend == FLASHATTN_BACKEND_FUSED_SM90 ? "fused_sm90" : "fused", identical);
+    printf("[ %s ] %s: %d of 100 repeats bit-identical\n",
+           backend == FLASHATTN_BACKEND_FUSED_SM90 ? "fused_sm90" : "fused", what, identical);
 }
 
-TEST_F(Gpu, FusedIsDeterministic) { check_deterministic(h, FLASHATTN_BACKEND_FUSED); }
-TEST_F(GpuSm90, IsDeterministic) { check_deterministic(h, FLASHATTN_BACKEND_FUSED_SM90); }
+Case determinism_case() {
+    Case c;
+    c.sq = 1023, c.sk = 1024, c.d = 128, c.hq = 4, c.hkv = 2, c.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+    return c;
+}
+
+TEST_F(Gpu, FusedIsDeterministic) { check_deterministic(h, FLASHATTN_BACKEND_FUSED, determinism_case(), "determinism"); }
+TEST_F(GpuSm90, IsDeterministic) { check_deterministic(h, FLASHATTN_BACKEND_FUSED_SM90, determinism_case(), "determinism"); }
 
 TEST_F(GpuSm90, SplitDecodeIsDeterministic) {
-    Case c;
+    Case c;  // packed and split 16 ways, merged by the combine kernel
     c.b = 1, c.hq = 32, c.hkv = 8, c.sq = 1, c.sk = 8192, c.d = 128;
-    Inputs in(c);
-    const Result first = run(h, in, FLASHATTN_BACKEND_FUSED_SM90);
-    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, first.status);
-    int identical = 0;
-    for (int rep = 0; rep < 100; ++rep) {
-        const Result r = run(h, in, FLASHATTN_BACKEND_FUSED_SM90);
-        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, r.status);
-        identical += std::memcmp(r.o.data(), first.o.data(), r.o.size() * 4) == 0 &&
-                     std::memcmp(r.lse.data(), first.lse.data(), r.lse.size() * 4) == 0;
-    }
-    EXPECT_EQ(100, identical);
-    printf("[ fused_sm90 ] split decode determinism: %d of 100 repeats bit-identical\n", identical);
+    check_deterministic(h, FLASHATTN_BACKEND_FUSED_SM90, c, "split decode determinism");
 }
 
 // ---- the API on the device ---------------------------------------------------------------------------
