@@ -238,8 +238,8 @@ FLASHATTN_API flashattn_status flashattn_fwd_params_set_packed_strides(flashattn
 /* Bytes of device workspace flashattn_fwd needs for these params, in *bytes: the REFERENCE backend's
  * score matrix; FUSED_SM90's per-split partial results when it splits the key range of a call with
  * too few query tiles to fill the GPU (decode-shaped calls: flashattn_fwd_plan reports num_splits);
- * otherwise 0. Always ask rather than assume 0. Returns: SUCCESS or any validation status flashattn_fwd can return (never
- * WORKSPACE_TOO_SMALL, CUDA_ERROR or CUBLAS_ERROR). */
+ * otherwise 0. Always ask rather than assume 0. Returns: SUCCESS or any validation status
+ * flashattn_fwd can return (never WORKSPACE_TOO_SMALL, CUDA_ERROR or CUBLAS_ERROR). */
 FLASHATTN_API flashattn_status flashattn_fwd_workspace_size(const flashattn_handle *handle,
                                                             const flashattn_fwd_params *params,
                                                             size_t *bytes);
@@ -261,7 +261,8 @@ typedef struct flashattn_plan_info {
     int32_t kernel_head_dim;   /* head dim of the compiled kernel variant (>= head_dim) */
     int64_t workspace_bytes;   /* same as flashattn_fwd_workspace_size */
     int64_t shared_mem_bytes;  /* dynamic shared memory per block of the main kernel */
-    char kernel_name[64];      /* e.g. "fused_fwd_bf16_d128_m128_n64_w4", "fused_sm90_bf16_d128_m128_n128_w8" */
+    char kernel_name[64];      /* e.g. "fused_fwd_bf16_d128_m128_n64_w4",
+                                  "fused_sm90_bf16_d128_m128_n128_w12" */
     char description[192];     /* one line with all of the above */
 } flashattn_plan_info;
 

@@ -92,15 +92,12 @@ static inline int64_t fa_fused_smem_bytes(const fa_fused_config *c) {
  * to 256 on the smallest head dim that holds it. A head dim's row with masked_max_seqlen_q = 0 is its
  * default; a row with masked_max_seqlen_q > 0 replaces it for causal or windowed calls with
  * seqlen_q <= masked_max_seqlen_q. docs/performance.md records the measurements behind each choice. */
-#define FA_SM90_NUM_HEAD_DIMS 3
 #define FA_SM90_CONFIGS(X)      \
     X(64, 128, 3, 33, 0)        \
     X(64, 128, 2, 33, 1024)     \
     X(128, 128, 2, 65, 0)       \
     X(256, 64, 2, 129, 0)
 
-static inline int fa_sm90_block_m(int consumers) { return 64 * consumers; }
-static inline int fa_sm90_threads(int consumers) { return 128 * (consumers + 1); }
 static inline int64_t fa_sm90_smem_bytes(int head_dim, int block_m, int block_n) {
     /* Q, two stages of K, two of V, 128 bytes of barriers, plus 1 KB to align the base to the
      * 1024-byte swizzle atom. */

@@ -56,10 +56,10 @@ template <int kDtype, int kHeadDim, int kNumConsumers> struct traits {
     static constexpr int kConsumers = kNumConsumers;
     static constexpr int kBlockM = 64 * kConsumers, kBlockN = cfg<kHeadDim, kConsumers>::block_n;
     static constexpr int kThreads = 128 * (kConsumers + 1);
-    /* setmaxnreg: the producer keeps 24 registers, the consumers share the rest (a multiple of 8). */
-    static constexpr int kConsumerRegs = ((65536 / 128 - 24) / kConsumers) / 8 * 8 > 240
-                                             ? 240
-                                             : ((65536 / 128 - 24) / kConsumers) / 8 * 8;
+    /* setmaxnreg: the producer keeps 24 registers, the consumers share the rest (a multiple of 8,
+     * at most 240). */
+    static constexpr int kConsumerShare = (65536 / 128 - 24) / kConsumers / 8 * 8;
+    static constexpr int kConsumerRegs = kConsumerShare > 240 ? 240 : kConsumerShare;
     static constexpr int kChunks = kHeadDim / 8; /* 16-byte chunks per row */
     static constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2, kKVBytes = kBlockN * kHeadDim * 2;
     static constexpr int kSmemBytes = 1024 + (int)(kQBytes + 4 * kKVBytes) + 128;
@@ -120,7 +120,7 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap *map, i
         : "memory");
 }
 
-/* Named barriers 1..4 (0 is __syncthreads): the consumers' tensor-core turns and their epilogues. */
+/* Named barriers 1..2C (0 is __syncthreads): the C consumers' tensor-core turns, then their epilogues. */
 __device__ __forceinline__ void named_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }

@@ -58,7 +58,7 @@ typedef struct fa_plan {
     int32_t noop;         /* seqlen_q == 0: nothing to do */
     int32_t ref_lowprec;  /* REFERENCE only: plain low-precision attention (tests' baseline) */
     fa_kernel_params kp;
-    fa_fused_config cfg;  /* FUSED and FUSED_SM90 (warps = 8 for the latter) */
+    fa_fused_config cfg;  /* FUSED and FUSED_SM90 (block_m = 64 x consumers, warps include the producer's) */
     int32_t grid_x, grid_y, grid_z, threads;
     int64_t smem_bytes;
     int64_t workspace_bytes;

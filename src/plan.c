@@ -114,22 +114,30 @@ static void fill_kernel_params(const flashattn_fwd_params *p, fa_kernel_params *
 static const char *fused_layout_reason(const char *backend, const flashattn_fwd_params *p, char *buf,
                                        size_t n);
 
-/* NULL when the fused kernel can run p, else the reason (written into buf). */
-static const char *fused_unsupported_reason(const fa_device_caps *caps,
-                                            const flashattn_fwd_params *p, char *buf, size_t n) {
+/* The head dim rules both fused backends share: a multiple of 8, run on the compiled variant khd
+ * (0: none holds it; `compiled`: whether this build has it). NULL when p meets them. */
+static const char *head_dim_reason(const char *backend, const flashattn_fwd_params *p, int khd,
+                                   int compiled, const char *build_hint, char *buf, size_t n) {
     if (p->head_dim % 8 != 0) {
-        snprintf(buf, n, "the fused backend needs head_dim to be a multiple of 8 (got %lld)",
+        snprintf(buf, n, "the %s backend needs head_dim to be a multiple of 8 (got %lld)", backend,
                  (ll)p->head_dim);
         return buf;
     }
-    const int khd = fa_fused_kernel_head_dim(p->head_dim);
-    if (!fa_fused_compiled(p->dtype, khd)) {
-        snprintf(buf, n,
-                 "the fused kernel for %s head dim %d is not compiled into this build "
-                 "(FLASHATTN_HEAD_DIMS)",
-                 p->dtype == FLASHATTN_DTYPE_BFLOAT16 ? "bfloat16" : "float16", khd);
+    if (khd == 0 || !compiled) {
+        snprintf(buf, n, "the %s kernel for %s head dim %d is not compiled into this build (%s)",
+                 backend, p->dtype == FLASHATTN_DTYPE_BFLOAT16 ? "bfloat16" : "float16", khd,
+                 build_hint);
         return buf;
     }
+    return NULL;
+}
+
+/* NULL when the fused kernel can run p, else the reason (written into buf). */
+static const char *fused_unsupported_reason(const fa_device_caps *caps,
+                                            const flashattn_fwd_params *p, char *buf, size_t n) {
+    const int khd = fa_fused_kernel_head_dim(p->head_dim);
+    if (head_dim_reason("fused", p, khd, fa_fused_compiled(p->dtype, khd), "FLASHATTN_HEAD_DIMS", buf, n))
+        return buf;
     if (fused_layout_reason("fused", p, buf, n)) return buf;
     const fa_fused_config *cfg = fa_fused_config_for(khd);
     const int64_t smem = fa_fused_smem_bytes(cfg);
@@ -182,19 +190,12 @@ static const char *sm90_unsupported_reason(const fa_device_caps *caps, const fla
                  caps->device, caps->cc_major, caps->cc_minor);
         return buf;
     }
-    if (p->head_dim % 8 != 0) {
-        snprintf(buf, n, "the fused_sm90 backend needs head_dim to be a multiple of 8 (got %lld)",
-                 (ll)p->head_dim);
-        return buf;
-    }
     const int khd = fa_sm90_kernel_head_dim(p->head_dim);
-    if (khd == 0 || !fa_sm90_variant_compiled(p->dtype, khd, fa_sm90_config_for(khd)->block_m / 64)) {
-        snprintf(buf, n,
-                 "the fused_sm90 kernel for %s head dim %d is not compiled into this build "
-                 "(FLASHATTN_HEAD_DIMS, and CMAKE_CUDA_ARCHITECTURES must include 90a)",
-                 p->dtype == FLASHATTN_DTYPE_BFLOAT16 ? "bfloat16" : "float16", khd);
+    const int compiled =
+        khd != 0 && fa_sm90_variant_compiled(p->dtype, khd, fa_sm90_config_for(khd)->block_m / 64);
+    if (head_dim_reason("fused_sm90", p, khd, compiled,
+                        "FLASHATTN_HEAD_DIMS, and CMAKE_CUDA_ARCHITECTURES must include 90a", buf, n))
         return buf;
-    }
     if (fused_layout_reason("fused_sm90", p, buf, n)) return buf;
     /* The tensor memory accelerator takes strides of 16 bytes up to 2^40 bytes; a zero stride
      * (a broadcast dimension) only where that dimension has one element. */
@@ -280,27 +281,29 @@ static const char *reference_unsupported_reason(const flashattn_fwd_params *p,
     return NULL;
 }
 
-/* FUSED_SM90's decode-shaped plans. With few query rows per KV head (seqlen_q <= 64) and grouped
- * query heads, one tile holds the group's heads (pack_gqa), so K and V are read once per group. When
- * the tiles are too few to fill the GPU, the key range is split (as many ways as fit in one wave of
- * blocks, at least 2 key tiles per split, at most FA_SM90_MAX_SPLITS) and a combine kernel merges
- * the splits from the workspace.
- * Returns 0 only if the workspace size overflows. */
+/* The grid of a fused plan (plan->cfg set): a block per query tile, head and batch entry. FUSED_SM90
+ * also plans decode-shaped calls: with few query rows per KV head (seqlen_q <= block_m / 2) and
+ * grouped query heads, one tile holds the group's heads (pack_gqa), so K and V are read once per
+ * group; when the tiles are too few to fill the GPU, the key range is split (as many ways as fit in
+ * one wave of blocks, at least 2 key tiles per split, at most FA_SM90_MAX_SPLITS) and a combine
+ * kernel merges the splits from the workspace. Returns 0 only if the workspace size overflows. */
 #define FA_SM90_MAX_SPLITS 64
-static int sm90_split_plan(const fa_device_caps *caps, const flashattn_fwd_params *p, fa_plan *plan) {
+static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_params *p, int sm90,
+                           fa_plan *plan) {
     const int64_t group = p->heads_q / p->heads_kv;
     const int64_t block_m = plan->cfg.block_m;
-    const int pack = group > 1 && group <= block_m && p->seqlen_q * 2 <= block_m;
+    const int pack = sm90 && group > 1 && group <= block_m && p->seqlen_q * 2 <= block_m;
     const int64_t rows = pack ? block_m / group : block_m;
     const int64_t mblocks = (p->seqlen_q + rows - 1) / rows;
     plan->kp.pack_gqa = pack;
     plan->kp.pack_rows = (int32_t)rows;
     plan->kp.num_m_blocks = (int32_t)mblocks;
     plan->grid_y = (int32_t)(pack ? p->heads_kv : p->heads_q);
+    plan->grid_z = (int32_t)p->batch;
     const int64_t ctas = mblocks * plan->grid_y * p->batch;
     const int64_t key_tiles = (p->seqlen_k + plan->cfg.block_n - 1) / plan->cfg.block_n;
     int64_t splits = 1;
-    if (ctas > 0 && ctas < caps->sm_count) {
+    if (sm90 && ctas > 0 && ctas < caps->sm_count) {
         /* One block per SM (its shared memory), so round down: ctas * splits stays within one wave. */
         splits = min64(caps->sm_count / ctas, min64(key_tiles / 2, FA_SM90_MAX_SPLITS));
         if (splits < 2) splits = 1;
@@ -363,17 +366,10 @@ flashattn_status fa_plan_make(const fa_device_caps *caps, const flashattn_fwd_pa
         const int sm90 = backend == FLASHATTN_BACKEND_FUSED_SM90;
         plan.cfg = sm90 ? *fa_sm90_config_for_call(fa_sm90_kernel_head_dim(p->head_dim), p)
                         : *fa_fused_config_for(fa_fused_kernel_head_dim(p->head_dim));
-        const int64_t mblocks = (p->seqlen_q + plan.cfg.block_m - 1) / plan.cfg.block_m;
-        plan.kp.num_m_blocks = (int32_t)mblocks;
-        plan.grid_x = (int32_t)mblocks;
-        plan.grid_y = (int32_t)p->heads_q;
-        plan.grid_z = (int32_t)p->batch;
         plan.threads = 32 * plan.cfg.warps;
         plan.smem_bytes = sm90 ? fa_sm90_smem_bytes(plan.cfg.head_dim, plan.cfg.block_m, plan.cfg.block_n)
                                : fa_fused_smem_bytes(&plan.cfg);
-        plan.workspace_bytes = 0;
-        plan.kp.num_splits = 1;
-        if (sm90 && !sm90_split_plan(caps, p, &plan))
+        if (!fused_grid_plan(caps, p, sm90, &plan))
             return fa_fail(FLASHATTN_STATUS_INDEX_OVERFLOW,
                            "the split-key workspace for this shape overflows int64");
     } else {
