@@ -45,18 +45,26 @@ extern "C" {
  * ------------------------------------------------------------------------------------------- */
 
 #define FLASHATTN_VERSION_MAJOR 0
-#define FLASHATTN_VERSION_MINOR 1
+#define FLASHATTN_VERSION_MINOR 2
 #define FLASHATTN_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, comparable with flashattn_version(). */
 #define FLASHATTN_VERSION \
     (FLASHATTN_VERSION_MAJOR * 10000 + FLASHATTN_VERSION_MINOR * 100 + FLASHATTN_VERSION_PATCH)
 
-/* The version of the library actually loaded, encoded as FLASHATTN_VERSION is. Compare it with
- * FLASHATTN_VERSION to detect a header/library mismatch. Never fails. */
+/* The version of the library actually loaded, encoded as FLASHATTN_VERSION is. The ABI only grows
+ * within a major version, so a program runs against any library at least as new as the header it
+ * was compiled with: check flashattn_version() >= FLASHATTN_VERSION. Never fails. */
 FLASHATTN_API int flashattn_version(void);
 
 /* The loaded library's version as "MAJOR.MINOR.PATCH"; a static string, never NULL. */
 FLASHATTN_API const char *flashattn_version_string(void);
+
+/* One line describing how the loaded library was built, for bug reports and diagnostics: the
+ * source commit, the CUDA runtime it was built against, the CUDA architectures, and the compiled
+ * kernel variants of each fused backend, e.g.
+ * "commit=1a2b3c4d5e6f cuda_runtime=13000 archs=80;90a fused=fp16:32,64,...;bf16:... fused_sm90=...".
+ * A static string, never NULL. Needs no device. (Added in 0.2.0.) */
+FLASHATTN_API const char *flashattn_build_info(void);
 
 /* ---------------------------------------------------------------------------------------------
  * Status codes. Values are part of the ABI: they are never renumbered and new ones are appended.
@@ -80,7 +88,8 @@ typedef enum flashattn_status {
     FLASHATTN_STATUS_BAD_WINDOW = 12,           /* window_left or window_right below -1 */
     FLASHATTN_STATUS_BAD_SOFTCAP = 13,          /* softcap negative, NaN or infinite */
     FLASHATTN_STATUS_BAD_BACKEND = 14,          /* backend is not a flashattn_backend value */
-    FLASHATTN_STATUS_UNSUPPORTED = 15,          /* valid, but the requested backend cannot run it */
+    FLASHATTN_STATUS_UNSUPPORTED = 15,          /* valid, but the requested backend cannot run it
+                                                   (under AUTO: no backend can) */
     FLASHATTN_STATUS_WORKSPACE_TOO_SMALL = 16,  /* workspace_bytes below what the plan needs */
     FLASHATTN_STATUS_DEVICE_TOO_OLD = 17,       /* the device is below compute capability 8.0 */
     FLASHATTN_STATUS_WRONG_DEVICE = 18,         /* the current device is not the handle's device */
@@ -162,7 +171,12 @@ typedef enum flashattn_backend {
 
 /*
  * Everything one forward call needs. Fill it with flashattn_fwd_params_init, then set fields.
- * Fields are only ever appended; struct_size tells the library which ones the caller knows.
+ *
+ * Growth: fields are only ever appended, and struct_size tells the library which ones the caller
+ * knows. A library accepts every released size up to its own (an application built against an
+ * older header keeps working: the fields it does not know take their defaults, and the library
+ * reads no byte past struct_size); any other size is refused with BAD_STRUCT_SIZE, a larger one
+ * too (an application built against a newer header than the library it loaded).
  *
  * Layout: Q [batch, seqlen_q, heads_q, head_dim]; K and V [batch, seqlen_k, heads_kv, head_dim];
  * O like Q. Element (b, s, h, d) of Q is at q + b*q_batch_stride + s*q_seq_stride + h*q_head_stride + d.
@@ -219,14 +233,31 @@ typedef struct flashattn_fwd_params {
     int64_t alibi_batch_stride;    /* 0 (one slope per head, shared by the batch) or >= heads_q */
 } flashattn_fwd_params;
 
-/* Sets every field to its default: struct_size = sizeof(flashattn_fwd_params), pointers NULL, sizes
- * and strides 0, dtype FLOAT16, mask NONE, backend AUTO, softmax_scale 0 (default), softcap 0 (off),
- * windows -1 (unbounded). Returns: SUCCESS; NULL_POINTER. */
+/* The struct's size in release 0.1.0, the first layout. A library accepts every released size. */
+#define FLASHATTN_FWD_PARAMS_SIZE_0_1 248
+
+/* Sets every field that a struct of `struct_size` bytes has to its default, and struct_size to that
+ * size: pointers NULL, sizes and strides 0, dtype FLOAT16, mask NONE, backend AUTO, softmax_scale 0
+ * (default), softcap 0 (off), windows -1 (unbounded). Writes exactly struct_size bytes.
+ * struct_size is sizeof(flashattn_fwd_params) as the caller compiled it (C: use the
+ * flashattn_fwd_params_init macro below; ctypes and other FFIs: the size of their mirror).
+ * Returns: SUCCESS; NULL_POINTER; BAD_STRUCT_SIZE (not a released size, nothing written). */
+FLASHATTN_API flashattn_status flashattn_fwd_params_init_size(flashattn_fwd_params *params,
+                                                               size_t struct_size);
+
+/* Initialises the 0.1.0 layout (FLASHATTN_FWD_PARAMS_SIZE_0_1 bytes), for programs built against
+ * 0.1.0. Code compiled against this header calls the macro of the same name instead, which passes
+ * the caller's sizeof; both return what flashattn_fwd_params_init_size returns. */
 FLASHATTN_API flashattn_status flashattn_fwd_params_init(flashattn_fwd_params *params);
+#define flashattn_fwd_params_init(params) \
+    flashattn_fwd_params_init_size((params), sizeof *(params))
 
 /* Fills the strides of Q, K, V and O for densely packed [B, S, H, D] tensors from the shape fields
- * (which must be set first). A convenience; any strides may be set by hand instead.
- * Returns: SUCCESS; NULL_POINTER. */
+ * (which must be set first). A convenience; any strides may be set by hand instead. Nothing is
+ * written unless it succeeds.
+ * Returns: SUCCESS; NULL_POINTER; BAD_STRUCT_SIZE (params->struct_size not a released size);
+ * BAD_SHAPE (batch, seqlen_q, seqlen_k, heads_q, heads_kv or head_dim negative); INDEX_OVERFLOW (a
+ * stride does not fit int64). */
 FLASHATTN_API flashattn_status flashattn_fwd_params_set_packed_strides(flashattn_fwd_params *params);
 
 /* ---------------------------------------------------------------------------------------------
@@ -266,11 +297,21 @@ typedef struct flashattn_plan_info {
     char description[192];     /* one line with all of the above */
 } flashattn_plan_info;
 
-/* Sets struct_size and clears the rest. Returns: SUCCESS; NULL_POINTER. */
-FLASHATTN_API flashattn_status flashattn_plan_info_init(flashattn_plan_info *info);
+/* The struct's size in release 0.1.0. */
+#define FLASHATTN_PLAN_INFO_SIZE_0_1 320
 
-/* Fills *info with the plan for these params. Returns: SUCCESS; BAD_STRUCT_SIZE (info->struct_size);
- * or any validation status flashattn_fwd can return. */
+/* Sets struct_size to `struct_size` and clears the rest of those bytes (and no others), as
+ * flashattn_fwd_params_init_size does. Returns: SUCCESS; NULL_POINTER; BAD_STRUCT_SIZE. */
+FLASHATTN_API flashattn_status flashattn_plan_info_init_size(flashattn_plan_info *info,
+                                                             size_t struct_size);
+
+/* The 0.1.0 layout, for programs built against 0.1.0; the macro passes the caller's sizeof. */
+FLASHATTN_API flashattn_status flashattn_plan_info_init(flashattn_plan_info *info);
+#define flashattn_plan_info_init(info) flashattn_plan_info_init_size((info), sizeof *(info))
+
+/* Fills *info with the plan for these params, writing only the info->struct_size bytes the caller
+ * has (any released size). Returns: SUCCESS; NULL_POINTER; BAD_STRUCT_SIZE (info->struct_size); or
+ * any validation status flashattn_fwd can return. */
 FLASHATTN_API flashattn_status flashattn_fwd_plan(const flashattn_handle *handle,
                                                   const flashattn_fwd_params *params,
                                                   flashattn_plan_info *info);
@@ -295,8 +336,10 @@ FLASHATTN_API flashattn_status flashattn_fwd_plan(const flashattn_handle *handle
  * Returns: SUCCESS; NULL_POINTER (handle, params, a tensor pointer, or workspace when one is needed);
  * MISALIGNED_POINTER; BAD_STRUCT_SIZE; BAD_SHAPE; BAD_STRIDE; INDEX_OVERFLOW; BAD_HEAD_GROUPING;
  * UNSUPPORTED_HEAD_DIM; BAD_DTYPE;
- * BAD_SCALE; BAD_MASK; BAD_WINDOW; BAD_SOFTCAP; BAD_BACKEND; UNSUPPORTED (a forced backend cannot run
- * these params; AUTO never returns it); WORKSPACE_TOO_SMALL; WRONG_DEVICE; CUDA_ERROR (a launch
+ * BAD_SCALE; BAD_MASK; BAD_WINDOW; BAD_SOFTCAP; BAD_BACKEND; UNSUPPORTED (the forced backend cannot
+ * run these params; under AUTO, no backend can: the fused kernels take batch and heads_q up to 65535
+ * and head dims that are multiples of 8, REFERENCE takes batch x heads_q and the Q/K seq strides up
+ * to 2^31 - 1; the message names the limit each backend hit); WORKSPACE_TOO_SMALL; WRONG_DEVICE; CUDA_ERROR (a launch
  * failed; outputs may be partly written); CUBLAS_ERROR (likewise). On every status before CUDA_ERROR
  * in this list, nothing was enqueued and no output was touched. */
 FLASHATTN_API flashattn_status flashattn_fwd(const flashattn_handle *handle,

@@ -12,6 +12,9 @@
 extern "C" {
 #endif
 
+/* log2(e): the kernels work in log2 units, with the softmax scale folded into this factor. */
+#define FA_LOG2E 1.4426950408889634
+
 /* Visibility of key j to query i: key_lo_off <= j - i <= key_hi_off and j < seqlen_k. The host
  * folds the causal mask and the sliding window into the two offsets and clamps them to
  * [-seqlen_q, seqlen_k] so that "unbounded" needs no special case and nothing overflows int32. */

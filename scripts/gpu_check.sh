@@ -22,7 +22,7 @@ if want test; then
   summary+=("tests: $(grep -E 'tests passed|tests failed' "$OUT/tests.log" | tail -1)")
   grep -E 'Failed|\*\*\*' "$OUT/tests.log" | head -20
   # The Python package: installed offline as the README says, its GPU tests, the README example.
-  python3 -m pip install -q --no-build-isolation --no-deps ./python > "$OUT/pytest.log" 2>&1
+  python3 -m pip install -q --no-deps ./python > "$OUT/pytest.log" 2>&1
   FLASHATTN_LIBRARY=$PWD/build/libflashattn.so python3 -m pytest -q -rs python/tests >> "$OUT/pytest.log" 2>&1
   summary+=("python: $(tail -1 "$OUT/pytest.log")")
   FLASHATTN_LIBRARY=$PWD/build/libflashattn.so python3 python/examples/quickstart.py 2>&1 | tail -2

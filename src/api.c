@@ -12,14 +12,34 @@
 
 /* ---- handle ---------------------------------------------------------------------------------- */
 
+/* Why there is no usable device, in words a person with no GPU, or no driver, can act on. */
+static flashattn_status no_device(cudaError_t err) {
+    int driver = 0, runtime = 0;
+    (void)cudaDriverGetVersion(&driver);
+    (void)cudaRuntimeGetVersion(&runtime);
+    (void)cudaGetLastError(); /* reset the runtime's last error so the caller's next check is clean */
+    if (err == cudaSuccess || err == cudaErrorNoDevice)
+        return fa_fail(FLASHATTN_STATUS_NO_DEVICE,
+                       "no CUDA device is visible (the NVIDIA driver sees no GPU%s)",
+                       getenv("CUDA_VISIBLE_DEVICES") ? "; CUDA_VISIBLE_DEVICES is set" : "");
+    if (driver == 0)
+        return fa_fail(FLASHATTN_STATUS_NO_DEVICE,
+                       "no NVIDIA driver is loaded, so this machine has no usable CUDA device "
+                       "(cudaGetDeviceCount: %s)",
+                       cudaGetErrorString(err));
+    if (err == cudaErrorInsufficientDriver)
+        return fa_fail(FLASHATTN_STATUS_NO_DEVICE,
+                       "the NVIDIA driver supports CUDA %d.%d but this library was built with CUDA %d.%d; "
+                       "update the driver",
+                       driver / 1000, driver % 1000 / 10, runtime / 1000, runtime % 1000 / 10);
+    return fa_fail(FLASHATTN_STATUS_NO_DEVICE, "no usable CUDA device (cudaGetDeviceCount: %s)",
+                   cudaGetErrorString(err));
+}
+
 static flashattn_status read_caps(int device, fa_device_caps *caps) {
     int count = 0;
     cudaError_t err = cudaGetDeviceCount(&count);
-    if (err != cudaSuccess || count == 0) {
-        (void)cudaGetLastError(); /* reset the runtime's last error so the caller's next check is clean */
-        return fa_fail(FLASHATTN_STATUS_NO_DEVICE, "no CUDA device available (cudaGetDeviceCount: %s)",
-                       err == cudaSuccess ? "0 devices" : cudaGetErrorString(err));
-    }
+    if (err != cudaSuccess || count == 0) return no_device(err);
     if (device == -1) {
         err = cudaGetDevice(&device);
         if (err != cudaSuccess)
@@ -119,37 +139,119 @@ flashattn_status flashattn_handle_device(const flashattn_handle *handle, int *de
 
 /* ---- params ---------------------------------------------------------------------------------- */
 
-flashattn_status flashattn_fwd_params_init(flashattn_fwd_params *params) {
+/* The released sizes of each growable struct, oldest first; the last is this library's own. */
+static const size_t fa_params_sizes[] = {FLASHATTN_FWD_PARAMS_SIZE_0_1, sizeof(flashattn_fwd_params)};
+static const size_t fa_plan_info_sizes[] = {FLASHATTN_PLAN_INFO_SIZE_0_1, sizeof(flashattn_plan_info)};
+
+static int size_known(const size_t *sizes, size_t n, size_t size) {
+    for (size_t i = 0; i < n; ++i)
+        if (sizes[i] == size) return 1;
+    return 0;
+}
+#define FA_COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
+int fa_fwd_params_size_known(size_t size) { return size_known(fa_params_sizes, FA_COUNT(fa_params_sizes), size); }
+int fa_plan_info_size_known(size_t size) {
+    return size_known(fa_plan_info_sizes, FA_COUNT(fa_plan_info_sizes), size);
+}
+
+void fa_fwd_params_defaults(flashattn_fwd_params *p) {
+    memset(p, 0, sizeof *p);
+    p->struct_size = sizeof *p;
+    p->dtype = FLASHATTN_DTYPE_FLOAT16;
+    p->mask = FLASHATTN_MASK_NONE;
+    p->backend = FLASHATTN_BACKEND_AUTO;
+    p->window_left = -1;
+    p->window_right = -1;
+}
+
+flashattn_status flashattn_fwd_params_init_size(flashattn_fwd_params *params, size_t struct_size) {
     fa_clear_error();
     if (params == NULL) return fa_fail(FLASHATTN_STATUS_NULL_POINTER, "params is NULL");
-    memset(params, 0, sizeof *params);
-    params->struct_size = sizeof *params;
-    params->dtype = FLASHATTN_DTYPE_FLOAT16;
-    params->mask = FLASHATTN_MASK_NONE;
-    params->backend = FLASHATTN_BACKEND_AUTO;
-    params->window_left = -1;
-    params->window_right = -1;
+    if (!fa_fwd_params_size_known(struct_size))
+        return fa_fail(FLASHATTN_STATUS_BAD_STRUCT_SIZE,
+                       "struct_size is %zu; this library knows flashattn_fwd_params sizes %zu (0.1.0) "
+                       "to %zu", struct_size, (size_t)FLASHATTN_FWD_PARAMS_SIZE_0_1,
+                       sizeof(flashattn_fwd_params));
+    flashattn_fwd_params full;
+    fa_fwd_params_defaults(&full);
+    full.struct_size = struct_size;
+    memcpy(params, &full, struct_size);
     return FLASHATTN_STATUS_SUCCESS;
+}
+
+/* The exported 0.1.0 entry point (the header's macro of the same name calls _init_size). */
+flashattn_status(flashattn_fwd_params_init)(flashattn_fwd_params *params) {
+    return flashattn_fwd_params_init_size(params, FLASHATTN_FWD_PARAMS_SIZE_0_1);
+}
+
+flashattn_status fa_fwd_params_load(const flashattn_fwd_params *p, flashattn_fwd_params *full) {
+    if (p == NULL) return fa_fail(FLASHATTN_STATUS_NULL_POINTER, "params is NULL");
+    if (!fa_fwd_params_size_known(p->struct_size))
+        return fa_fail(FLASHATTN_STATUS_BAD_STRUCT_SIZE,
+                       "params->struct_size is %zu; this library knows flashattn_fwd_params sizes %zu "
+                       "(0.1.0) to %zu (call flashattn_fwd_params_init)",
+                       p->struct_size, (size_t)FLASHATTN_FWD_PARAMS_SIZE_0_1,
+                       sizeof(flashattn_fwd_params));
+    fa_fwd_params_defaults(full);
+    memcpy(full, p, p->struct_size); /* the fields the caller knows; defaults for the rest */
+    full->struct_size = sizeof *full;
+    return FLASHATTN_STATUS_SUCCESS;
+}
+
+/* a * b for a, b >= 0; 0 on int64 overflow. */
+static int mul_fits(int64_t a, int64_t b, int64_t *out) {
+    if (a != 0 && b > INT64_MAX / a) return 0;
+    *out = a * b;
+    return 1;
 }
 
 flashattn_status flashattn_fwd_params_set_packed_strides(flashattn_fwd_params *p) {
     fa_clear_error();
-    if (p == NULL) return fa_fail(FLASHATTN_STATUS_NULL_POINTER, "params is NULL");
-    p->q_head_stride = p->o_head_stride = p->head_dim;
-    p->q_seq_stride = p->o_seq_stride = p->heads_q * p->head_dim;
-    p->q_batch_stride = p->o_batch_stride = p->seqlen_q * p->heads_q * p->head_dim;
-    p->k_head_stride = p->v_head_stride = p->head_dim;
-    p->k_seq_stride = p->v_seq_stride = p->heads_kv * p->head_dim;
-    p->k_batch_stride = p->v_batch_stride = p->seqlen_k * p->heads_kv * p->head_dim;
+    flashattn_fwd_params full;
+    flashattn_status st = fa_fwd_params_load(p, &full);
+    if (st != FLASHATTN_STATUS_SUCCESS) return st;
+    const struct { const char *name; int64_t value; } dims[] = {
+        {"batch", full.batch},     {"seqlen_q", full.seqlen_q}, {"seqlen_k", full.seqlen_k},
+        {"heads_q", full.heads_q}, {"heads_kv", full.heads_kv}, {"head_dim", full.head_dim},
+    };
+    for (size_t i = 0; i < FA_COUNT(dims); ++i)
+        if (dims[i].value < 0)
+            return fa_fail(FLASHATTN_STATUS_BAD_SHAPE, "%s is %lld; it must be >= 0 to derive strides",
+                           dims[i].name, (long long)dims[i].value);
+    int64_t q_seq, q_batch, kv_seq, kv_batch;
+    if (!mul_fits(full.heads_q, full.head_dim, &q_seq) || !mul_fits(full.seqlen_q, q_seq, &q_batch))
+        return fa_fail(FLASHATTN_STATUS_INDEX_OVERFLOW,
+                       "seqlen_q x heads_q x head_dim (%lld x %lld x %lld) overflows int64",
+                       (long long)full.seqlen_q, (long long)full.heads_q, (long long)full.head_dim);
+    if (!mul_fits(full.heads_kv, full.head_dim, &kv_seq) || !mul_fits(full.seqlen_k, kv_seq, &kv_batch))
+        return fa_fail(FLASHATTN_STATUS_INDEX_OVERFLOW,
+                       "seqlen_k x heads_kv x head_dim (%lld x %lld x %lld) overflows int64",
+                       (long long)full.seqlen_k, (long long)full.heads_kv, (long long)full.head_dim);
+    p->q_head_stride = p->o_head_stride = full.head_dim;
+    p->q_seq_stride = p->o_seq_stride = q_seq;
+    p->q_batch_stride = p->o_batch_stride = q_batch;
+    p->k_head_stride = p->v_head_stride = full.head_dim;
+    p->k_seq_stride = p->v_seq_stride = kv_seq;
+    p->k_batch_stride = p->v_batch_stride = kv_batch;
     return FLASHATTN_STATUS_SUCCESS;
 }
 
-flashattn_status flashattn_plan_info_init(flashattn_plan_info *info) {
+flashattn_status flashattn_plan_info_init_size(flashattn_plan_info *info, size_t struct_size) {
     fa_clear_error();
     if (info == NULL) return fa_fail(FLASHATTN_STATUS_NULL_POINTER, "info is NULL");
-    memset(info, 0, sizeof *info);
-    info->struct_size = sizeof *info;
+    if (!fa_plan_info_size_known(struct_size))
+        return fa_fail(FLASHATTN_STATUS_BAD_STRUCT_SIZE,
+                       "struct_size is %zu; this library knows flashattn_plan_info sizes %zu (0.1.0) "
+                       "to %zu", struct_size, (size_t)FLASHATTN_PLAN_INFO_SIZE_0_1,
+                       sizeof(flashattn_plan_info));
+    memset(info, 0, struct_size);
+    info->struct_size = struct_size;
     return FLASHATTN_STATUS_SUCCESS;
+}
+
+flashattn_status(flashattn_plan_info_init)(flashattn_plan_info *info) {
+    return flashattn_plan_info_init_size(info, FLASHATTN_PLAN_INFO_SIZE_0_1);
 }
 
 /* ---- queries --------------------------------------------------------------------------------- */
@@ -186,15 +288,20 @@ flashattn_status flashattn_fwd_plan(const flashattn_handle *h, const flashattn_f
                                     flashattn_plan_info *info) {
     fa_clear_error();
     if (info == NULL) return fa_fail(FLASHATTN_STATUS_NULL_POINTER, "info (the output) is NULL");
-    if (info->struct_size != sizeof *info)
+    const size_t size = info->struct_size;
+    if (!fa_plan_info_size_known(size))
         return fa_fail(FLASHATTN_STATUS_BAD_STRUCT_SIZE,
-                       "info->struct_size is %zu; this library expects %zu "
-                       "(call flashattn_plan_info_init)",
-                       info->struct_size, sizeof *info);
+                       "info->struct_size is %zu; this library knows flashattn_plan_info sizes %zu "
+                       "(0.1.0) to %zu (call flashattn_plan_info_init)",
+                       size, (size_t)FLASHATTN_PLAN_INFO_SIZE_0_1, sizeof *info);
     fa_plan plan;
     flashattn_status st = plan_for(h, p, 0, &plan);
     if (st != FLASHATTN_STATUS_SUCCESS) return st;
-    fa_plan_describe(&plan, info);
+    flashattn_plan_info full;
+    full.struct_size = sizeof full;
+    fa_plan_describe(&plan, &full);
+    full.struct_size = size;
+    memcpy(info, &full, size); /* only the fields the caller's layout has */
     return FLASHATTN_STATUS_SUCCESS;
 }
 

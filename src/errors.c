@@ -1,7 +1,10 @@
-/* errors.c - status names, sentences, and the per-thread last-error detail. */
+/* errors.c - status names, sentences, the per-thread last-error detail, version and build info. */
 #include <stdarg.h>
 #include <stdio.h>
 
+#include <cuda_runtime_api.h> /* CUDART_VERSION */
+
+#include "fa_build_info.h"
 #include "internal.h"
 
 static _Thread_local char fa_last_error_buf[512];
@@ -109,4 +112,9 @@ int flashattn_version(void) { return FLASHATTN_VERSION; }
 const char *flashattn_version_string(void) {
     return FA_STR(FLASHATTN_VERSION_MAJOR) "." FA_STR(FLASHATTN_VERSION_MINOR) "." FA_STR(
         FLASHATTN_VERSION_PATCH);
+}
+
+const char *flashattn_build_info(void) {
+    return "commit=" FA_BUILD_GIT_COMMIT " cuda_runtime=" FA_STR(CUDART_VERSION) " archs=" FA_BUILD_CUDA_ARCHS
+           " build=" FA_BUILD_TYPE " " FA_BUILD_VARIANTS;
 }

@@ -71,7 +71,16 @@ FA_HIDDEN void fa_clear_error(void);
 FA_HIDDEN flashattn_status fa_fail(flashattn_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
-/* validate.c: every check that needs no device. */
+/* api.c: the struct-growth rule. A caller's params may be any released size (the fields it does
+ * not know take their defaults); the library reads no byte past struct_size. */
+FA_HIDDEN int fa_fwd_params_size_known(size_t size);
+FA_HIDDEN int fa_plan_info_size_known(size_t size);
+FA_HIDDEN void fa_fwd_params_defaults(flashattn_fwd_params *p);
+/* Copies the caller's struct_size bytes over the defaults into *full (this library's layout). */
+FA_HIDDEN flashattn_status fa_fwd_params_load(const flashattn_fwd_params *p, flashattn_fwd_params *full);
+
+/* validate.c: every check that needs no device, on the caller's params read into *full. */
+FA_HIDDEN flashattn_status fa_validate_load(const flashattn_fwd_params *p, flashattn_fwd_params *full);
 FA_HIDDEN flashattn_status fa_validate(const flashattn_fwd_params *p);
 
 /* plan.c: validate, then choose a backend and its launch shape. Pure: no CUDA calls. */

@@ -106,7 +106,7 @@ static void fill_kernel_params(const flashattn_fwd_params *p, fa_kernel_params *
     kp->head_group = (int32_t)(p->heads_q / p->heads_kv);
     visibility_offsets(p, &kp->key_lo_off, &kp->key_hi_off);
     kp->scale = p->softmax_scale > 0.0f ? p->softmax_scale : (float)(1.0 / sqrt((double)p->head_dim));
-    kp->scale_log2 = (float)((double)kp->scale * 1.4426950408889634);
+    kp->scale_log2 = (float)((double)kp->scale * FA_LOG2E);
     kp->softcap = p->softcap;
     kp->softcap_inv_scale = p->softcap > 0.0f ? kp->scale / p->softcap : 0.0f;
 }
@@ -124,9 +124,9 @@ static const char *head_dim_reason(const char *backend, const flashattn_fwd_para
         return buf;
     }
     if (khd == 0 || !compiled) {
-        snprintf(buf, n, "the %s kernel for %s head dim %d is not compiled into this build (%s)",
-                 backend, p->dtype == FLASHATTN_DTYPE_BFLOAT16 ? "bfloat16" : "float16", khd,
-                 build_hint);
+        snprintf(buf, n, "the %s backend has no kernel for head_dim %lld with dtype %s in this build "
+                 "(kernel head dim %d; %s)", backend, (ll)p->head_dim,
+                 p->dtype == FLASHATTN_DTYPE_BFLOAT16 ? "bfloat16" : "float16", khd, build_hint);
         return buf;
     }
     return NULL;
@@ -142,8 +142,9 @@ static const char *fused_unsupported_reason(const fa_device_caps *caps,
     const fa_fused_config *cfg = fa_fused_config_for(khd);
     const int64_t smem = fa_fused_smem_bytes(cfg);
     if (smem > caps->smem_per_block_optin) {
-        snprintf(buf, n, "the fused kernel for head dim %d needs %lld bytes of shared memory; the "
-                 "device allows %lld per block", khd, (ll)smem, (ll)caps->smem_per_block_optin);
+        snprintf(buf, n, "the fused kernel for head_dim %lld (kernel head dim %d) needs %lld bytes of "
+                 "shared memory; device %d allows %lld per block", (ll)p->head_dim, khd, (ll)smem,
+                 caps->device, (ll)caps->smem_per_block_optin);
         return buf;
     }
     return NULL;
@@ -162,7 +163,7 @@ static const char *fused_layout_reason(const char *backend, const flashattn_fwd_
     };
     for (int t = 0; t < 4; ++t) {
         if (((uintptr_t)ptrs[t]) % 16 != 0) {
-            snprintf(buf, n, "the fused backend needs %s 16-byte aligned (got %p)", names[t], ptrs[t]);
+            snprintf(buf, n, "the %s backend needs %s 16-byte aligned (got %p)", backend, names[t], ptrs[t]);
             return buf;
         }
         for (int s = 0; s < 3; ++s)
@@ -215,8 +216,9 @@ static const char *sm90_unsupported_reason(const fa_device_caps *caps, const fla
     const fa_fused_config *cfg = fa_sm90_config_for_call(khd, p);
     const int64_t smem = fa_sm90_smem_bytes(cfg->head_dim, cfg->block_m, cfg->block_n);
     if (smem > caps->smem_per_block_optin) {
-        snprintf(buf, n, "the fused_sm90 kernel for head dim %d needs %lld bytes of shared memory; the "
-                 "device allows %lld per block", khd, (ll)smem, (ll)caps->smem_per_block_optin);
+        snprintf(buf, n, "the fused_sm90 kernel for head_dim %lld (kernel head dim %d) needs %lld bytes "
+                 "of shared memory; device %d allows %lld per block", (ll)p->head_dim, khd, (ll)smem,
+                 caps->device, (ll)caps->smem_per_block_optin);
         return buf;
     }
     return NULL;
@@ -275,7 +277,9 @@ static const char *reference_unsupported_reason(const flashattn_fwd_params *p,
         }
     }
     if (!ref_layout(p, layout)) {
-        snprintf(buf, n, "the reference backend's workspace for this shape overflows int64");
+        snprintf(buf, n, "the reference backend's workspace (float32 scores of batch x heads_q x "
+                 "seqlen_q x seqlen_k = %lld x %lld x %lld x %lld) overflows int64 bytes",
+                 (ll)p->batch, (ll)p->heads_q, (ll)p->seqlen_q, (ll)p->seqlen_k);
         return buf;
     }
     return NULL;
@@ -323,8 +327,10 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
 
 flashattn_status fa_plan_make(const fa_device_caps *caps, const flashattn_fwd_params *p,
                               int ref_lowprec, fa_plan *out) {
-    flashattn_status st = fa_validate(p);
+    flashattn_fwd_params full; /* the caller's fields, with defaults for any it does not know */
+    flashattn_status st = fa_validate_load(p, &full);
     if (st != FLASHATTN_STATUS_SUCCESS) return st;
+    p = &full;
     if (caps->cc_major < 8)
         return fa_fail(FLASHATTN_STATUS_DEVICE_TOO_OLD,
                        "device %d has compute capability %d.%d; libflashattn needs 8.0 or newer",
@@ -350,8 +356,9 @@ flashattn_status fa_plan_make(const fa_device_caps *caps, const flashattn_fwd_pa
         else if (!no_ref)
             backend = FLASHATTN_BACKEND_REFERENCE;
         else
-            return fa_fail(FLASHATTN_STATUS_UNSUPPORTED, "no backend can run this call: %s; %s",
-                           no_fused, no_ref);
+            return fa_fail(FLASHATTN_STATUS_UNSUPPORTED, "no backend can run this call: %s; %s%s%s",
+                           no_fused, no_ref, caps->cc_major == 9 && caps->cc_minor == 0 ? "; " : "",
+                           caps->cc_major == 9 && caps->cc_minor == 0 ? no_sm90 : "");
     } else if (backend == FLASHATTN_BACKEND_FUSED && no_fused) {
         return fa_fail(FLASHATTN_STATUS_UNSUPPORTED, "%s", no_fused);
     } else if (backend == FLASHATTN_BACKEND_FUSED_SM90 && no_sm90) {
@@ -371,7 +378,10 @@ flashattn_status fa_plan_make(const fa_device_caps *caps, const flashattn_fwd_pa
                                : fa_fused_smem_bytes(&plan.cfg);
         if (!fused_grid_plan(caps, p, sm90, &plan))
             return fa_fail(FLASHATTN_STATUS_INDEX_OVERFLOW,
-                           "the split-key workspace for this shape overflows int64");
+                           "the split-key workspace (float32 partial O of splits x batch x heads_q x "
+                           "seqlen_q x head_dim = %d x %lld x %lld x %lld x %lld) overflows int64 bytes",
+                           plan.kp.num_splits, (ll)p->batch, (ll)p->heads_q, (ll)p->seqlen_q,
+                           (ll)p->head_dim);
     } else {
         const int64_t rows = p->batch * p->heads_q * p->seqlen_q;
         plan.grid_x = (int32_t)min64(rows, 65535 * 16);

@@ -2,6 +2,7 @@
  * validate.c - every check on a flashattn_fwd_params that needs no device. Each bad input gets its
  * own status and a message naming the field and its value; nothing is dereferenced.
  */
+#include <float.h>
 #include <math.h>
 
 #include "internal.h"
@@ -86,12 +87,14 @@ static flashattn_status check_no_self_overlap(const tensor_desc *t) {
 }
 
 flashattn_status fa_validate(const flashattn_fwd_params *p) {
-    if (p == NULL) return fa_fail(FLASHATTN_STATUS_NULL_POINTER, "params is NULL");
-    if (p->struct_size != sizeof(flashattn_fwd_params))
-        return fa_fail(FLASHATTN_STATUS_BAD_STRUCT_SIZE,
-                       "params->struct_size is %zu; this library expects %zu "
-                       "(call flashattn_fwd_params_init)",
-                       p->struct_size, sizeof(flashattn_fwd_params));
+    flashattn_fwd_params full;
+    return fa_validate_load(p, &full);
+}
+
+flashattn_status fa_validate_load(const flashattn_fwd_params *caller, flashattn_fwd_params *full) {
+    flashattn_status st = fa_fwd_params_load(caller, full);
+    if (st != FLASHATTN_STATUS_SUCCESS) return st;
+    const flashattn_fwd_params *p = full;
     if (p->reserved0 != 0)
         return fa_fail(FLASHATTN_STATUS_BAD_STRUCT_SIZE,
                        "params->reserved0 is %d; it must be 0 (call flashattn_fwd_params_init)",
@@ -141,15 +144,23 @@ flashattn_status fa_validate(const flashattn_fwd_params *p) {
          {p->o_batch_stride, p->o_seq_stride, p->o_head_stride, 1}},
     };
     for (int i = 0; i < 4; ++i) {
-        flashattn_status st = check_tensor(&tensors[i]);
+        st = check_tensor(&tensors[i]);
         if (st != FLASHATTN_STATUS_SUCCESS) return st;
     }
-    flashattn_status st = check_no_self_overlap(&tensors[3]);
+    st = check_no_self_overlap(&tensors[3]);
     if (st != FLASHATTN_STATUS_SUCCESS) return st;
 
     if (p->lse != NULL && ((uintptr_t)p->lse) % 4 != 0)
         return fa_fail(FLASHATTN_STATUS_MISALIGNED_POINTER,
                        "lse = %p is not aligned to its 4-byte element size", (void *)p->lse);
+    /* LSE is float32 [batch, heads_q, seqlen_q], contiguous: its bytes must be addressable. */
+    int64_t lse_elems = 0;
+    if (p->lse != NULL && (!add_mul_ok(p->batch, p->heads_q, 0, &lse_elems) ||
+                           !add_mul_ok(lse_elems, p->seqlen_q, 0, &lse_elems) ||
+                           lse_elems > INT64_MAX / 4))
+        return fa_fail(FLASHATTN_STATUS_INDEX_OVERFLOW,
+                       "lse: batch x heads_q x seqlen_q (%lld x %lld x %lld) float32 elements overflow "
+                       "int64 bytes", (ll)p->batch, (ll)p->heads_q, (ll)p->seqlen_q);
     if (p->alibi_slopes != NULL && ((uintptr_t)p->alibi_slopes) % 4 != 0)
         return fa_fail(FLASHATTN_STATUS_MISALIGNED_POINTER,
                        "alibi_slopes = %p is not aligned to its 4-byte element size",
@@ -159,11 +170,15 @@ flashattn_status fa_validate(const flashattn_fwd_params *p) {
         return fa_fail(FLASHATTN_STATUS_BAD_STRIDE,
                        "alibi_batch_stride is %lld; it must be 0 or >= heads_q (%lld)",
                        (ll)p->alibi_batch_stride, (ll)p->heads_q);
-    if (p->alibi_slopes != NULL && p->alibi_batch_stride != 0 &&
-        p->alibi_batch_stride > (INT64_MAX - p->heads_q) / p->batch)
+    /* The last slope, (batch - 1) * alibi_batch_stride + heads_q - 1, in float32 bytes. */
+    int64_t alibi_last = 0;
+    if (p->alibi_slopes != NULL &&
+        (!add_mul_ok(p->batch - 1, p->alibi_batch_stride, p->heads_q - 1, &alibi_last) ||
+         alibi_last > INT64_MAX / 4))
         return fa_fail(FLASHATTN_STATUS_INDEX_OVERFLOW,
-                       "alibi_slopes: batch x alibi_batch_stride (%lld x %lld) overflows int64",
-                       (ll)p->batch, (ll)p->alibi_batch_stride);
+                       "alibi_slopes: (batch - 1) x alibi_batch_stride + heads_q (%lld x %lld + %lld) "
+                       "float32 elements overflow int64 bytes",
+                       (ll)(p->batch - 1), (ll)p->alibi_batch_stride, (ll)p->heads_q);
 
     if (!isfinite(p->softmax_scale) || p->softmax_scale < 0.0f)
         return fa_fail(FLASHATTN_STATUS_BAD_SCALE,
@@ -173,6 +188,18 @@ flashattn_status fa_validate(const flashattn_fwd_params *p) {
         return fa_fail(FLASHATTN_STATUS_BAD_SOFTCAP,
                        "softcap is %g; it must be finite and >= 0 (0 disables it)",
                        (double)p->softcap);
+    /* The kernels work in log2 units with the scale folded in, in float32: scale * log2(e),
+     * scale / softcap and softcap * log2(e) must all be finite floats. */
+    const double scale = p->softmax_scale > 0.0f ? (double)p->softmax_scale : 1.0 / sqrt((double)p->head_dim);
+    if (scale * FA_LOG2E > FLT_MAX)
+        return fa_fail(FLASHATTN_STATUS_BAD_SCALE,
+                       "softmax_scale is %g; scale x log2(e) must fit a float (softmax_scale <= %g)",
+                       (double)p->softmax_scale, FLT_MAX / FA_LOG2E);
+    if (p->softcap > 0.0f && (scale / (double)p->softcap > FLT_MAX || (double)p->softcap * FA_LOG2E > FLT_MAX))
+        return fa_fail(FLASHATTN_STATUS_BAD_SOFTCAP,
+                       "softcap is %g with softmax_scale %g; softmax_scale / softcap and softcap x log2(e) "
+                       "must fit a float",
+                       (double)p->softcap, scale);
     if (p->window_left < -1)
         return fa_fail(FLASHATTN_STATUS_BAD_WINDOW,
                        "window_left is %lld; it must be >= 0, or -1 for unbounded",

@@ -11,6 +11,9 @@
 #include <thread>
 #include <vector>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cuda_runtime_api.h>
 
 extern "C" {
@@ -105,8 +108,29 @@ TEST(Params, InitSetsDefaults) {
     EXPECT_EQ(0.0f, p.softcap);
     EXPECT_EQ(nullptr, p.q);
     EXPECT_EQ(nullptr, p.alibi_slopes);
-    EXPECT_EQ(FLASHATTN_STATUS_NULL_POINTER, flashattn_fwd_params_init(nullptr));
+    EXPECT_EQ(FLASHATTN_STATUS_NULL_POINTER, flashattn_fwd_params_init_size(nullptr, sizeof p));
     EXPECT_NE(std::string(flashattn_last_error()).find("params"), std::string::npos);
+}
+
+TEST(Params, PackedStridesRefuseOverflowAndNegativeShapes) {
+    flashattn_fwd_params p;
+    flashattn_fwd_params_init(&p);
+    p.batch = 1, p.seqlen_q = 2, p.seqlen_k = 2, p.heads_q = (int64_t)1 << 62, p.heads_kv = 1, p.head_dim = 2;
+    p.q_seq_stride = 77;
+    EXPECT_EQ(FLASHATTN_STATUS_INDEX_OVERFLOW, flashattn_fwd_params_set_packed_strides(&p));
+    EXPECT_NE(std::string(flashattn_last_error()).find("heads_q"), std::string::npos) << flashattn_last_error();
+    EXPECT_EQ(77, p.q_seq_stride);  // untouched on failure
+    p.heads_q = 1, p.heads_kv = 2, p.seqlen_k = INT64_MAX / 2;
+    EXPECT_EQ(FLASHATTN_STATUS_INDEX_OVERFLOW, flashattn_fwd_params_set_packed_strides(&p));
+    EXPECT_NE(std::string(flashattn_last_error()).find("seqlen_k"), std::string::npos) << flashattn_last_error();
+    EXPECT_EQ(77, p.q_seq_stride);
+    p.seqlen_k = 2, p.head_dim = -8;
+    EXPECT_EQ(FLASHATTN_STATUS_BAD_SHAPE, flashattn_fwd_params_set_packed_strides(&p));
+    EXPECT_NE(std::string(flashattn_last_error()).find("head_dim"), std::string::npos) << flashattn_last_error();
+    EXPECT_EQ(77, p.q_seq_stride);
+    p.struct_size = 12;
+    EXPECT_EQ(FLASHATTN_STATUS_BAD_STRUCT_SIZE, flashattn_fwd_params_set_packed_strides(&p));
+    EXPECT_EQ(FLASHATTN_STATUS_NULL_POINTER, flashattn_fwd_params_set_packed_strides(nullptr));
 }
 
 TEST(Params, PackedStrides) {
@@ -195,6 +219,23 @@ const std::vector<BadCase> &bad_cases() {
         {"softcap inf", [](auto &p) { p.softcap = INFINITY; }, FLASHATTN_STATUS_BAD_SOFTCAP, "softcap"},
         {"window_left -2", [](auto &p) { p.window_left = -2; }, FLASHATTN_STATUS_BAD_WINDOW, "window_left"},
         {"window_right -5", [](auto &p) { p.window_right = -5; }, FLASHATTN_STATUS_BAD_WINDOW, "window_right"},
+        // Found by fuzzing: each once reached the kernels.
+        {"alibi extent overflows int64 bytes", [](auto &p) { p.alibi_slopes = (const float *)0x600000; p.alibi_batch_stride = INT64_MAX / 4; },
+         FLASHATTN_STATUS_INDEX_OVERFLOW, "alibi_batch_stride"},
+        {"alibi extent just past int64 bytes", [](auto &p) { p.alibi_slopes = (const float *)0x600000; p.alibi_batch_stride = INT64_MAX / 4 - 4; },
+         FLASHATTN_STATUS_INDEX_OVERFLOW, "alibi_slopes"},
+        {"scale x log2(e) overflows float", [](auto &p) { p.softmax_scale = 3.0e38f; }, FLASHATTN_STATUS_BAD_SCALE, "softmax_scale"},
+        {"scale / softcap overflows float", [](auto &p) { p.softmax_scale = 1.0f; p.softcap = 2e-39f; }, FLASHATTN_STATUS_BAD_SOFTCAP, "softcap"},
+        {"softcap x log2(e) overflows float", [](auto &p) { p.softcap = 3.0e38f; }, FLASHATTN_STATUS_BAD_SOFTCAP, "softcap"},
+        {"lse extent overflows int64 bytes", [](auto &p) {
+             // O is [B, 1, H, 1] dense (its bytes fit int64); LSE's 4-byte elements do not.
+             p.batch = INT32_MAX, p.heads_q = INT32_MAX, p.heads_kv = 1, p.seqlen_q = 1, p.seqlen_k = 1, p.head_dim = 1;
+             p.q_batch_stride = p.q_seq_stride = p.q_head_stride = 0;
+             p.k_batch_stride = p.k_seq_stride = p.k_head_stride = 0;
+             p.v_batch_stride = p.v_seq_stride = p.v_head_stride = 0;
+             p.o_head_stride = 1, p.o_seq_stride = INT32_MAX, p.o_batch_stride = INT32_MAX;
+             p.lse = (float *)0x500000; },
+         FLASHATTN_STATUS_INDEX_OVERFLOW, "lse"},
     };
     return cases;
 }
@@ -574,6 +615,187 @@ TEST(Planning, DescribeNamesKernelAndGrid) {
     EXPECT_NE(d.find(info.kernel_name), std::string::npos) << d;
     EXPECT_NE(d.find("grid=("), std::string::npos) << d;
     EXPECT_NE(d.find("workspace="), std::string::npos) << d;
+}
+
+// ---- struct growth: older (smaller) structs keep working; unknown sizes are refused ----------------
+
+// The 0.1.0 layout, field by field, frozen: what an application built against 0.1.0 passes.
+struct fwd_params_0_1 {
+    size_t struct_size;
+    int32_t dtype, mask, backend, reserved0;
+    int64_t batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
+    const void *q;
+    int64_t q_batch_stride, q_seq_stride, q_head_stride;
+    const void *k;
+    int64_t k_batch_stride, k_seq_stride, k_head_stride;
+    const void *v;
+    int64_t v_batch_stride, v_seq_stride, v_head_stride;
+    void *o;
+    int64_t o_batch_stride, o_seq_stride, o_head_stride;
+    float *lse;
+    float softmax_scale, softcap;
+    int64_t window_left, window_right;
+    const float *alibi_slopes;
+    int64_t alibi_batch_stride;
+};
+static_assert(sizeof(fwd_params_0_1) == FLASHATTN_FWD_PARAMS_SIZE_0_1, "0.1.0 size");
+#define SAME_OFFSET(f) static_assert(offsetof(fwd_params_0_1, f) == offsetof(flashattn_fwd_params, f), #f " moved")
+SAME_OFFSET(struct_size); SAME_OFFSET(dtype); SAME_OFFSET(mask); SAME_OFFSET(backend); SAME_OFFSET(reserved0);
+SAME_OFFSET(batch); SAME_OFFSET(seqlen_q); SAME_OFFSET(seqlen_k); SAME_OFFSET(heads_q); SAME_OFFSET(heads_kv);
+SAME_OFFSET(head_dim); SAME_OFFSET(q); SAME_OFFSET(q_batch_stride); SAME_OFFSET(q_seq_stride);
+SAME_OFFSET(q_head_stride); SAME_OFFSET(k); SAME_OFFSET(k_batch_stride); SAME_OFFSET(k_seq_stride);
+SAME_OFFSET(k_head_stride); SAME_OFFSET(v); SAME_OFFSET(v_batch_stride); SAME_OFFSET(v_seq_stride);
+SAME_OFFSET(v_head_stride); SAME_OFFSET(o); SAME_OFFSET(o_batch_stride); SAME_OFFSET(o_seq_stride);
+SAME_OFFSET(o_head_stride); SAME_OFFSET(lse); SAME_OFFSET(softmax_scale); SAME_OFFSET(softcap);
+SAME_OFFSET(window_left); SAME_OFFSET(window_right); SAME_OFFSET(alibi_slopes); SAME_OFFSET(alibi_batch_stride);
+#undef SAME_OFFSET
+static_assert(sizeof(flashattn_fwd_params) >= FLASHATTN_FWD_PARAMS_SIZE_0_1, "the struct only grows");
+static_assert(sizeof(flashattn_plan_info) >= FLASHATTN_PLAN_INFO_SIZE_0_1, "the struct only grows");
+
+// `bytes` of memory that end exactly at an inaccessible page: reading or writing one byte past them
+// faults, so a test passes only if the library stays within the size it was given.
+class GuardedBytes {
+  public:
+    explicit GuardedBytes(size_t bytes) : page_((size_t)sysconf(_SC_PAGESIZE)) {
+        base_ = (char *)mmap(nullptr, 2 * page_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        EXPECT_NE(MAP_FAILED, (void *)base_);
+        EXPECT_EQ(0, mprotect(base_ + page_, page_, PROT_NONE));
+        EXPECT_EQ(0u, bytes % 8);
+        ptr_ = base_ + page_ - bytes;
+    }
+    ~GuardedBytes() { munmap(base_, 2 * page_); }
+    template <class T> T *as() { return reinterpret_cast<T *>(ptr_); }
+
+  private:
+    size_t page_;
+    char *base_, *ptr_;
+};
+
+// A handle for a synthetic device: the planning queries need no GPU.
+flashattn_handle fake_handle(const fa_device_caps &caps) {
+    flashattn_handle h;
+    std::memset(&h, 0, sizeof h);
+    h.caps = caps;
+    return h;
+}
+
+TEST(StructGrowth, ParamsOfEveryReleasedSizeAreReadNoFurther) {
+    const flashattn_handle h = fake_handle(h200_caps());
+    const flashattn_fwd_params full = valid_params();
+    for (size_t size : {(size_t)FLASHATTN_FWD_PARAMS_SIZE_0_1, sizeof(flashattn_fwd_params)}) {
+        GuardedBytes mem(size);
+        flashattn_fwd_params *p = mem.as<flashattn_fwd_params>();
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_params_init_size(p, size)) << flashattn_last_error();
+        EXPECT_EQ(size, p->struct_size);
+        EXPECT_EQ(-1, p->window_left);
+        std::memcpy((char *)p + sizeof(size_t), (const char *)&full + sizeof(size_t), size - sizeof(size_t));
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_params_set_packed_strides(p)) << flashattn_last_error();
+        EXPECT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_supported(&h, p)) << size << ": " << flashattn_last_error();
+        size_t bytes = 1;
+        EXPECT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_workspace_size(&h, p, &bytes));
+        flashattn_plan_info info_full, info_sized;
+        flashattn_plan_info_init(&info_full);
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_plan(&h, &full, &info_full));
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_plan(&h, p, (flashattn_plan_info_init(&info_sized), &info_sized)));
+        // The older struct plans exactly as the full one with the same values and defaults.
+        EXPECT_EQ(0, std::memcmp(&info_full, &info_sized, sizeof info_full)) << info_sized.description;
+    }
+}
+
+TEST(StructGrowth, FieldsAnOlderCallerDoesNotKnowTakeTheirDefaults) {
+    flashattn_fwd_params defaults, caller, loaded;
+    flashattn_fwd_params_init(&defaults);
+    std::memset(&caller, 0x5A, sizeof caller);  // garbage past the caller's size must be ignored
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_params_init_size(&caller, FLASHATTN_FWD_PARAMS_SIZE_0_1));
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, fa_fwd_params_load(&caller, &loaded));
+    EXPECT_EQ(0, std::memcmp(&defaults, &loaded, sizeof loaded));
+}
+
+TEST(StructGrowth, TheExported0_1InitWritesExactly0_1Bytes) {
+    GuardedBytes mem(FLASHATTN_FWD_PARAMS_SIZE_0_1);
+    fwd_params_0_1 *old = mem.as<fwd_params_0_1>();
+    // The parenthesised name calls the symbol a 0.1.0 binary calls, not the header's macro.
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, (flashattn_fwd_params_init)((flashattn_fwd_params *)old));
+    EXPECT_EQ((size_t)FLASHATTN_FWD_PARAMS_SIZE_0_1, old->struct_size);
+    EXPECT_EQ(-1, old->window_right);
+    GuardedBytes info_mem(FLASHATTN_PLAN_INFO_SIZE_0_1);
+    flashattn_plan_info *info = info_mem.as<flashattn_plan_info>();
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, (flashattn_plan_info_init)(info));
+    EXPECT_EQ((size_t)FLASHATTN_PLAN_INFO_SIZE_0_1, info->struct_size);
+    const flashattn_handle h = fake_handle(a100_caps());
+    const flashattn_fwd_params p = valid_params();
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_plan(&h, &p, info)) << flashattn_last_error();
+    EXPECT_EQ((size_t)FLASHATTN_PLAN_INFO_SIZE_0_1, info->struct_size);
+    EXPECT_NE(0, info->grid_x);
+}
+
+TEST(StructGrowth, UnknownSizesAreRefusedAndNothingIsWritten) {
+    const flashattn_handle h = fake_handle(h200_caps());
+    for (size_t size : {(size_t)0, (size_t)8, (size_t)FLASHATTN_FWD_PARAMS_SIZE_0_1 - 8,
+                        (size_t)FLASHATTN_FWD_PARAMS_SIZE_0_1 + 4, sizeof(flashattn_fwd_params) + 8,
+                        sizeof(flashattn_fwd_params) * 2}) {
+        flashattn_fwd_params p = valid_params();
+        p.struct_size = size;
+        EXPECT_EQ(FLASHATTN_STATUS_BAD_STRUCT_SIZE, flashattn_fwd_supported(&h, &p)) << size;
+        EXPECT_NE(std::string(flashattn_last_error()).find("struct_size"), std::string::npos);
+        std::vector<unsigned char> buf(2 * sizeof(flashattn_fwd_params), 0xEE);
+        EXPECT_EQ(FLASHATTN_STATUS_BAD_STRUCT_SIZE,
+                  flashattn_fwd_params_init_size((flashattn_fwd_params *)buf.data(), size));
+        for (unsigned char b : buf) ASSERT_EQ(0xEE, b);
+    }
+    flashattn_fwd_params p = valid_params();
+    flashattn_plan_info info;
+    flashattn_plan_info_init(&info);
+    info.struct_size = sizeof info + 8;
+    EXPECT_EQ(FLASHATTN_STATUS_BAD_STRUCT_SIZE, flashattn_fwd_plan(&h, &p, &info));
+    EXPECT_EQ(FLASHATTN_STATUS_BAD_STRUCT_SIZE, flashattn_plan_info_init_size(&info, 64));
+}
+
+// ---- refusals that name the limit ---------------------------------------------------------------
+
+TEST(Planning, AutoRefusesWhatNoBackendTakesAndSaysWhichLimits) {
+    flashattn_fwd_params p = valid_params();
+    p.batch = 70000, p.heads_q = 40000, p.heads_kv = 40000, p.seqlen_q = 1, p.seqlen_k = 1, p.head_dim = 64;
+    flashattn_fwd_params_set_packed_strides(&p);
+    for (const fa_device_caps &caps : {h200_caps(), a100_caps()}) {
+        fa_plan plan;
+        EXPECT_EQ(FLASHATTN_STATUS_UNSUPPORTED, fa_plan_make(&caps, &p, 0, &plan));
+        const std::string m = flashattn_last_error();
+        EXPECT_NE(m.find("heads_q and batch up to 65535"), std::string::npos) << m;
+        EXPECT_NE(m.find("batch x heads_q"), std::string::npos) << m;
+    }
+    // A head dim only REFERENCE takes, with a seq stride cuBLAS cannot take.
+    p = valid_params();
+    p.head_dim = 36, p.seqlen_q = 3;
+    flashattn_fwd_params_set_packed_strides(&p);
+    p.q_seq_stride = (int64_t)1 << 31, p.q_batch_stride = (int64_t)1 << 33;
+    fa_plan plan;
+    const fa_device_caps caps = h200_caps();
+    EXPECT_EQ(FLASHATTN_STATUS_UNSUPPORTED, fa_plan_make(&caps, &p, 0, &plan));
+    const std::string m = flashattn_last_error();
+    EXPECT_NE(m.find("multiple of 8"), std::string::npos) << m;
+    EXPECT_NE(m.find("q_seq_stride"), std::string::npos) << m;
+}
+
+TEST(Planning, SharedMemoryRefusalNamesTheHeadDim) {
+    flashattn_fwd_params p = valid_params();
+    p.head_dim = 256;
+    flashattn_fwd_params_set_packed_strides(&p);
+    p.backend = FLASHATTN_BACKEND_FUSED;
+    fa_device_caps small = a100_caps();
+    small.smem_per_block_optin = 48 * 1024;
+    fa_plan plan;
+    if (!fa_fused_compiled(FLASHATTN_DTYPE_BFLOAT16, 256)) GTEST_SKIP() << "d256 not compiled in";
+    EXPECT_EQ(FLASHATTN_STATUS_UNSUPPORTED, fa_plan_make(&small, &p, 0, &plan));
+    EXPECT_NE(std::string(flashattn_last_error()).find("head_dim 256"), std::string::npos) << flashattn_last_error();
+}
+
+TEST(Version, BuildInfoNamesTheCompiledVariants) {
+    const std::string info = flashattn_build_info();
+    EXPECT_NE(info.find("commit="), std::string::npos) << info;
+    EXPECT_NE(info.find("archs="), std::string::npos) << info;
+    EXPECT_NE(info.find("fused=d"), std::string::npos) << info;
+    EXPECT_NE(info.find("fused_sm90="), std::string::npos) << info;
 }
 
 // ---- the handle without a GPU ----------------------------------------------------------------------
