@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device call: build with all cores, run the whole test suite (GPU tests included), the
 # benchmark's default suite, and the side-by-side comparison with the peers; logs under $OUT, a
-# short table last.   Usage: scripts/gpu_check.sh [all|build|test|sanitize|bench|peers|ab]...
-# (default: all). "ab" times FUSED against FUSED_SM90 at every compiled head dim: the measurement
+# short table last.   Usage: scripts/gpu_check.sh [all|build|test|sanitize|bench|quick|hostcost|peers|ab]...
+# (default: all; "quick" is the benchmark's quick suite, "hostcost" the Python host cost per call
+# beside SDPA's). "ab" times FUSED against FUSED_SM90 at every compiled head dim: the measurement
 # behind the AUTO ranges of FA_SM90_CONFIGS.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +27,21 @@ if want test; then
   FLASHATTN_LIBRARY=$PWD/build/libflashattn.so python3 -m pytest -q -rs python/tests >> "$OUT/pytest.log" 2>&1
   summary+=("python: $(tail -1 "$OUT/pytest.log")")
   FLASHATTN_LIBRARY=$PWD/build/libflashattn.so python3 python/examples/quickstart.py 2>&1 | tail -2
+  FLASHATTN_LIBRARY=$PWD/build/libflashattn.so python3 -m flashattn > "$OUT/python_m_flashattn.txt" 2>&1
+  cat "$OUT/python_m_flashattn.txt"
+  # The C quick start, as the install test built it through find_package and through pkg-config.
+  for exe in build/tests/consumer_work/build/quickstart build/tests/consumer_work/quickstart_pc; do
+    [ -x "$exe" ] && summary+=("quickstart ($(basename "$(dirname "$exe")")): $("$exe" 2>&1 | tail -1)")
+  done
+fi
+if want hostcost; then
+  FLASHATTN_LIBRARY=$PWD/build/libflashattn.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 \
+    python3 benchmarks/python_host_cost.py --json "$OUT/hostcost.json" > "$OUT/hostcost.log" 2>&1
+  summary+=("$(tail -1 "$OUT/hostcost.log")")
+fi
+if [[ " $steps " == *" quick "* ]]; then
+  ./build/benchmarks/flashattn_bench --suite quick --json "$OUT/bench_quick.json" > "$OUT/bench.log" 2>&1
+  summary+=("bench quick: rc=$? $(tail -1 "$OUT/bench.log")")
 fi
 if want sanitize; then
   : > "$OUT/sanitizer.log"
@@ -60,4 +76,5 @@ fi
 [ -f "$OUT/pytest.log" ] && grep -E "FAILED|Error|assert" "$OUT/pytest.log" | head -20
 [ -f "$OUT/bench.log" ] && grep -vE '^#|^\[' "$OUT/bench.log" | cut -c1-150
 [ -f "$OUT/peers.log" ] && tail -70 "$OUT/peers.log"
+[ -f "$OUT/hostcost.log" ] && cat "$OUT/hostcost.log"
 printf '%s\n' "${summary[@]}"

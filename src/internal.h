@@ -1,8 +1,9 @@
 /*
  * internal.h - what the host-side C files of libflashattn share. Not installed.
  *
- * Call path: api.c (flashattn_fwd) -> validate.c (fa_validate) -> plan.c (fa_plan_make)
- *            -> dispatch.c (fa_dispatch) -> a launcher in kernels/ (or reference.c for REFERENCE).
+ * Call path: api.c (flashattn_fwd) -> plan.c (fa_plan_make, which first calls validate.c's
+ *            fa_validate_load and asks variants.c what is compiled) -> dispatch.c (fa_dispatch)
+ *            -> a launcher in kernels/ (or reference.c for REFERENCE).
  */
 #ifndef FA_INTERNAL_H
 #define FA_INTERNAL_H
@@ -97,10 +98,12 @@ FA_HIDDEN const fa_fused_config *fa_sm90_config_for_call(int kernel_head_dim, co
 FA_HIDDEN int fa_sm90_auto_prefers(int64_t head_dim);
 FA_HIDDEN void fa_plan_describe(const fa_plan *plan, flashattn_plan_info *info);
 
-/* dispatch.c: the table of compiled fused variants. */
+/* variants.c: which fused variants this build compiled. */
 FA_HIDDEN int fa_fused_compiled(int dtype, int kernel_head_dim);
 FA_HIDDEN int fa_sm90_compiled(int dtype, int kernel_head_dim);
 FA_HIDDEN int fa_sm90_variant_compiled(int dtype, int kernel_head_dim, int consumers);
+
+/* dispatch.c: the launchers. */
 FA_HIDDEN flashattn_status fa_dispatch(const flashattn_handle *h, const fa_plan *plan, void *workspace,
                                        void *stream);
 

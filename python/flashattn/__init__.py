@@ -6,11 +6,11 @@
 Lower level, mirroring the C ABI: Handle, FwdParams, PlanInfo, workspace_size, supported, plan, fwd,
 and the Status / Dtype / Mask / Backend constants. Errors: FlashAttnError (status, name, message).
 The library is loaded on first use: FLASHATTN_LIBRARY, next to this package, or the system loader.
+`python -m flashattn` prints where it was found, its version and build, and the devices it sees.
 """
-from ._lib import (Backend, Dtype, FlashAttnError, FwdParams, Mask, PlanInfo, Status, load_library)
+from ._lib import (Backend, Dtype, FlashAttnError, FwdParams, Mask, PlanInfo, Status, library_path, load_library)
+from ._version import __version__
 from .api import Handle, flash_attn_func, fwd, get_handle, plan, supported, workspace_size
-
-__version__ = "0.1.0"
 
 
 def library_version():
@@ -18,6 +18,11 @@ def library_version():
     return load_library().flashattn_version_string().decode()
 
 
+def build_info():
+    """How the loaded libflashattn was built: commit, CUDA runtime, architectures, compiled kernels."""
+    return load_library().flashattn_build_info().decode()
+
+
 __all__ = ["flash_attn_func", "Handle", "get_handle", "FwdParams", "PlanInfo", "workspace_size", "supported",
            "plan", "fwd", "FlashAttnError", "Status", "Dtype", "Mask", "Backend", "load_library",
-           "library_version", "__version__"]
+           "library_version", "library_path", "build_info", "__version__"]

@@ -3,10 +3,14 @@ import ctypes
 import glob
 import os
 
-__all__ = ["FlashAttnError", "lib", "load_library", "FwdParams", "PlanInfo", "Status", "Dtype", "Mask",
-           "Backend", "EXPECTED_VERSION"]
+from ._version import __version__
 
-EXPECTED_VERSION = (0, 1, 0)
+__all__ = ["FlashAttnError", "lib", "load_library", "library_path", "FwdParams", "PlanInfo", "Status", "Dtype",
+           "Mask", "Backend", "EXPECTED_VERSION"]
+
+# The library version this package was written against: any library of the same major version and at
+# least this minor works (the C ABI only grows within a major version).
+EXPECTED_VERSION = tuple(int(x) for x in __version__.split(".")[:3])
 
 
 class Status:
@@ -78,12 +82,13 @@ class FwdParams(ctypes.Structure):
     @classmethod
     def new(cls):
         p = cls()
-        _check(lib().flashattn_fwd_params_init(ctypes.byref(p)), "flashattn_fwd_params_init")
+        _check(lib().flashattn_fwd_params_init_size(ctypes.byref(p), ctypes.sizeof(cls)),
+               "flashattn_fwd_params_init_size")
         return p
 
 
 class PlanInfo(ctypes.Structure):
-    """flashattn_plan_info: what flashattn_fwd would run."""
+    """flashattn_plan_info: what flashattn_fwd would run; create with PlanInfo.new()."""
     _fields_ = [
         ("struct_size", ctypes.c_size_t),
         ("backend", ctypes.c_int32), ("block_m", ctypes.c_int32), ("block_n", ctypes.c_int32),
@@ -92,6 +97,13 @@ class PlanInfo(ctypes.Structure):
         ("workspace_bytes", ctypes.c_int64), ("shared_mem_bytes", ctypes.c_int64),
         ("kernel_name", ctypes.c_char * 64), ("description", ctypes.c_char * 192),
     ]
+
+    @classmethod
+    def new(cls):
+        info = cls()
+        _check(lib().flashattn_plan_info_init_size(ctypes.byref(info), ctypes.sizeof(cls)),
+               "flashattn_plan_info_init_size")
+        return info
 
 
 class FlashAttnError(RuntimeError):
@@ -104,6 +116,7 @@ class FlashAttnError(RuntimeError):
 
 
 _LIB = None
+_LIB_PATH = None
 
 
 def _candidates():
@@ -118,30 +131,46 @@ def _candidates():
     yield "libflashattn.so"
 
 
-def _declare(l):
+_SIGNATURES = None
+
+
+def _signatures():
     c = ctypes
-    vp, i32 = c.c_void_p, c.c_int
-    sigs = {
+    vp, i32, sz = c.c_void_p, c.c_int, c.c_size_t
+    return {
         "flashattn_version": ([], i32), "flashattn_version_string": ([], c.c_char_p),
+        "flashattn_build_info": ([], c.c_char_p),
         "flashattn_status_name": ([i32], c.c_char_p), "flashattn_status_string": ([i32], c.c_char_p),
         "flashattn_last_error": ([], c.c_char_p),
         "flashattn_handle_create": ([c.POINTER(vp), i32], i32), "flashattn_handle_destroy": ([vp], i32),
         "flashattn_handle_device": ([vp, c.POINTER(i32)], i32),
-        "flashattn_fwd_params_init": ([vp], i32), "flashattn_fwd_params_set_packed_strides": ([vp], i32),
-        "flashattn_plan_info_init": ([vp], i32),
-        "flashattn_fwd_workspace_size": ([vp, vp, c.POINTER(c.c_size_t)], i32),
+        "flashattn_fwd_params_init_size": ([vp, sz], i32), "flashattn_fwd_params_set_packed_strides": ([vp], i32),
+        "flashattn_plan_info_init_size": ([vp, sz], i32),
+        "flashattn_fwd_workspace_size": ([vp, vp, c.POINTER(sz)], i32),
         "flashattn_fwd_supported": ([vp, vp], i32), "flashattn_fwd_plan": ([vp, vp, vp], i32),
-        "flashattn_fwd": ([vp, vp, vp, c.c_size_t, vp], i32),
+        "flashattn_fwd": ([vp, vp, vp, sz, vp], i32),
     }
-    for name, (args, res) in sigs.items():
+
+
+def _declare(l, path):
+    missing = [name for name in _signatures() if not hasattr(l, name)]
+    if missing:
+        raise ImportError(f"libflashattn at {path} lacks {', '.join(missing)}: it is older than this package "
+                          f"({__version__}) needs. Point FLASHATTN_LIBRARY at a build of libflashattn {__version__} "
+                          f"or newer.")
+    for name, (args, res) in _signatures().items():
         fn = getattr(l, name)
         fn.argtypes, fn.restype = args, res
 
 
+def _version_ok(got):
+    return got[0] == EXPECTED_VERSION[0] and got[1:] >= EXPECTED_VERSION[1:2]
+
+
 def load_library(path=None):
-    """Loads (once) and returns the ctypes library. Raises OSError naming every place it looked,
-    or ImportError when the library's version differs from this package's."""
-    global _LIB
+    """Loads (once) and returns the ctypes library. Raises OSError naming every place it looked, or
+    ImportError when the library is older than this package or of another major version."""
+    global _LIB, _LIB_PATH
     if _LIB is not None and path is None:
         return _LIB
     tried, last_err = [], None
@@ -152,21 +181,30 @@ def load_library(path=None):
             tried.append(cand)
             last_err = e
             continue
-        _declare(l)
+        if not hasattr(l, "flashattn_version"):
+            raise ImportError(f"{cand} is not libflashattn (no flashattn_version symbol)")
+        l.flashattn_version.restype = ctypes.c_int
         v = l.flashattn_version()
         got = (v // 10000, v // 100 % 100, v % 100)
-        if got[:2] != EXPECTED_VERSION[:2]:
+        if not _version_ok(got):
             raise ImportError(f"libflashattn at {cand} is version {'.'.join(map(str, got))}; this package needs "
-                              f"{'.'.join(map(str, EXPECTED_VERSION))} (same major.minor). Point FLASHATTN_LIBRARY "
-                              f"at a matching build.")
-        _LIB = l
+                              f"{EXPECTED_VERSION[0]}.x with x >= {EXPECTED_VERSION[1]} (it was written for "
+                              f"{__version__}). Point FLASHATTN_LIBRARY at a matching build.")
+        _declare(l, cand)
+        _LIB, _LIB_PATH = l, cand
         return l
     raise OSError("libflashattn.so not found; looked in: " + ", ".join(tried) +
                   f" ({last_err}). Build it with CMake and set FLASHATTN_LIBRARY=/path/to/libflashattn.so.")
 
 
+def library_path():
+    """Where the loaded library came from (loading it if needed): the path or name it was opened by."""
+    load_library()
+    return _LIB_PATH
+
+
 def lib():
-    return load_library()
+    return _LIB if _LIB is not None else load_library()
 
 
 def _check(status, call=""):

@@ -3,6 +3,7 @@ for FlashAttention-2's function of the same name, taking any CUDA array (PyTorch
 __cuda_array_interface__, DLPack)."""
 import ctypes
 import math
+import sys
 import threading
 
 from ._lib import Backend, Dtype, FlashAttnError, FwdParams, Mask, PlanInfo, _check, lib
@@ -72,8 +73,7 @@ def supported(handle, params):
 
 
 def plan(handle, params):
-    info = PlanInfo()
-    _check(lib().flashattn_plan_info_init(ctypes.byref(info)), "flashattn_plan_info_init")
+    info = PlanInfo.new()
     _check(lib().flashattn_fwd_plan(handle.ptr, ctypes.byref(params), ctypes.byref(info)), "flashattn_fwd_plan")
     return info
 
@@ -225,6 +225,138 @@ class _DeviceScope:
             self.ctx.__exit__(*exc)
 
 
+def _set_params(p, qa, ka, va, o_ptr, o_strides, lse_ptr, D, padded, softmax_scale, causal, window_size, softcap,
+                slopes, backend):
+    """Fills a FwdParams for flash_attn_func from validated arrays."""
+    B, Sq, Hq, _ = qa.shape
+    p.dtype, p.backend = qa.dtype, backend
+    p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv, p.head_dim = B, Sq, ka.shape[1], Hq, ka.shape[2], padded
+    p.q, (p.q_batch_stride, p.q_seq_stride, p.q_head_stride) = qa.ptr, qa.strides[:3]
+    p.k, (p.k_batch_stride, p.k_seq_stride, p.k_head_stride) = ka.ptr, ka.strides[:3]
+    p.v, (p.v_batch_stride, p.v_seq_stride, p.v_head_stride) = va.ptr, va.strides[:3]
+    p.o, (p.o_batch_stride, p.o_seq_stride, p.o_head_stride) = o_ptr, o_strides[:3]
+    p.lse = lse_ptr
+    p.softmax_scale = 0.0 if softmax_scale is None else float(softmax_scale)
+    if softmax_scale is None and padded != D:
+        p.softmax_scale = 1.0 / math.sqrt(D)  # the scale of the real head dim, not the padded one
+    p.softcap = float(softcap)
+    p.mask = Mask.CAUSAL_BOTTOM_RIGHT if causal else Mask.NONE
+    p.window_left, p.window_right = int(window_size[0]), int(window_size[1])
+    if slopes is not None:
+        p.alibi_slopes = slopes.ptr
+        p.alibi_batch_stride = slopes.strides[0] if len(slopes.shape) == 2 else 0
+
+
+def _check_qkv(q, k, v):
+    """_Arrays for q, k, v after every check flash_attn_func makes of them (ValueError/TypeError)."""
+    qa, ka, va = _Array(q, "q"), _Array(k, "k"), _Array(v, "v")
+    for a in (qa, ka, va):
+        if len(a.shape) != 4:
+            raise ValueError(f"{a.name} has shape {a.shape}; expected (batch, seqlen, nheads, headdim)")
+        if a.dtype not in (Dtype.FLOAT16, Dtype.BFLOAT16):
+            raise TypeError(f"{a.name} must be float16 or bfloat16")
+    if not (qa.dtype == ka.dtype == va.dtype):
+        raise TypeError("q, k and v must have the same dtype")
+    B, Sq, Hq, D = qa.shape
+    if ka.shape != va.shape:
+        raise ValueError(f"k has shape {ka.shape} but v has shape {va.shape}")
+    if ka.shape[0] != B or ka.shape[3] != D:
+        raise ValueError(f"k has shape {ka.shape}; batch and headdim must match q's {qa.shape}")
+    if len({a.device for a in (qa, ka, va) if a.device is not None}) > 1:
+        raise ValueError("q, k and v are on different devices")
+    return qa, ka, va
+
+
+# ---- the PyTorch fast path: per-shape state cached, so a call costs a few attribute reads ------------
+
+class _FastEntry:
+    """What a torch call of one shape/stride/dtype/option combination reuses: the filled params
+    (pointers set per call), the workspace size, the handle and the library entry point."""
+    __slots__ = ("params", "addr", "ws_bytes", "handle", "fwd", "device", "out_shape", "lse_shape")
+
+
+_tls = threading.local()   # per thread: a FwdParams is mutated per call
+_torch_state = None        # (torch module, Tensor type, get_device, set_device, raw_stream), once torch is imported
+_FAST_CACHE_MAX = 512
+
+
+def _torch():
+    global _torch_state
+    if _torch_state is None:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return None
+        c = torch._C
+        get_dev = getattr(c, "_cuda_getDevice", None) or torch.cuda.current_device
+        raw = getattr(c, "_cuda_getCurrentRawStream", None) or (lambda d: torch.cuda.current_stream(d).cuda_stream)
+        _torch_state = (torch, torch.Tensor, get_dev, torch.cuda.set_device, raw)
+    return _torch_state
+
+
+def _fast_entry(q, k, v, softmax_scale, causal, window_size, softcap, return_lse, backend):
+    """A _FastEntry for these torch tensors, or None when the general path must run (head dim padding)."""
+    qa, ka, va = _check_qkv(q, k, v)
+    B, Sq, Hq, D = qa.shape
+    if D % 8 != 0 or any(a.strides[-1] != 1 for a in (qa, ka, va)):
+        return None
+    e = _FastEntry()
+    e.out_shape, e.lse_shape = (B, Sq, Hq, D), (B, Hq, Sq)
+    e.device = qa.device
+    p = FwdParams.new()
+    # O and LSE are allocated per call (PyTorch's allocator aligns them to 512 bytes): a 256-aligned
+    # stand-in plans the same; the real pointers are set before every call.
+    _set_params(p, qa, ka, va, 256, _contiguous(e.out_shape), 256 if return_lse else None, D, D, softmax_scale,
+                causal, window_size, softcap, None, backend)
+    handle = get_handle(qa.device)
+    e.params, e.addr = p, ctypes.addressof(p)
+    e.ws_bytes = workspace_size(handle, p)
+    e.handle, e.fwd = handle.ptr, lib().flashattn_fwd
+    return e
+
+
+def _fast_call(state, q, k, v, softmax_scale, causal, window_size, softcap, return_lse, backend):
+    torch = state[0]
+    qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
+    # Pointer alignment is in the key: it decides which backend (and workspace) a call gets.
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype, q.device,
+           k.device, v.device, (qp | kp | vp) & 15, softmax_scale, causal, window_size, softcap, return_lse, backend)
+    try:
+        cache = _tls.cache
+    except AttributeError:
+        cache = _tls.cache = {}
+    try:
+        e = cache.get(key)
+    except TypeError:  # an unhashable argument (e.g. a list window_size): the general path takes it
+        return None
+    if e is None:
+        e = _fast_entry(q, k, v, softmax_scale, causal, window_size, softcap, return_lse, backend)
+        if e is None:
+            return None
+        if len(cache) >= _FAST_CACHE_MAX:
+            cache.clear()
+        cache[key] = e
+    dev = e.device
+    o = torch.empty(e.out_shape, dtype=q.dtype, device=q.device)
+    p = e.params
+    p.q, p.k, p.v, p.o = qp, kp, vp, o.data_ptr()
+    lse = None
+    if return_lse:
+        lse = torch.empty(e.lse_shape, dtype=torch.float32, device=q.device)
+        p.lse = lse.data_ptr()
+    ws = torch.empty(e.ws_bytes, dtype=torch.uint8, device=q.device) if e.ws_bytes else None
+    prev = state[2]()
+    if prev != dev:
+        state[3](dev)
+    try:
+        st = e.fwd(e.handle, e.addr, ws.data_ptr() if ws is not None else None, e.ws_bytes, state[4](dev))
+    finally:
+        if prev != dev:
+            state[3](prev)
+    if st != 0:
+        _check(st, "flashattn_fwd")
+    return (o, lse, None) if return_lse else o
+
+
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                     softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False,
                     *, out=None, stream=None, backend=Backend.AUTO):
@@ -240,26 +372,20 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     library's current stream); backend= a flashattn.Backend value.
     Raises ValueError/TypeError for inputs it cannot take (naming the argument), FlashAttnError for
     anything the library refuses.
+    PyTorch calls without out=, stream= or alibi_slopes reuse per-shape state (a thread-local cache),
+    so their host cost is a few attribute reads, two allocations and the library call.
     """
     if dropout_p != 0.0:
         raise ValueError(f"dropout_p={dropout_p}: libflashattn computes exact attention; dropout is not supported")
     del deterministic  # every call is deterministic
-    qa, ka, va = _Array(q, "q"), _Array(k, "k"), _Array(v, "v")
-    for a in (qa, ka, va):
-        if len(a.shape) != 4:
-            raise ValueError(f"{a.name} has shape {a.shape}; expected (batch, seqlen, nheads, headdim)")
-        if a.dtype not in (Dtype.FLOAT16, Dtype.BFLOAT16):
-            raise TypeError(f"{a.name} must be float16 or bfloat16")
-    if not (qa.dtype == ka.dtype == va.dtype):
-        raise TypeError("q, k and v must have the same dtype")
+    state = _torch_state or _torch()
+    if (state is not None and out is None and stream is None and alibi_slopes is None and type(q) is state[1]
+            and type(k) is state[1] and type(v) is state[1] and q.is_cuda):
+        r = _fast_call(state, q, k, v, softmax_scale, causal, window_size, softcap, return_attn_probs, backend)
+        if r is not None:
+            return r
+    qa, ka, va = _check_qkv(q, k, v)
     B, Sq, Hq, D = qa.shape
-    if ka.shape != va.shape:
-        raise ValueError(f"k has shape {ka.shape} but v has shape {va.shape}")
-    if ka.shape[0] != B or ka.shape[3] != D:
-        raise ValueError(f"k has shape {ka.shape}; batch and headdim must match q's {qa.shape}")
-    Sk, Hkv = ka.shape[1], ka.shape[2]
-    if len({a.device for a in (qa, ka, va) if a.device is not None}) > 1:
-        raise ValueError("q, k and v are on different devices")
     padded = (D + 7) // 8 * 8
     if padded != D:
         q, k, v = (_pad_head_dim(x, a, padded) for x, a in ((q, qa), (k, ka), (v, va)))
@@ -291,23 +417,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
             raise ValueError(f"alibi_slopes has shape {slopes.shape}; expected ({Hq},) or ({B}, {Hq}), contiguous")
 
     p = FwdParams.new()
-    p.dtype, p.backend = qa.dtype, backend
-    p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv, p.head_dim = B, Sq, Sk, Hq, Hkv, padded
-    p.q, (p.q_batch_stride, p.q_seq_stride, p.q_head_stride) = qa.ptr, qa.strides[:3]
-    p.k, (p.k_batch_stride, p.k_seq_stride, p.k_head_stride) = ka.ptr, ka.strides[:3]
-    p.v, (p.v_batch_stride, p.v_seq_stride, p.v_head_stride) = va.ptr, va.strides[:3]
-    p.o, (p.o_batch_stride, p.o_seq_stride, p.o_head_stride) = oa.ptr, oa.strides[:3]
-    p.lse = _ptr(lse) if lse is not None else None
-    p.softmax_scale = 0.0 if softmax_scale is None else float(softmax_scale)
-    if p.softmax_scale == 0.0 and softmax_scale is None and padded != D:
-        p.softmax_scale = 1.0 / math.sqrt(D)  # the scale of the real head dim, not the padded one
-    p.softcap = float(softcap)
-    p.mask = Mask.CAUSAL_BOTTOM_RIGHT if causal else Mask.NONE
-    p.window_left, p.window_right = int(window_size[0]), int(window_size[1])
-    if slopes is not None:
-        p.alibi_slopes = slopes.ptr
-        p.alibi_batch_stride = slopes.strides[0] if len(slopes.shape) == 2 else 0
-
+    _set_params(p, qa, ka, va, oa.ptr, oa.strides, _ptr(lse) if lse is not None else None, D, padded, softmax_scale,
+                causal, window_size, softcap, slopes, backend)
     with _DeviceScope(qa):
         handle = get_handle(qa.device if qa.device is not None else -1)
         nbytes = workspace_size(handle, p)

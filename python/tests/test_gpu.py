@@ -174,3 +174,56 @@ def test_low_level_api_plan():
     p.head_dim = 300
     ok, err = flashattn.supported(h, p)
     assert not ok and err.name == "FLASHATTN_STATUS_UNSUPPORTED_HEAD_DIM"
+
+
+# ---- the cached PyTorch path: a cache hit must compute exactly what a fresh call computes -----------
+
+def test_cached_calls_see_new_data_and_new_pointers():
+    shape_q, shape_kv = (2, 130, 8, 64), (2, 170, 2, 64)
+    for _ in range(3):  # the first call fills the cache, the others hit it, each with fresh tensors
+        check(rand(*shape_q), rand(*shape_kv), rand(*shape_kv), causal=True)
+    # Same shapes and strides, but q no longer 16-byte aligned: another plan (and workspace) may apply.
+    big = rand(2 * 130 * 8 * 64 + 4)
+    q = big[4:].view(*shape_q)
+    assert q.data_ptr() % 16 == 8
+    check(q, rand(*shape_kv), rand(*shape_kv), causal=True)
+
+
+def test_cached_calls_decode_with_split_workspace_and_list_window():
+    # Batch-1 decode with grouped heads: split keys, so the cached plan carries a workspace.
+    q, k, v = rand(1, 1, 32, 128), rand(1, 8192, 8, 128), rand(1, 8192, 8, 128)
+    for _ in range(2):
+        check(q, k, v)
+    check(rand(1, 4, 32, 128), k, v, window_size=[64, 0])  # a list: unhashable, so the general path
+
+
+def test_cached_calls_follow_the_current_stream():
+    q, k, v, q2 = rand(1, 300, 4, 64), rand(1, 300, 4, 64), rand(1, 300, 4, 64), rand(1, 300, 4, 64)
+    flashattn.flash_attn_func(q, k, v)  # fills the cache
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(50_000_000)  # holds s back: a call enqueued elsewhere would run first, on the old q
+        q.copy_(q2)
+        r = flashattn.flash_attn_func(q, k, v)
+    s.synchronize()
+    assert torch.equal(r, flashattn.flash_attn_func(q2, k, v))
+
+
+def test_cached_calls_capture_in_a_cuda_graph():
+    q, k, v = rand(2, 256, 8, 128), rand(2, 256, 8, 128), rand(2, 256, 8, 128)
+    flashattn.flash_attn_func(q, k, v, causal=True)  # warm: fills the cache outside the capture
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(g):
+            out = flashattn.flash_attn_func(q, k, v, causal=True)
+    torch.cuda.current_stream().wait_stream(s)
+    for _ in range(2):
+        q.copy_(rand(2, 256, 8, 128))
+        g.replay()
+        torch.cuda.synchronize()
+        ref, _ = reference(q, k, v, causal=True)
+        low, _ = reference(q, k, v, causal=True, upcast=False)
+        assert (out.float() - ref).abs().max() <= 2 * (low.float() - ref).abs().max() + 1e-5

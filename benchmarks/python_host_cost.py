@@ -1,0 +1,72 @@
+"""Host time per call of flashattn.flash_attn_func, beside PyTorch's scaled_dot_product_attention.
+
+Host time is what a Python caller pays to enqueue one call: for decode steps it can exceed the
+kernel. Each measurement enqueues `calls` calls back to back on an idle GPU (fewer than the launch
+queue holds, so the CPU never waits for the GPU) and divides the elapsed host time by `calls`; the
+median of `reps` such measurements is reported, in microseconds.
+
+    FLASHATTN_LIBRARY=build/libflashattn.so PYTHONPATH=python python3 benchmarks/python_host_cost.py
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+import flashattn
+
+SHAPES = [  # (label, B, Sq, Sk, Hq, Hkv, D, causal)
+    ("decode 1x32/8 sk=8192 d128", 1, 1, 8192, 32, 8, 128, False),
+    ("decode 16x32/8 sk=2048 d128", 16, 1, 2048, 32, 8, 128, False),
+    ("prefill 1x8/8 s=128 d64 causal", 1, 128, 128, 8, 8, 64, True),
+    ("prefill 2x16/16 s=1024 d128 causal", 2, 1024, 1024, 16, 16, 128, True),
+]
+
+
+def host_us(fn, calls, reps):
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t0) / calls * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--calls", type=int, default=100)
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--json", help="write the rows here")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    rows = []
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, libflashattn {flashattn.library_version()}, "
+          f"Python {sys.version.split()[0]}; host microseconds per call (median of {args.reps} x {args.calls} calls)")
+    print(f"{'shape':38} {'flash_attn_func':>16} {'sdpa':>8} {'ratio':>6}")
+    for label, B, Sq, Sk, Hq, Hkv, D, causal in SHAPES:
+        q = torch.randn(B, Sq, Hq, D, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        ours = host_us(lambda: flashattn.flash_attn_func(q, k, v, causal=causal), args.calls, args.reps)
+        sdpa = host_us(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=Hq != Hkv),
+                       args.calls, args.reps)
+        rows.append({"shape": label, "flash_attn_func_us": round(ours, 2), "sdpa_us": round(sdpa, 2)})
+        print(f"{label:38} {ours:16.1f} {sdpa:8.1f} {ours / sdpa:6.2f}")
+    worst = max(r["flash_attn_func_us"] for r in rows)
+    print(f"host cost: worst {worst:.1f} us per flash_attn_func call (target <= 15)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
