@@ -272,7 +272,7 @@ def _check_qkv(q, k, v):
 class _FastEntry:
     """What a torch call of one shape/stride/dtype/option combination reuses: the filled params
     (pointers set per call), the workspace size, the handle and the library entry point."""
-    __slots__ = ("params", "addr", "ws_bytes", "handle", "fwd", "device", "out_shape", "lse_shape")
+    __slots__ = ("params", "addr", "ws_bytes", "handle", "fwd", "out_shape", "lse_shape")
 
 
 _tls = threading.local()   # per thread: a FwdParams is mutated per call
@@ -301,7 +301,6 @@ def _fast_entry(q, k, v, softmax_scale, causal, window_size, softcap, return_lse
         return None
     e = _FastEntry()
     e.out_shape, e.lse_shape = (B, Sq, Hq, D), (B, Hq, Sq)
-    e.device = qa.device
     p = FwdParams.new()
     # O and LSE are allocated per call (PyTorch's allocator aligns them to 512 bytes): a 256-aligned
     # stand-in plans the same; the real pointers are set before every call.
@@ -315,11 +314,12 @@ def _fast_entry(q, k, v, softmax_scale, causal, window_size, softcap, return_lse
 
 
 def _fast_call(state, q, k, v, softmax_scale, causal, window_size, softcap, return_lse, backend):
-    torch = state[0]
     qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
-    # Pointer alignment is in the key: it decides which backend (and workspace) a call gets.
-    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype, q.device,
-           k.device, v.device, (qp | kp | vp) & 15, softmax_scale, causal, window_size, softcap, return_lse, backend)
+    dev = q.get_device()
+    # Pointer alignment is in the key: it decides which backend (and workspace) a call gets. What the
+    # key leaves out (k's and v's dtype and device) is compared below, on every call.
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, dev, (qp | kp | vp) & 15,
+           softmax_scale, causal, window_size, softcap, return_lse, backend)
     try:
         cache = _tls.cache
     except AttributeError:
@@ -328,22 +328,23 @@ def _fast_call(state, q, k, v, softmax_scale, causal, window_size, softcap, retu
         e = cache.get(key)
     except TypeError:  # an unhashable argument (e.g. a list window_size): the general path takes it
         return None
-    if e is None:
-        e = _fast_entry(q, k, v, softmax_scale, causal, window_size, softcap, return_lse, backend)
+    if e is None or k.dtype is not q.dtype or v.dtype is not q.dtype or k.get_device() != dev or v.get_device() != dev:
+        e = _fast_entry(q, k, v, softmax_scale, causal, window_size, softcap, return_lse, backend)  # raises if bad
         if e is None:
             return None
         if len(cache) >= _FAST_CACHE_MAX:
             cache.clear()
         cache[key] = e
-    dev = e.device
-    o = torch.empty(e.out_shape, dtype=q.dtype, device=q.device)
+    o = q.new_empty(e.out_shape)
     p = e.params
     p.q, p.k, p.v, p.o = qp, kp, vp, o.data_ptr()
     lse = None
     if return_lse:
-        lse = torch.empty(e.lse_shape, dtype=torch.float32, device=q.device)
+        lse = q.new_empty(e.lse_shape, dtype=state[0].float32)
         p.lse = lse.data_ptr()
-    ws = torch.empty(e.ws_bytes, dtype=torch.uint8, device=q.device) if e.ws_bytes else None
+    # The workspace tensor lives until the call is enqueued; freed after, PyTorch's allocator reuses
+    # it only for work ordered after ours on this stream.
+    ws = q.new_empty((e.ws_bytes,), dtype=state[0].uint8) if e.ws_bytes else None
     prev = state[2]()
     if prev != dev:
         state[3](dev)
