@@ -1,6 +1,6 @@
 /*
- * fa_common.cuh - device helpers shared by every backend: element types, the visibility rule, the
- * score transform (softcap, ALiBi), and launch-error plumbing.
+ * fa_common.cuh - device helpers shared by every backend: element types and fp16/bf16 pairs, shared
+ * memory addresses, the visibility rule, and the score transforms (softcap, ALiBi).
  */
 #pragma once
 
@@ -28,6 +28,15 @@ template <> struct elem<1> {
     static __device__ __forceinline__ type from_float(float x) { return __float2bfloat16_rn(x); }
     static __device__ __forceinline__ pair pack(float a, float b) { return __floats2bfloat162_rn(a, b); }
 };
+
+/* The 32-bit shared-memory address of a generic pointer into shared memory. */
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+/* Two floats as one 32-bit fp16/bf16 pair (a before b in memory). */
+template <int kDtype> __device__ __forceinline__ uint32_t pack_pair(float a, float b) {
+    typename elem<kDtype>::pair v = elem<kDtype>::pack(a, b);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
 
 /* Key j is visible to query i (both in range) iff key_lo_off <= j - i <= key_hi_off. */
 __device__ __forceinline__ bool visible(const fa_kernel_params &p, int i, int j) {

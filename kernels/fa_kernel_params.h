@@ -12,8 +12,13 @@
 extern "C" {
 #endif
 
-/* log2(e): the kernels work in log2 units, with the softmax scale folded into this factor. */
+/* log2(e) and ln(2): the kernels work in log2 units, with the softmax scale folded into log2(e);
+ * LSE goes back to natural-log units through ln(2). */
 #define FA_LOG2E 1.4426950408889634
+#define FA_LN2 0.6931471805599453
+
+/* Element types, as flashattn_dtype numbers them (plan.c checks they agree). */
+enum { FA_DTYPE_F16 = 0, FA_DTYPE_BF16 = 1 };
 
 /* Visibility of key j to query i: key_lo_off <= j - i <= key_hi_off and j < seqlen_k. The host
  * folds the causal mask and the sliding window into the two offsets and clamps them to
@@ -54,11 +59,6 @@ typedef struct fa_launch {
     int32_t grid_x, grid_y, grid_z, threads;
     int32_t smem_bytes;
 } fa_launch;
-
-/* Head dims the fused kernel is compiled for; a head dim that is a multiple of 8 runs on the
- * smallest of these that holds it (the extra columns are zero-filled on load and never stored). */
-#define FA_FUSED_NUM_HEAD_DIMS 7
-#define FA_FUSED_HEAD_DIM_LIST 32, 64, 96, 128, 160, 192, 256
 
 /* Tile configuration of the fused kernel for one compiled head dim. A warp owns
  * block_m / warps query rows: 32 (two m16 tiles, so each K/V fragment read from shared memory feeds

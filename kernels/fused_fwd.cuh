@@ -28,7 +28,7 @@
 
 #include <math.h>
 
-#include "fa_common.cuh"
+#include "softmax.cuh"
 
 namespace fa {
 
@@ -40,11 +40,7 @@ template <int kHeadDim> struct fused_cfg;
 FA_FUSED_CONFIGS(FA_CFG_SPEC)
 #undef FA_CFG_SPEC
 
-/* ---- PTX wrappers -------------------------------------------------------------------------- */
-
-__device__ __forceinline__ uint32_t smem_u32(const void *p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
+/* ---- PTX wrappers (sm_80: cp.async, ldmatrix, mma.sync) ----------------------------------- */
 
 /* 16-byte async copy; src_bytes = 0 zero-fills the destination without reading src. */
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void *src, bool valid) {
@@ -84,28 +80,6 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
             : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
     }
-}
-
-/* 2^x on the special-function unit; exp2(-inf) = 0, which the online softmax relies on. */
-__device__ __forceinline__ float fast_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
-template <int kDtype> __device__ __forceinline__ uint32_t pack_pair(float a, float b) {
-    typename elem<kDtype>::pair v = elem<kDtype>::pack(a, b);
-    return *reinterpret_cast<uint32_t *>(&v);
-}
-
-/* Max over the 4 lanes of a quad (the lanes that share a row of an mma fragment). */
-__device__ __forceinline__ float quad_max(float x) {
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-    x += __shfl_xor_sync(0xffffffffu, x, 1);
-    return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
 /* ---- the kernel ---------------------------------------------------------------------------- */
@@ -165,7 +139,6 @@ fused_fwd_kernel(const __grid_constant__ fa_kernel_params p) {
     using T = typename Tr::T;
     constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN, kStride = Tr::kStride;
     constexpr int kMT = Tr::kMTiles;
-    constexpr float kLn2 = 0.6931471805599453f, kLog2e = 1.4426950408889634f;
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T *sQ = reinterpret_cast<T *>(smem_raw);
@@ -272,65 +245,42 @@ fused_fwd_kernel(const __grid_constant__ fa_kernel_params p) {
             }
         }
 
+        /* Softcap/ALiBi, then -inf for hidden keys, only on tiles that cross a boundary of the
+         * visible band or the end of the keys. */
+        auto s_of = [&](int mt) { return [&s, mt](int j, int e) -> float & { return s[mt][j][e]; }; };
+        auto row_of = [&](int mt) {
+            const int row0 = warp_row0 + 16 * mt + g;
+            return [row0](int r) { return row0 + 8 * r; };
+        };
         if constexpr (kTransform) {
 #pragma unroll
             for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-                for (int j = 0; j < Tr::kSTiles; ++j)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        s[mt][j][e] = kLog2e * transform_raw_score(p, s[mt][j][e], slope,
-                                                                   warp_row0 + 16 * mt + g + 8 * (e / 2),
-                                                                   n0 + 8 * j + 2 * t + (e % 2));
+                transform_scores<Tr::kSTiles>(s_of(mt), p, row_of(mt), [=](int) { return slope; }, n0, t);
         }
-        /* Mask only tiles that cross a boundary of the visible band or the end of the keys. */
-        const bool need_mask = n0 < row_last + p.key_lo_off || n0 + kBlockN - 1 > m0 + p.key_hi_off ||
-                               n0 + kBlockN > p.seqlen_k;
+        const bool need_mask = FA_TILE_NEEDS_MASK(p, n0, kBlockN, m0, row_last);
         if (need_mask) {
 #pragma unroll
-            for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-                for (int j = 0; j < Tr::kSTiles; ++j)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        if (!visible(p, warp_row0 + 16 * mt + g + 8 * (e / 2), n0 + 8 * j + 2 * t + (e % 2)))
-                            s[mt][j][e] = -INFINITY;
+            for (int mt = 0; mt < kMT; ++mt) mask_scores<Tr::kSTiles>(s_of(mt), p, row_of(mt), n0, t);
         }
 
-        /* Per m16 tile: softmax, then O += P V. Tile mt + 1's softmax has no dependence on tile
-         * mt's MMAs, so the scheduler can overlap them (at the cost of reading V fragments once per
-         * m16 tile). */
+        /* Per m16 tile: the online softmax, then O += P V. Tile mt + 1's softmax has no dependence
+         * on tile mt's MMAs, so the scheduler can overlap them (at the cost of reading V fragments
+         * once per m16 tile). */
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
+            auto s_at = s_of(mt);
+            auto o_at = [&o_acc, mt](int j, int e) -> float & { return o_acc[mt][j][e]; };
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-                float mx = row_max[mt][r];
-#pragma unroll
-                for (int j = 0; j < Tr::kSTiles; ++j) mx = fmaxf(mx, fmaxf(s[mt][j][2 * r], s[mt][j][2 * r + 1]));
-                mx = quad_max(mx);
-                const float m_scaled = (mx == -INFINITY) ? 0.0f : mx * mult;
-                const float corr = fast_exp2(row_max[mt][r] * mult - m_scaled);
-                row_max[mt][r] = mx;
-                row_sum[mt][r] *= corr;
-#pragma unroll
-                for (int j = 0; j < Tr::kOTiles; ++j) {
-                    o_acc[mt][j][2 * r] *= corr;
-                    o_acc[mt][j][2 * r + 1] *= corr;
-                }
-#pragma unroll
-                for (int j = 0; j < Tr::kSTiles; ++j) {
-                    s[mt][j][2 * r] = fast_exp2(fmaf(s[mt][j][2 * r], mult, -m_scaled));
-                    s[mt][j][2 * r + 1] = fast_exp2(fmaf(s[mt][j][2 * r + 1], mult, -m_scaled));
-                    row_sum[mt][r] += s[mt][j][2 * r] + s[mt][j][2 * r + 1];
-                }
+                float m_scaled;
+                const float corr = softmax_new_max<Tr::kSTiles>(s_at, r, row_max[mt][r], mult, m_scaled);
+                rescale_row<Tr::kOTiles>(o_at, r, corr);
+                row_sum[mt][r] = softmax_exp<Tr::kSTiles>(s_at, r, mult, m_scaled, row_sum[mt][r] * corr);
             }
 #pragma unroll
             for (int kk = 0; kk < Tr::kPSteps; ++kk) {
                 uint32_t a[4];
-                a[0] = pack_pair<kDtype>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-                a[1] = pack_pair<kDtype>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-                a[2] = pack_pair<kDtype>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-                a[3] = pack_pair<kDtype>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+                pack_p<kDtype>(s_at, kk, a);
 #pragma unroll
                 for (int dn = 0; dn < Tr::kOTiles / 2; ++dn) {
                     uint32_t vb[4];
@@ -359,14 +309,14 @@ fused_fwd_kernel(const __grid_constant__ fa_kernel_params p) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const float l = quad_sum(row_sum[mt][r]);
-            const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+            const float inv = softmax_inv(l);
             const int row_local = (warp * kMT + mt) * 16 + g + 8 * r;
 #pragma unroll
             for (int j = 0; j < Tr::kOTiles; ++j)
                 *reinterpret_cast<uint32_t *>(sO + row_local * kStride + 8 * j + 2 * t) =
                     pack_pair<kDtype>(o_acc[mt][j][2 * r] * inv, o_acc[mt][j][2 * r + 1] * inv);
             if (lse && t == 0 && m0 + row_local < p.seqlen_q)
-                lse[m0 + row_local] = l > 0.0f ? (row_max[mt][r] * mult + __log2f(l)) * kLn2 : -INFINITY;
+                lse[m0 + row_local] = softmax_lse(l, row_max[mt][r], mult);
         }
     __syncthreads();
     for (int c = threadIdx.x; c < kBlockM * Tr::kChunks; c += Tr::kThreads) {

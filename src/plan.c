@@ -285,18 +285,41 @@ static const char *reference_unsupported_reason(const flashattn_fwd_params *p,
     return NULL;
 }
 
-/* The grid of a fused plan (plan->cfg set): a block per query tile, head and batch entry. FUSED_SM90
- * also plans decode-shaped calls: with few query rows per KV head (seqlen_q <= block_m / 2) and
+/* FUSED_SM90 decode-shaped calls: with few query rows per KV head (seqlen_q <= block_m / 2) and
  * grouped query heads, one tile holds the group's heads (pack_gqa), so K and V are read once per
- * group; when the tiles are too few to fill the GPU, the key range is split (as many ways as fit in
- * one wave of blocks, at least 2 key tiles per split, at most FA_SM90_MAX_SPLITS) and a combine
- * kernel merges the splits from the workspace. Returns 0 only if the workspace size overflows. */
-#define FA_SM90_MAX_SPLITS 64
+ * group rather than once per query head. */
+int fa_should_pack_gqa(int sm90, int64_t group, int64_t block_m, int64_t seqlen_q) {
+    return sm90 && group > 1 && group <= block_m && seqlen_q * 2 <= block_m;
+}
+
+/* How many ways FUSED_SM90 splits each tile's key range: when the tiles (ctas) are too few to fill
+ * the GPU, as many as fit in one wave of blocks (one block per SM, so rounded down), at least 2 key
+ * tiles per split and at most FA_SM90_MAX_SPLITS; 1 (no split) otherwise. */
+int64_t fa_num_splits(int sm90, int64_t sm_count, int64_t ctas, int64_t key_tiles) {
+    if (!sm90 || ctas <= 0 || ctas >= sm_count) return 1;
+    const int64_t splits = min64(sm_count / ctas, min64(key_tiles / 2, FA_SM90_MAX_SPLITS));
+    return splits < 2 ? 1 : splits;
+}
+
+/* The split partial results in the workspace: float32 O [splits, batch, heads_q, seqlen_q, head_dim],
+ * then float32 LSE [splits, batch, heads_q, seqlen_q]. 0 if the size overflows int64. */
+static int split_workspace(const flashattn_fwd_params *p, int64_t splits, fa_plan *plan) {
+    int64_t nrows, o_elems, at = 0;
+    if (!mul_ok(splits * p->batch, p->heads_q, &nrows) || !mul_ok(nrows, p->seqlen_q, &nrows) ||
+        !mul_ok(nrows, p->head_dim, &o_elems) || !add_region(&at, o_elems, 4, &plan->o_accum_off) ||
+        !add_region(&at, nrows, 4, &plan->lse_accum_off))
+        return 0;
+    plan->workspace_bytes = at;
+    return 1;
+}
+
+/* The grid of a fused plan (plan->cfg set): a block per query tile (times splits), head (or KV
+ * head, when packed) and batch entry. Returns 0 only if the split workspace overflows. */
 static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_params *p, int sm90,
                            fa_plan *plan) {
     const int64_t group = p->heads_q / p->heads_kv;
     const int64_t block_m = plan->cfg.block_m;
-    const int pack = sm90 && group > 1 && group <= block_m && p->seqlen_q * 2 <= block_m;
+    const int pack = fa_should_pack_gqa(sm90, group, block_m, p->seqlen_q);
     const int64_t rows = pack ? block_m / group : block_m;
     const int64_t mblocks = (p->seqlen_q + rows - 1) / rows;
     plan->kp.pack_gqa = pack;
@@ -306,23 +329,10 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
     plan->grid_z = (int32_t)p->batch;
     const int64_t ctas = mblocks * plan->grid_y * p->batch;
     const int64_t key_tiles = (p->seqlen_k + plan->cfg.block_n - 1) / plan->cfg.block_n;
-    int64_t splits = 1;
-    if (sm90 && ctas > 0 && ctas < caps->sm_count) {
-        /* One block per SM (its shared memory), so round down: ctas * splits stays within one wave. */
-        splits = min64(caps->sm_count / ctas, min64(key_tiles / 2, FA_SM90_MAX_SPLITS));
-        if (splits < 2) splits = 1;
-    }
+    const int64_t splits = fa_num_splits(sm90, caps->sm_count, ctas, key_tiles);
     plan->kp.num_splits = (int32_t)splits;
     plan->grid_x = (int32_t)(mblocks * splits);
-    if (splits > 1) {
-        int64_t nrows, o_elems, at = 0;
-        if (!mul_ok(splits * p->batch, p->heads_q, &nrows) || !mul_ok(nrows, p->seqlen_q, &nrows) ||
-            !mul_ok(nrows, p->head_dim, &o_elems) || !add_region(&at, o_elems, 4, &plan->o_accum_off) ||
-            !add_region(&at, nrows, 4, &plan->lse_accum_off))
-            return 0;
-        plan->workspace_bytes = at;
-    }
-    return 1;
+    return splits > 1 ? split_workspace(p, splits, plan) : 1;
 }
 
 flashattn_status fa_plan_make(const fa_device_caps *caps, const flashattn_fwd_params *p,

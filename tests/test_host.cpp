@@ -430,6 +430,27 @@ TEST(Planning, Sm90DecodePacksQueryGroupsAndSplitsKeys) {
     EXPECT_EQ(0, pre.workspace_bytes);
 }
 
+TEST(Planning, PackGqaDecision) {
+    EXPECT_TRUE(fa_should_pack_gqa(1, 4, 128, 1));     // decode, 4 query heads per KV head
+    EXPECT_TRUE(fa_should_pack_gqa(1, 4, 128, 64));    // Sq = block_m / 2 still packs
+    EXPECT_FALSE(fa_should_pack_gqa(1, 4, 128, 65));   // more rows: ordinary tiles are full enough
+    EXPECT_FALSE(fa_should_pack_gqa(1, 1, 128, 1));    // no grouping: nothing to share
+    EXPECT_FALSE(fa_should_pack_gqa(1, 256, 128, 1));  // a group larger than a tile
+    EXPECT_TRUE(fa_should_pack_gqa(1, 128, 128, 1));
+    EXPECT_FALSE(fa_should_pack_gqa(0, 4, 128, 1));    // FUSED never packs
+}
+
+TEST(Planning, NumSplitsFillsOneWave) {
+    EXPECT_EQ(16, fa_num_splits(1, 132, 8, 64));   // 8 tiles: 132 / 8 = 16 splits fit one wave
+    EXPECT_EQ(4, fa_num_splits(1, 132, 8, 8));     // at least 2 key tiles per split
+    EXPECT_EQ(1, fa_num_splits(1, 132, 8, 3));     // one split of 2+ tiles would be all of them
+    EXPECT_EQ(64, fa_num_splits(1, 132, 1, 1024)); // at most FA_SM90_MAX_SPLITS
+    EXPECT_EQ(1, fa_num_splits(1, 132, 132, 1024)); // the tiles fill the GPU already
+    EXPECT_EQ(1, fa_num_splits(1, 132, 67, 1024)); // 132 / 67 = 1: no room for a second split
+    EXPECT_EQ(1, fa_num_splits(1, 132, 0, 1024));  // nothing to run (Sq = 0)
+    EXPECT_EQ(1, fa_num_splits(0, 132, 8, 64));    // FUSED never splits
+}
+
 TEST(Planning, Sm90HeadDim64UsesTwoConsumersForShortMaskedCalls) {
     if (!fa_sm90_compiled(FLASHATTN_DTYPE_BFLOAT16, 64)) GTEST_SKIP() << "no FUSED_SM90 d64 in this build";
     flashattn_fwd_params p = valid_params();

@@ -1,6 +1,7 @@
 """The Python API: a handle and the forward call mirroring the C ABI, and flash_attn_func, a drop-in
 for FlashAttention-2's function of the same name, taking any CUDA array (PyTorch, CuPy,
 __cuda_array_interface__, DLPack)."""
+import contextlib
 import ctypes
 import math
 import sys
@@ -100,63 +101,6 @@ class _DLTensor(ctypes.Structure):
                 ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
 
 
-class _Array:
-    """What the library needs of an array: pointer, shape, strides (elements), dtype code, device,
-    and which library owns it (to allocate outputs and find the current stream)."""
-
-    def __init__(self, obj, name):
-        self.obj, self.name, self.kind, self.keepalive = obj, name, None, None
-        mod = type(obj).__module__.split(".")[0]
-        if mod == "torch":
-            import torch
-            if not obj.is_cuda:
-                raise ValueError(f"{name} is on {obj.device}; libflashattn needs CUDA tensors")
-            codes = {torch.float16: Dtype.FLOAT16, torch.bfloat16: Dtype.BFLOAT16, torch.float32: "f32"}
-            if obj.dtype not in codes:
-                raise TypeError(f"{name} has dtype {obj.dtype}; expected torch.float16 or torch.bfloat16")
-            self.kind, self.ptr, self.shape = "torch", obj.data_ptr(), tuple(obj.shape)
-            self.strides, self.dtype, self.device = tuple(obj.stride()), codes[obj.dtype], obj.device.index
-            return
-        if mod == "cupy":
-            import cupy
-            codes = {cupy.dtype("float16"): Dtype.FLOAT16, cupy.dtype("float32"): "f32"}
-            if obj.dtype not in codes:
-                raise TypeError(f"{name} has dtype {obj.dtype}; CuPy inputs must be float16")
-            self.kind, self.ptr, self.shape = "cupy", obj.data.ptr, tuple(obj.shape)
-            self.strides = tuple(s // obj.itemsize for s in obj.strides)
-            self.dtype, self.device = codes[obj.dtype], obj.device.id
-            return
-        cai = getattr(obj, "__cuda_array_interface__", None)
-        if cai is not None:
-            typestr = cai["typestr"]
-            codes = {"<f2": (Dtype.FLOAT16, 2), "<f4": ("f32", 4)}
-            if typestr not in codes:
-                raise TypeError(f"{name} has typestr {typestr}; expected '<f2' (bfloat16 arrays: use DLPack)")
-            self.dtype, item = codes[typestr]
-            self.kind, self.ptr, self.shape = "cai", cai["data"][0], tuple(cai["shape"])
-            st = cai.get("strides")
-            self.strides = tuple(s // item for s in st) if st else _contiguous(self.shape)
-            self.device = None
-            return
-        if hasattr(obj, "__dlpack__"):
-            cap = obj.__dlpack__()
-            get = ctypes.pythonapi.PyCapsule_GetPointer
-            get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
-            t = _DLTensor.from_address(get(cap, b"dltensor"))  # DLManagedTensor starts with its DLTensor
-            if t.device.device_type != 2:  # kDLCUDA
-                raise ValueError(f"{name} is not on a CUDA device (DLPack device type {t.device.device_type})")
-            code = {(2, 16): Dtype.FLOAT16, (4, 16): Dtype.BFLOAT16, (2, 32): "f32"}.get((t.dtype.code, t.dtype.bits))
-            if code is None:
-                raise TypeError(f"{name} has DLPack dtype code {t.dtype.code} bits {t.dtype.bits}; expected fp16/bf16")
-            self.kind, self.keepalive, self.dtype, self.device = "dlpack", cap, code, t.device.device_id
-            self.shape = tuple(t.shape[i] for i in range(t.ndim))
-            self.strides = tuple(t.strides[i] for i in range(t.ndim)) if t.strides else _contiguous(self.shape)
-            self.ptr = t.data + t.byte_offset
-            return
-        raise TypeError(f"{name}: {type(obj).__name__} is not a CUDA array (torch, cupy, __cuda_array_interface__ "
-                        f"or __dlpack__)")
-
-
 def _contiguous(shape):
     st, acc = [], 1
     for n in reversed(shape):
@@ -165,64 +109,169 @@ def _contiguous(shape):
     return tuple(reversed(st))
 
 
+class _ArrayLibrary:
+    """What flash_attn_func needs from the library that owns an array: describe it (pointer, shape,
+    strides in elements, dtype code, device), allocate outputs next to it, name its current stream,
+    pad its head dim, and make its device current. One subclass per library; the base class is for
+    arrays known only through a protocol (no allocation, no padding, the legacy default stream)."""
+
+    @staticmethod
+    def describe(a, obj, name):
+        raise NotImplementedError
+
+    @staticmethod
+    def empty(a, shape, dtype):
+        raise TypeError(f"cannot allocate an output for a {type(a.obj).__name__}; pass out= (and, for "
+                        f"return_attn_probs, a torch or CuPy input)")
+
+    @staticmethod
+    def current_stream(a):
+        return 0
+
+    @staticmethod
+    def pad_head_dim(a, to):
+        raise ValueError(f"head dim {a.shape[-1]} is not a multiple of 8 and a {type(a.obj).__name__} cannot be "
+                         f"padded here; pad it to {to} yourself")
+
+    @staticmethod
+    def device_scope(a):
+        return contextlib.nullcontext()
+
+
+class _Torch(_ArrayLibrary):
+    @staticmethod
+    def describe(a, obj, name):
+        import torch
+        if not obj.is_cuda:
+            raise ValueError(f"{name} is on {obj.device}; libflashattn needs CUDA tensors")
+        codes = {torch.float16: Dtype.FLOAT16, torch.bfloat16: Dtype.BFLOAT16, torch.float32: "f32"}
+        if obj.dtype not in codes:
+            raise TypeError(f"{name} has dtype {obj.dtype}; expected torch.float16 or torch.bfloat16")
+        a.ptr, a.shape, a.strides = obj.data_ptr(), tuple(obj.shape), tuple(obj.stride())
+        a.dtype, a.device = codes[obj.dtype], obj.device.index
+
+    @staticmethod
+    def empty(a, shape, dtype):
+        import torch
+        dt = {"same": a.obj.dtype, "f32": torch.float32, "u8": torch.uint8}[dtype]
+        return torch.empty(shape, dtype=dt, device=a.obj.device)
+
+    @staticmethod
+    def current_stream(a):
+        import torch
+        return torch.cuda.current_stream(a.obj.device).cuda_stream
+
+    @staticmethod
+    def pad_head_dim(a, to):
+        import torch.nn.functional as F
+        return F.pad(a.obj, (0, to - a.shape[-1]))
+
+    @staticmethod
+    def device_scope(a):
+        import torch
+        return torch.cuda.device(a.obj.device)
+
+
+class _CuPy(_ArrayLibrary):
+    @staticmethod
+    def describe(a, obj, name):
+        import cupy
+        codes = {cupy.dtype("float16"): Dtype.FLOAT16, cupy.dtype("float32"): "f32"}
+        if obj.dtype not in codes:
+            raise TypeError(f"{name} has dtype {obj.dtype}; CuPy inputs must be float16")
+        a.ptr, a.shape = obj.data.ptr, tuple(obj.shape)
+        a.strides = tuple(s // obj.itemsize for s in obj.strides)
+        a.dtype, a.device = codes[obj.dtype], obj.device.id
+
+    @staticmethod
+    def empty(a, shape, dtype):
+        import cupy
+        dt = {"same": a.obj.dtype, "f32": cupy.float32, "u8": cupy.uint8}[dtype]
+        with cupy.cuda.Device(a.device):
+            return cupy.empty(shape, dtype=dt)
+
+    @staticmethod
+    def current_stream(a):
+        import cupy
+        return cupy.cuda.get_current_stream().ptr
+
+    @staticmethod
+    def pad_head_dim(a, to):
+        import cupy
+        return cupy.pad(a.obj, [(0, 0)] * (len(a.shape) - 1) + [(0, to - a.shape[-1])])
+
+    @staticmethod
+    def device_scope(a):
+        import cupy
+        return cupy.cuda.Device(a.device)
+
+
+class _CudaArrayInterface(_ArrayLibrary):
+    @staticmethod
+    def describe(a, obj, name):
+        cai = obj.__cuda_array_interface__
+        codes = {"<f2": (Dtype.FLOAT16, 2), "<f4": ("f32", 4)}
+        if cai["typestr"] not in codes:
+            raise TypeError(f"{name} has typestr {cai['typestr']}; expected '<f2' (bfloat16 arrays: use DLPack)")
+        a.dtype, item = codes[cai["typestr"]]
+        a.ptr, a.shape = cai["data"][0], tuple(cai["shape"])
+        st = cai.get("strides")
+        a.strides = tuple(s // item for s in st) if st else _contiguous(a.shape)
+        a.device = None
+
+
+class _DLPack(_ArrayLibrary):
+    @staticmethod
+    def describe(a, obj, name):
+        cap = obj.__dlpack__()
+        get = ctypes.pythonapi.PyCapsule_GetPointer
+        get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+        t = _DLTensor.from_address(get(cap, b"dltensor"))  # DLManagedTensor starts with its DLTensor
+        if t.device.device_type != 2:  # kDLCUDA
+            raise ValueError(f"{name} is not on a CUDA device (DLPack device type {t.device.device_type})")
+        code = {(2, 16): Dtype.FLOAT16, (4, 16): Dtype.BFLOAT16, (2, 32): "f32"}.get((t.dtype.code, t.dtype.bits))
+        if code is None:
+            raise TypeError(f"{name} has DLPack dtype code {t.dtype.code} bits {t.dtype.bits}; expected fp16/bf16")
+        a.keepalive, a.dtype, a.device = cap, code, t.device.device_id
+        a.shape = tuple(t.shape[i] for i in range(t.ndim))
+        a.strides = tuple(t.strides[i] for i in range(t.ndim)) if t.strides else _contiguous(a.shape)
+        a.ptr = t.data + t.byte_offset
+
+
+def _library_of(obj):
+    mod = type(obj).__module__.split(".")[0]
+    if mod == "torch":
+        return _Torch
+    if mod == "cupy":
+        return _CuPy
+    if hasattr(obj, "__cuda_array_interface__"):
+        return _CudaArrayInterface
+    if hasattr(obj, "__dlpack__"):
+        return _DLPack
+    return None
+
+
+class _Array:
+    """What the library needs of an array: pointer, shape, strides (elements), dtype code, device,
+    and the _ArrayLibrary that owns it (to allocate outputs and find the current stream)."""
+
+    def __init__(self, obj, name):
+        self.obj, self.name, self.keepalive = obj, name, None
+        self.lib = _library_of(obj)
+        if self.lib is None:
+            raise TypeError(f"{name}: {type(obj).__name__} is not a CUDA array (torch, cupy, "
+                            f"__cuda_array_interface__ or __dlpack__)")
+        self.lib.describe(self, obj, name)
+
+
 def _empty(like, shape, dtype):
     """A new array from the same library and device as `like`. dtype: 'same', 'f32' or 'u8'."""
-    if like.kind == "torch":
-        import torch
-        dt = {"same": like.obj.dtype, "f32": torch.float32, "u8": torch.uint8}[dtype]
-        return torch.empty(shape, dtype=dt, device=like.obj.device)
-    if like.kind == "cupy":
-        import cupy
-        dt = {"same": like.obj.dtype, "f32": cupy.float32, "u8": cupy.uint8}[dtype]
-        with cupy.cuda.Device(like.device):
-            return cupy.empty(shape, dtype=dt)
-    raise TypeError(f"cannot allocate an output for a {type(like.obj).__name__}; pass out= (and, for "
-                    f"return_attn_probs, a torch or CuPy input)")
+    return like.lib.empty(like, shape, dtype)
 
 
 def _ptr(x):
     """Device address of an array this module allocated (torch or CuPy)."""
     return x.data_ptr() if hasattr(x, "data_ptr") else x.data.ptr
-
-
-def _current_stream(a):
-    if a.kind == "torch":
-        import torch
-        return torch.cuda.current_stream(a.obj.device).cuda_stream
-    if a.kind == "cupy":
-        import cupy
-        return cupy.cuda.get_current_stream().ptr
-    return 0
-
-
-def _pad_head_dim(x, a, to):
-    if a.kind == "torch":
-        import torch.nn.functional as F
-        return F.pad(x, (0, to - a.shape[-1]))
-    if a.kind == "cupy":
-        import cupy
-        return cupy.pad(x, [(0, 0)] * (len(a.shape) - 1) + [(0, to - a.shape[-1])])
-    raise ValueError(f"head dim {a.shape[-1]} is not a multiple of 8 and a {type(x).__name__} cannot be padded "
-                     f"here; pad it to {to} yourself")
-
-
-class _DeviceScope:
-    def __init__(self, a):
-        self.a, self.ctx = a, None
-
-    def __enter__(self):
-        if self.a.kind == "torch":
-            import torch
-            self.ctx = torch.cuda.device(self.a.obj.device)
-        elif self.a.kind == "cupy":
-            import cupy
-            self.ctx = cupy.cuda.Device(self.a.device)
-        if self.ctx is not None:
-            self.ctx.__enter__()
-
-    def __exit__(self, *exc):
-        if self.ctx is not None:
-            self.ctx.__exit__(*exc)
 
 
 def _set_params(p, qa, ka, va, o_ptr, o_strides, lse_ptr, D, padded, softmax_scale, causal, window_size, softcap,
@@ -390,7 +439,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     B, Sq, Hq, D = qa.shape
     padded = (D + 7) // 8 * 8
     if padded != D:
-        q, k, v = (_pad_head_dim(x, a, padded) for x, a in ((q, qa), (k, ka), (v, va)))
+        q, k, v = (a.lib.pad_head_dim(a, padded) for a in (qa, ka, va))
         qa, ka, va = _Array(q, "q"), _Array(k, "k"), _Array(v, "v")
     for a in (qa, ka, va):
         if a.strides[-1] != 1:
@@ -421,11 +470,11 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     p = FwdParams.new()
     _set_params(p, qa, ka, va, oa.ptr, oa.strides, _ptr(lse) if lse is not None else None, D, padded, softmax_scale,
                 causal, window_size, softcap, slopes, backend)
-    with _DeviceScope(qa):
+    with qa.lib.device_scope(qa):
         handle = get_handle(qa.device if qa.device is not None else -1)
         nbytes = workspace_size(handle, p)
         ws = _empty(qa, (nbytes,), "u8") if nbytes else None
-        s = _current_stream(qa) if stream is None else int(stream)
+        s = qa.lib.current_stream(qa) if stream is None else int(stream)
         fwd(handle, p, _ptr(ws) if ws is not None else 0, nbytes, s)
     if padded != D:
         result = result[..., :D]
