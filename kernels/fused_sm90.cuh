@@ -4,8 +4,8 @@
  * semantics as the portable kernel in fused_fwd.cuh; a separate backend, so neither constrains the
  * other.
  *
- * A block owns 64 x C query rows of one (batch, head) (C = 2 consumer warpgroups at head dims 128
- * and 256, 3 at 64; the table in fa_kernel_params.h) and has C + 1 warpgroups:
+ * A block owns 64 x C query rows of one (batch, head) (C consumer warpgroups: 2 at head dims 128 and
+ * 256, 3 or 2 at 64; the table in fa_kernel_params.h) and has C + 1 warpgroups:
  *   producer (warpgroup 0, one thread): TMA loads of Q once, then of K_j and V_j into two stages
  *     each, as the consumers free them. Each load completes on a "full" mbarrier; each stage is
  *     handed back on an "empty" mbarrier. It keeps 24 registers (setmaxnreg) so that the consumers
@@ -31,14 +31,20 @@
  * rows g and g + 8 of its 16, columns 8i + 2t, +1) equals mma.sync's, and so does the
  * A-in-registers layout, so the softmax and the S -> P repacking are those of the portable kernel.
  * No atomics, fixed order: deterministic.
+ *
+ * The pieces, in the order data flows through them:
+ *   tile          which query rows and key tiles the block owns (and the empty-tile answer)
+ *   smem_layout   where Q, the K/V stages and the mbarriers live in shared memory
+ *   produce       the producer warpgroup's TMA loop
+ *   consume       a consumer warpgroup's main loop: S = Q K^T, softmax (softmax.cuh), O += P V
+ *   store_split_partial / store_o   the epilogues (split partial results, or O through shared memory)
+ * PTX wrappers are in sm90_ptx.cuh; the host side (tensor maps, launch) in fused_sm90_launch.cuh.
  */
 #pragma once
 
-#include <cuda.h>
-#include <cudaTypedefs.h>
-
-#include "fused_fwd.cuh"
+#include "sm90_ptx.cuh"
 #include "sm90_wgmma.cuh"
+#include "softmax.cuh"
 
 namespace fa {
 namespace sm90 {
@@ -55,10 +61,11 @@ template <int kDtype, int kHeadDim, int kNumConsumers> struct traits {
     using T = typename elem<kDtype>::type;
     static constexpr int kConsumers = kNumConsumers;
     static constexpr int kBlockM = 64 * kConsumers, kBlockN = cfg<kHeadDim, kConsumers>::block_n;
-    static constexpr int kThreads = 128 * (kConsumers + 1);
-    /* setmaxnreg: the producer keeps 24 registers, the consumers share the rest (a multiple of 8,
-     * at most 240). */
-    static constexpr int kConsumerShare = (65536 / 128 - 24) / kConsumers / 8 * 8;
+    static constexpr int kThreads = kWarpgroupThreads * (kConsumers + 1);
+    /* setmaxnreg: the producer keeps kProducerRegs registers, the consumers share the rest (a
+     * multiple of 8, at most 240). */
+    static constexpr int kProducerRegs = 24;
+    static constexpr int kConsumerShare = (65536 / kWarpgroupThreads - kProducerRegs) / kConsumers / 8 * 8;
     static constexpr int kConsumerRegs = kConsumerShare > 240 ? 240 : kConsumerShare;
     static constexpr int kChunks = kHeadDim / 8; /* 16-byte chunks per row */
     static constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2, kKVBytes = kBlockN * kHeadDim * 2;
@@ -68,228 +75,156 @@ template <int kDtype, int kHeadDim, int kNumConsumers> struct traits {
     static_assert(kConsumers == 2 || kConsumers == 3, "one producer and two or three consumer warpgroups");
 };
 
-/* ---- PTX wrappers -------------------------------------------------------------------------- */
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int kPending> __device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
-}
-
-/* Pin registers that an in-flight wgmma reads or writes: the compiler may not move their other uses
- * across this point (the waits and fences above are ordered with it as volatile asm). */
-template <int N> __device__ __forceinline__ void reg_fence(float (&r)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
-template <int N> __device__ __forceinline__ void reg_fence(uint32_t (&r)[N][4]) {
-#pragma unroll
-    for (int i = 0; i < N; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
-}
-
-/* mbarriers (shared memory, 8 bytes each). */
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-/* Blocks until the barrier's phase with this parity has completed. */
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    uint32_t done = 0;
-    do {
-        asm volatile(
-            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done)
-            : "r"(bar), "r"(parity)
-            : "memory");
-    } while (!done);
-}
-
-/* TMA: a box of a 4-D tensor (head dim, sequence, head, batch) into shared memory, completing on bar. */
-__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, int c3,
-                                         uint32_t bar) {
-    asm volatile(
-        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
-        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
-        : "memory");
-}
-
-/* Named barriers 1..2C (0 is __syncthreads): the C consumers' tensor-core turns, then their epilogues. */
-__device__ __forceinline__ void named_sync(int id, int threads) {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_arrive(int id, int threads) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
-/* Shared-memory matrix descriptor, 128-byte swizzle. Byte offsets: lbo between 64-column regions
- * of an N-major operand (unused, 16, for K-major), sbo between groups of 8 rows. */
-__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-    return (uint64_t)((addr & 0x3FFFFu) >> 4) | ((uint64_t)(lbo >> 4) << 16) |
-           ((uint64_t)(sbo >> 4) << 32) | (1ull << 62);
-}
-
-/* Byte offset of 16-byte chunk `ch` of row r in a swizzled tile of kRows rows. */
-template <int kRows> __device__ __forceinline__ uint32_t swz_off(int r, int ch) {
-    return (uint32_t)((ch / 8) * (kRows * 128) + r * 128 + (((ch % 8) ^ (r % 8)) << 4));
-}
-
-template <int kDtype, int kHeadDim, int kConsumers, bool kTransform>
-__global__ void __launch_bounds__(128 * (kConsumers + 1), 1)
-fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_constant__ CUtensorMap tm_q,
-                  const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using Tr = traits<kDtype, kHeadDim, kConsumers>;
-    using T = typename Tr::T;
-    constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN;
-    constexpr int kSN = kBlockN / 2, kON = kHeadDim / 2; /* accumulator floats per thread */
-    constexpr int kCB = kHeadDim / 64;                   /* 64-column regions of a tile */
-    constexpr int kNC = Tr::kConsumers;
-    constexpr float kLn2 = 0.6931471805599453f, kLog2e = 1.4426950408889634f;
-
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    const uint32_t raw = smem_u32(smem_raw);
-    const uint32_t sQ = (raw + 1023u) & ~1023u;
-    const uint32_t sK = sQ + Tr::kQBytes;      /* 2 stages */
-    const uint32_t sV = sK + 2 * Tr::kKVBytes; /* 2 stages */
-    const uint32_t bar_q = sV + 2 * Tr::kKVBytes;
-    const uint32_t full_k = bar_q + 8, full_v = bar_q + 24, empty_k = bar_q + 40, empty_v = bar_q + 56; /* [2] each */
-
-    /* The tile: query positions [m0, m0 + rows_per_head) of `heads` query heads starting at h0 (one
-     * head, or with pack_gqa the head_group heads of KV head hk); tile row r is head h0 + r / rows_per_head,
-     * position m0 + r % rows_per_head. Split `split` of num_splits takes its share of the key tiles. */
-    const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32;
-    const int split = (int)blockIdx.x % p.num_splits;
-    const int m_block = p.num_m_blocks - 1 - (int)blockIdx.x / p.num_splits; /* heaviest tiles first */
-    const int b = blockIdx.z;
-    const int heads = p.pack_gqa ? p.head_group : 1;
-    const int rows_per_head = p.pack_gqa ? p.pack_rows : kBlockM;
-    const int hk = p.pack_gqa ? (int)blockIdx.y : (int)blockIdx.y / p.head_group;
-    const int h0 = p.pack_gqa ? hk * p.head_group : (int)blockIdx.y;
-    const int m0 = m_block * rows_per_head;
-    const int row_last = min(m0 + rows_per_head, p.seqlen_q) - 1;
-    const bool partial = p.num_splits > 1;
-
-    /* Where tile row r goes: false if it is padding (no such head or position). */
-    auto row_target = [&](int r, int &head, int &pos) {
-        const int hg = r / rows_per_head;
-        head = h0 + hg, pos = m0 + r % rows_per_head;
-        return hg < heads && pos < p.seqlen_q;
-    };
-    auto lse_slot = [&](int head, int pos) -> float * {
-        const int64_t bhq = (int64_t)b * p.heads_q + head;
-        if (partial) return p.lse_accum + ((int64_t)split * p.batch * p.heads_q + bhq) * p.seqlen_q + pos;
-        return p.lse ? p.lse + bhq * p.seqlen_q + pos : nullptr;
-    };
-
-    const int key_lo = max(0, m0 + p.key_lo_off);
-    const int key_hi = min(p.seqlen_k, row_last + p.key_hi_off + 1);
-    const int tile_first = key_lo / kBlockN;
-    const int tiles_all = key_hi > key_lo ? (key_hi + kBlockN - 1) / kBlockN - tile_first : 0;
-    const int tiles_per_split = (tiles_all + p.num_splits - 1) / p.num_splits;
-    const int tile_begin = tile_first + split * tiles_per_split;
-    const int n_tiles = max(0, min(tiles_per_split, tiles_all - split * tiles_per_split));
-    if (n_tiles == 0) { /* no row sees a key in this split: O = 0, LSE = -inf (a split writes only its LSE) */
-        for (int i = tid; i < kBlockM * Tr::kChunks; i += Tr::kThreads) {
-            const int r = i / Tr::kChunks, ch = i % Tr::kChunks;
-            int head, pos;
-            if (!partial && row_target(r, head, pos) && ch * 8 < p.head_dim)
-                *reinterpret_cast<uint4 *>((T *)p.o + b * p.o_batch_stride + head * p.o_head_stride +
-                                           (int64_t)pos * p.o_seq_stride + ch * 8) = make_uint4(0, 0, 0, 0);
-        }
-        for (int r = tid; r < kBlockM; r += Tr::kThreads) {
-            int head, pos;
-            if (row_target(r, head, pos))
-                if (float *l = lse_slot(head, pos)) *l = -INFINITY;
-        }
-        return;
+/* Shared memory: Q (1024-byte aligned for the swizzle atom), two stages of K, two of V, then the
+ * mbarriers (8 bytes each): Q loaded; K and V stage s full (the TMA landed) and empty (every
+ * consumer warp is done with it). */
+template <class Tr> struct smem_layout {
+    uint32_t q, k, v, bar_q, full_k, full_v, empty_k, empty_v; /* full_* and empty_*: stage 0; stage s at + 8 s */
+    __device__ __forceinline__ explicit smem_layout(uint32_t raw) {
+        q = (raw + 1023u) & ~1023u;
+        k = q + Tr::kQBytes;
+        v = k + 2 * Tr::kKVBytes;
+        bar_q = v + 2 * Tr::kKVBytes;
+        full_k = bar_q + 8, full_v = bar_q + 24, empty_k = bar_q + 40, empty_v = bar_q + 56;
     }
-
-    if (tid == 0) {
+    __device__ __forceinline__ uint32_t k_stage(int s) const { return k + (uint32_t)s * Tr::kKVBytes; }
+    __device__ __forceinline__ uint32_t v_stage(int s) const { return v + (uint32_t)s * Tr::kKVBytes; }
+    /* Thread 0 before the block's first barrier: the loads arrive once (with their byte counts), the
+     * hand-backs once per consumer warp. */
+    __device__ __forceinline__ void init_barriers() const {
         mbar_init(bar_q, 1);
 #pragma unroll
         for (int st = 0; st < 2; ++st) {
             mbar_init(full_k + 8 * st, 1);
             mbar_init(full_v + 8 * st, 1);
-            mbar_init(empty_k + 8 * st, 4 * kNC); /* one arrival per consumer warp */
-            mbar_init(empty_v + 8 * st, 4 * kNC);
+            mbar_init(empty_k + 8 * st, 4 * Tr::kConsumers);
+            mbar_init(empty_v + 8 * st, 4 * Tr::kConsumers);
         }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        mbar_init_fence();
     }
-    __syncthreads();
+};
 
-    if (wg == 0) {
-        /* ---- producer ---- */
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
-        if (tid == 0) {
-            mbar_expect_tx(bar_q, (uint32_t)(kCB * 128 * rows_per_head * heads));
+/* The block's work: query positions [m0, m0 + rows_per_head) of `heads` query heads starting at h0
+ * (one head, or with pack_gqa the head_group heads of KV head hk); tile row r is head
+ * h0 + r / rows_per_head, position m0 + r % rows_per_head. Split `split` of num_splits takes its
+ * share, [tile_begin, tile_begin + n_tiles), of the key tiles any row can see. */
+template <class Tr> struct tile {
+    int split, b, heads, rows_per_head, hk, h0, m0, row_last, tile_begin, n_tiles;
+    bool partial;
+    __device__ __forceinline__ explicit tile(const fa_kernel_params &p) {
+        constexpr int kBlockN = Tr::kBlockN;
+        split = (int)blockIdx.x % p.num_splits;
+        const int m_block = p.num_m_blocks - 1 - (int)blockIdx.x / p.num_splits; /* heaviest tiles first */
+        b = blockIdx.z;
+        heads = p.pack_gqa ? p.head_group : 1;
+        rows_per_head = p.pack_gqa ? p.pack_rows : Tr::kBlockM;
+        hk = p.pack_gqa ? (int)blockIdx.y : (int)blockIdx.y / p.head_group;
+        h0 = p.pack_gqa ? hk * p.head_group : (int)blockIdx.y;
+        m0 = m_block * rows_per_head;
+        row_last = min(m0 + rows_per_head, p.seqlen_q) - 1;
+        partial = p.num_splits > 1;
+        const int key_lo = max(0, m0 + p.key_lo_off);
+        const int key_hi = min(p.seqlen_k, row_last + p.key_hi_off + 1);
+        const int tile_first = key_lo / kBlockN;
+        const int tiles_all = key_hi > key_lo ? (key_hi + kBlockN - 1) / kBlockN - tile_first : 0;
+        const int tiles_per_split = (tiles_all + p.num_splits - 1) / p.num_splits;
+        tile_begin = tile_first + split * tiles_per_split;
+        n_tiles = max(0, min(tiles_per_split, tiles_all - split * tiles_per_split));
+    }
+    /* Where tile row r goes: false if it is padding (no such head or position). */
+    __device__ __forceinline__ bool row_target(const fa_kernel_params &p, int r, int &head, int &pos) const {
+        const int hg = r / rows_per_head;
+        head = h0 + hg, pos = m0 + r % rows_per_head;
+        return hg < heads && pos < p.seqlen_q;
+    }
+    /* Where row (head, pos) writes its LSE: this split's slot, the caller's LSE, or nowhere. */
+    __device__ __forceinline__ float *lse_slot(const fa_kernel_params &p, int head, int pos) const {
+        const int64_t bhq = (int64_t)b * p.heads_q + head;
+        if (partial) return p.lse_accum + ((int64_t)split * p.batch * p.heads_q + bhq) * p.seqlen_q + pos;
+        return p.lse ? p.lse + bhq * p.seqlen_q + pos : nullptr;
+    }
+    __device__ __forceinline__ typename Tr::T *o_row(const fa_kernel_params &p, int head, int pos) const {
+        return (typename Tr::T *)p.o + b * p.o_batch_stride + head * p.o_head_stride + (int64_t)pos * p.o_seq_stride;
+    }
+};
+
+/* No row sees a key in this split: O = 0, LSE = -inf (a split writes only its LSE). */
+template <class Tr> __device__ __forceinline__ void store_empty(const fa_kernel_params &p, const tile<Tr> &tl) {
+    const int tid = threadIdx.x;
+    for (int i = tid; i < Tr::kBlockM * Tr::kChunks; i += Tr::kThreads) {
+        const int r = i / Tr::kChunks, ch = i % Tr::kChunks;
+        int head, pos;
+        if (!tl.partial && tl.row_target(p, r, head, pos) && ch * 8 < p.head_dim)
+            *reinterpret_cast<uint4 *>(tl.o_row(p, head, pos) + ch * 8) = make_uint4(0, 0, 0, 0);
+    }
+    for (int r = tid; r < Tr::kBlockM; r += Tr::kThreads) {
+        int head, pos;
+        if (tl.row_target(p, r, head, pos))
+            if (float *l = tl.lse_slot(p, head, pos)) *l = -INFINITY;
+    }
+}
+
+/* The producer (one thread): Q once, then K_j and V_j into two stages each as the consumers hand
+ * them back. */
+template <class Tr>
+__device__ __forceinline__ void produce(const tile<Tr> &tl, const smem_layout<Tr> &sm, const CUtensorMap *tm_q,
+                                        const CUtensorMap *tm_k, const CUtensorMap *tm_v) {
+    constexpr int kCB = Tr::kChunks / 8; /* 64-column regions of a tile */
+    mbar_expect_tx(sm.bar_q, (uint32_t)(kCB * 128 * tl.rows_per_head * tl.heads));
 #pragma unroll
-            for (int cb = 0; cb < kCB; ++cb) tma_load(sQ + cb * kBlockM * 128, &tm_q, cb * 64, m0, h0, b, bar_q);
-            auto load_kv = [&](const CUtensorMap *map, uint32_t dst, uint32_t full, int tile) {
-                mbar_expect_tx(full, Tr::kKVBytes);
+    for (int cb = 0; cb < kCB; ++cb) tma_load(sm.q + cb * Tr::kBlockM * 128, tm_q, cb * 64, tl.m0, tl.h0, tl.b, sm.bar_q);
+    auto load_kv = [&](const CUtensorMap *map, uint32_t dst, uint32_t full, int tile) {
+        mbar_expect_tx(full, Tr::kKVBytes);
 #pragma unroll
-                for (int cb = 0; cb < kCB; ++cb)
-                    tma_load(dst + cb * kBlockN * 128, map, cb * 64, (tile_begin + tile) * kBlockN, hk, b, full);
-            };
-            load_kv(&tm_k, sK, full_k, 0);
-            for (int j = 0; j < n_tiles; ++j) {
-                /* K_{j+1} once S_{j-1} is done with its stage; V_j once P V_{j-2} is done with its. */
-                if (j + 1 < n_tiles) {
-                    const int st = (j + 1) & 1;
-                    if (j + 1 >= 2) mbar_wait(empty_k + 8 * st, ((j - 1) >> 1) & 1);
-                    load_kv(&tm_k, sK + st * Tr::kKVBytes, full_k + 8 * st, j + 1);
-                }
-                const int st = j & 1;
-                if (j >= 2) mbar_wait(empty_v + 8 * st, ((j - 2) >> 1) & 1);
-                load_kv(&tm_v, sV + st * Tr::kKVBytes, full_v + 8 * st, j);
-            }
+        for (int cb = 0; cb < kCB; ++cb)
+            tma_load(dst + cb * Tr::kBlockN * 128, map, cb * 64, (tl.tile_begin + tile) * Tr::kBlockN, tl.hk, tl.b, full);
+    };
+    load_kv(tm_k, sm.k, sm.full_k, 0);
+    for (int j = 0; j < tl.n_tiles; ++j) {
+        /* K_{j+1} once S_{j-1} is done with its stage; V_j once P V_{j-2} is done with its. */
+        if (j + 1 < tl.n_tiles) {
+            const int st = (j + 1) & 1;
+            if (j + 1 >= 2) mbar_wait(sm.empty_k + 8 * st, ((j - 1) >> 1) & 1);
+            load_kv(tm_k, sm.k_stage(st), sm.full_k + 8 * st, j + 1);
         }
-        return;
+        const int st = j & 1;
+        if (j >= 2) mbar_wait(sm.empty_v + 8 * st, ((j - 2) >> 1) & 1);
+        load_kv(tm_v, sm.v_stage(st), sm.full_v + 8 * st, j);
     }
+}
 
-    /* ---- consumers ---- */
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Tr::kConsumerRegs));
-    const int c = wg - 1; /* consumer index: tile rows 64c..64c+63 */
-    const int g = lane / 4, t = lane % 4;
-    const int trow = c * 64 + ((tid % 128) / 32) * 16 + g; /* this thread's tile rows: trow, trow + 8 */
-    int head_r[2], pos_r[2];
-    bool valid_r[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) valid_r[r] = row_target(trow + 8 * r, head_r[r], pos_r[r]);
-    const float mult = kTransform ? 1.0f : p.scale_log2;
-    float slope_r[2] = {0.0f, 0.0f};
-    if constexpr (kTransform) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) slope_r[r] = valid_r[r] ? alibi_slope(p, b, head_r[r]) : 0.0f;
-    }
-
-    float o[kON], s[kSN];
+/* One consumer warpgroup's rows through every key tile: on return o holds the unnormalised
+ * output and row_max/row_sum the softmax state of this thread's two rows. Per tile: wait for K_j
+ * (and V_{j-1}); take the tensor-core turn; issue S_j = Q K_j^T and O += P_{j-1} V_{j-1}; pass the
+ * turn; then the softmax of S_j while P V runs; then the last tile's P V alone. */
+template <int kDtype, int kHeadDim, int kConsumers, bool kTransform, class Row, class Slope>
+__device__ __forceinline__ void consume(const fa_kernel_params &p, const tile<traits<kDtype, kHeadDim, kConsumers>> &tl,
+                                       const smem_layout<traits<kDtype, kHeadDim, kConsumers>> &sm, int c, float mult,
+                                       Row row, Slope slope, float (&o)[kHeadDim / 2], float (&row_max)[2],
+                                       float (&row_sum)[2]) {
+    using Tr = traits<kDtype, kHeadDim, kConsumers>;
+    constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN, kSN = kBlockN / 2, kNC = kConsumers;
+    const int lane = threadIdx.x % 32, t = lane % 4;
+    float s[kSN];
     uint32_t pf[kBlockN / 16][4];
-#pragma unroll
-    for (int i = 0; i < kON; ++i) o[i] = 0.0f;
-    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
-    const uint32_t q_wg = sQ + (uint32_t)c * 64 * 128; /* this consumer's 64 rows of Q */
+    auto s_at = [&s](int j, int e) -> float & { return s[4 * j + e]; };
+    auto o_at = [&o](int j, int e) -> float & { return o[4 * j + e]; };
+    const uint32_t q_wg = sm.q + (uint32_t)c * 64 * 128; /* this consumer's 64 rows of Q */
 
-    mbar_wait(bar_q, 0);
-    /* Turns go round: consumer c waits on barrier 1 + c and then passes to c + 1 (mod kNC); the
+    mbar_wait(sm.bar_q, 0);
+    /* Turns go round: consumer c waits on its turn barrier and then passes to c + 1 (mod C); the
      * last one starts the round by passing to consumer 0. */
-    const int my_turn = 1 + c, next_turn = 1 + (c + 1) % kNC;
-    if (c == kNC - 1) named_arrive(1, 256);
+    const int my_turn = turn_barrier(c), next_turn = turn_barrier((c + 1) % kNC);
+    if (c == kNC - 1) named_arrive(turn_barrier(0), kTurnThreads);
 
-    for (int it = 0; it < n_tiles; ++it) {
-        const int n0 = (tile_begin + it) * kBlockN;
+    for (int it = 0; it < tl.n_tiles; ++it) {
+        const int n0 = (tl.tile_begin + it) * kBlockN;
         const int st = it & 1;
-        mbar_wait(full_k + 8 * st, (it >> 1) & 1);
-        if (it > 0) mbar_wait(full_v + 8 * (st ^ 1), ((it - 1) >> 1) & 1);
-        const uint32_t k_st = sK + (uint32_t)st * Tr::kKVBytes;
+        mbar_wait(sm.full_k + 8 * st, (it >> 1) & 1);
+        if (it > 0) mbar_wait(sm.full_v + 8 * (st ^ 1), ((it - 1) >> 1) & 1);
+        const uint32_t k_st = sm.k_stage(st);
 
-        named_sync(my_turn, 256); /* our turn on the tensor cores */
+        named_sync(my_turn, kTurnThreads); /* our turn on the tensor cores */
         reg_fence(o);
         reg_fence(pf);
         wgmma_fence();
@@ -301,212 +236,170 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         }
         wgmma_commit();
         if (it > 0) {
-            const uint32_t v_st = sV + (uint32_t)(st ^ 1) * Tr::kKVBytes;
+            const uint32_t v_st = sm.v_stage(st ^ 1);
             wgmma_fence(); /* P and O were written by ordinary instructions since the last one */
 #pragma unroll
             for (int kk = 0; kk < kBlockN / 16; ++kk)
                 wgmma_rs<kHeadDim, kDtype>::run(o, pf[kk], smem_desc(v_st + kk * 16 * 128, kBlockN * 128, 1024), 1);
         }
         wgmma_commit(); /* empty on the first tile: "all but the newest group" then always means S */
-        named_arrive(next_turn, 256); /* the next consumer's turn */
+        named_arrive(next_turn, kTurnThreads); /* the next consumer's turn */
 
         wgmma_wait<1>();
         reg_fence(s);
-        if (lane == 0) mbar_arrive(empty_k + 8 * st); /* this warp is done with K_it */
+        if (lane == 0) mbar_arrive(sm.empty_k + 8 * st); /* this warp is done with K_it */
 
-        if constexpr (kTransform) {
-#pragma unroll
-            for (int i = 0; i < kSN; ++i) {
-                const int r = (i % 4) / 2;
-                s[i] = kLog2e * transform_raw_score(p, s[i], slope_r[r], pos_r[r], n0 + 8 * (i / 4) + 2 * t + (i % 2));
-            }
-        }
-        const bool need_mask = n0 < row_last + p.key_lo_off || n0 + kBlockN - 1 > m0 + p.key_hi_off ||
-                               n0 + kBlockN > p.seqlen_k;
-        if (need_mask) {
-#pragma unroll
-            for (int i = 0; i < kSN; ++i)
-                if (!visible(p, pos_r[(i % 4) / 2], n0 + 8 * (i / 4) + 2 * t + (i % 2))) s[i] = -INFINITY;
-        }
+        if constexpr (kTransform) transform_scores<kBlockN / 8>(s_at, p, row, slope, n0, t);
+        const bool need_mask = FA_TILE_NEEDS_MASK(p, n0, kBlockN, tl.m0, tl.row_last);
+        if (need_mask) mask_scores<kBlockN / 8>(s_at, p, row, n0, t);
 
         float corr[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            float mx = row_max[r];
-#pragma unroll
-            for (int j = 0; j < kBlockN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
-            mx = quad_max(mx);
-            const float m_scaled = (mx == -INFINITY) ? 0.0f : mx * mult;
-            corr[r] = fast_exp2(row_max[r] * mult - m_scaled);
-            row_max[r] = mx;
-            float sum = 0.0f;
-#pragma unroll
-            for (int j = 0; j < kBlockN / 8; ++j) {
-                s[4 * j + 2 * r] = fast_exp2(fmaf(s[4 * j + 2 * r], mult, -m_scaled));
-                s[4 * j + 2 * r + 1] = fast_exp2(fmaf(s[4 * j + 2 * r + 1], mult, -m_scaled));
-                sum += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
-            }
+            float m_scaled;
+            corr[r] = softmax_new_max<kBlockN / 8>(s_at, r, row_max[r], mult, m_scaled);
+            const float sum = softmax_exp<kBlockN / 8>(s_at, r, mult, m_scaled, 0.0f);
             row_sum[r] = row_sum[r] * corr[r] + sum;
         }
 
         wgmma_wait<0>(); /* P V_{it-1} is done with O, pf and V_{it-1} */
         reg_fence(o);
         reg_fence(pf);
-        if (it > 0 && lane == 0) mbar_arrive(empty_v + 8 * (st ^ 1));
+        if (it > 0 && lane == 0) mbar_arrive(sm.empty_v + 8 * (st ^ 1));
 #pragma unroll
         for (int j = 0; j < kHeadDim / 8; ++j) {
             o[4 * j] *= corr[0], o[4 * j + 1] *= corr[0];
             o[4 * j + 2] *= corr[1], o[4 * j + 3] *= corr[1];
         }
 #pragma unroll
-        for (int kk = 0; kk < kBlockN / 16; ++kk) {
-            pf[kk][0] = pack_pair<kDtype>(s[8 * kk + 0], s[8 * kk + 1]);
-            pf[kk][1] = pack_pair<kDtype>(s[8 * kk + 2], s[8 * kk + 3]);
-            pf[kk][2] = pack_pair<kDtype>(s[8 * kk + 4], s[8 * kk + 5]);
-            pf[kk][3] = pack_pair<kDtype>(s[8 * kk + 6], s[8 * kk + 7]);
-        }
+        for (int kk = 0; kk < kBlockN / 16; ++kk) pack_p<kDtype>(s_at, kk, pf[kk]);
     }
 
     /* The last tile's P V (the stage needs no handing back: nothing more is loaded). */
-    {
-        const int st = (n_tiles - 1) & 1;
-        mbar_wait(full_v + 8 * st, ((n_tiles - 1) >> 1) & 1);
-        const uint32_t v_st = sV + (uint32_t)st * Tr::kKVBytes;
-        named_sync(my_turn, 256);
-        reg_fence(o);
-        reg_fence(pf);
-        wgmma_fence();
+    const int st = (tl.n_tiles - 1) & 1;
+    mbar_wait(sm.full_v + 8 * st, ((tl.n_tiles - 1) >> 1) & 1);
+    const uint32_t v_st = sm.v_stage(st);
+    named_sync(my_turn, kTurnThreads);
+    reg_fence(o);
+    reg_fence(pf);
+    wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < kBlockN / 16; ++kk)
-            wgmma_rs<kHeadDim, kDtype>::run(o, pf[kk], smem_desc(v_st + kk * 16 * 128, kBlockN * 128, 1024), 1);
-        wgmma_commit();
-        if (c != kNC - 1) named_arrive(next_turn, 256); /* nobody waits for consumer 0 again */
-        wgmma_wait<0>();
-        reg_fence(o);
+    for (int kk = 0; kk < kBlockN / 16; ++kk)
+        wgmma_rs<kHeadDim, kDtype>::run(o, pf[kk], smem_desc(v_st + kk * 16 * 128, kBlockN * 128, 1024), 1);
+    wgmma_commit();
+    if (c != kNC - 1) named_arrive(next_turn, kTurnThreads); /* nobody waits for consumer 0 again */
+    wgmma_wait<0>();
+    reg_fence(o);
+}
+
+/* Split epilogue: this split's normalised O, fp32, straight from the registers, into o_accum. */
+template <class Tr, int kON>
+__device__ __forceinline__ void store_split_partial(const fa_kernel_params &p, const tile<Tr> &tl, const float (&o)[kON],
+                                                    const float (&inv_r)[2], const bool (&valid_r)[2],
+                                                    const int (&head_r)[2], const int (&pos_r)[2], int t) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        if (!valid_r[r]) continue;
+        float *dst = p.o_accum + (((int64_t)tl.split * p.batch * p.heads_q + (int64_t)tl.b * p.heads_q + head_r[r]) *
+                                      p.seqlen_q + pos_r[r]) * p.head_dim;
+#pragma unroll
+        for (int j = 0; j < kON / 4; ++j)
+            if (8 * j + 2 * t < p.head_dim) /* head_dim is a multiple of 8: both or neither */
+                *reinterpret_cast<float2 *>(dst + 8 * j + 2 * t) =
+                    make_float2(o[4 * j + 2 * r] * inv_r[r], o[4 * j + 2 * r + 1] * inv_r[r]);
     }
+}
+
+/* Epilogue: normalise; stage O (swizzled, conflict-free) in this consumer's own 64 rows of the Q
+ * tile, which only its finished S products read; store rows with 16-byte writes. */
+template <int kDtype, class Tr, int kON>
+__device__ __forceinline__ void store_o(const fa_kernel_params &p, const tile<Tr> &tl, const smem_layout<Tr> &sm,
+                                        const float (&o)[kON], const float (&inv_r)[2], int c, int trow, int t) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int j = 0; j < kON / 4; ++j) {
+            const uint32_t v = pack_pair<kDtype>(o[4 * j + 2 * r] * inv_r[r], o[4 * j + 2 * r + 1] * inv_r[r]);
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sm.q + swz_off<Tr::kBlockM>(trow + 8 * r, j) + 4 * t),
+                         "r"(v)
+                         : "memory");
+        }
+    named_sync(epilogue_barrier(c, Tr::kConsumers), kWarpgroupThreads); /* this consumer's rows of O are staged */
+    for (int i = threadIdx.x % kWarpgroupThreads; i < 64 * Tr::kChunks; i += kWarpgroupThreads) {
+        const int rl = c * 64 + i / Tr::kChunks, ch = i % Tr::kChunks;
+        int head, pos;
+        if (tl.row_target(p, rl, head, pos) && ch * 8 < p.head_dim) {
+            uint4 v;
+            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                         : "r"(sm.q + swz_off<Tr::kBlockM>(rl, ch))
+                         : "memory");
+            *reinterpret_cast<uint4 *>(tl.o_row(p, head, pos) + ch * 8) = v;
+        }
+    }
+}
+
+template <int kDtype, int kHeadDim, int kConsumers, bool kTransform>
+__global__ void __launch_bounds__(kWarpgroupThreads * (kConsumers + 1), 1)
+fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_constant__ CUtensorMap tm_q,
+                  const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using Tr = traits<kDtype, kHeadDim, kConsumers>;
+    const tile<Tr> tl(p);
+    if (tl.n_tiles == 0) {
+        store_empty(p, tl);
+        return;
+    }
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const smem_layout<Tr> sm(smem_u32(smem_raw));
+    const int tid = threadIdx.x, wg = tid / kWarpgroupThreads, lane = tid % 32;
+    if (tid == 0) sm.init_barriers();
+    __syncthreads();
+
+    if (wg == 0) { /* the producer warpgroup */
+        release_registers<Tr::kProducerRegs>();
+        if (tid == 0) produce(tl, sm, &tm_q, &tm_k, &tm_v);
+        return;
+    }
+
+    /* A consumer warpgroup: 64 tile rows; this thread holds rows trow and trow + 8 of them. */
+    claim_registers<Tr::kConsumerRegs>();
+    const int c = wg - 1;
+    const int g = lane / 4, t = lane % 4;
+    const int trow = c * 64 + ((tid % kWarpgroupThreads) / 32) * 16 + g;
+    int head_r[2], pos_r[2];
+    bool valid_r[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) valid_r[r] = tl.row_target(p, trow + 8 * r, head_r[r], pos_r[r]);
+    /* Softcap and ALiBi need the score in natural units; without them the scale is folded into
+     * the exp2 argument. */
+    const float mult = kTransform ? 1.0f : p.scale_log2;
+    float slope_r[2] = {0.0f, 0.0f};
+    if constexpr (kTransform) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) slope_r[r] = valid_r[r] ? alibi_slope(p, tl.b, head_r[r]) : 0.0f;
+    }
+
+    float o[kHeadDim / 2];
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
+    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+    consume<kDtype, kHeadDim, kConsumers, kTransform>(
+        p, tl, sm, c, mult, [&pos_r](int r) { return pos_r[r]; }, [&slope_r](int r) { return slope_r[r]; }, o,
+        row_max, row_sum);
 
     float inv_r[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const float l = quad_sum(row_sum[r]);
-        inv_r[r] = l > 0.0f ? 1.0f / l : 0.0f;
+        inv_r[r] = softmax_inv(l);
         if (valid_r[r] && t == 0)
-            if (float *ls = lse_slot(head_r[r], pos_r[r]))
-                *ls = l > 0.0f ? (row_max[r] * mult + __log2f(l)) * kLn2 : -INFINITY;
+            if (float *ls = tl.lse_slot(p, head_r[r], pos_r[r])) *ls = softmax_lse(l, row_max[r], mult);
     }
-    if (partial) { /* this split's normalised O, fp32, straight from the registers */
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            if (!valid_r[r]) continue;
-            float *dst = p.o_accum + (((int64_t)split * p.batch * p.heads_q + (int64_t)b * p.heads_q + head_r[r]) *
-                                          p.seqlen_q + pos_r[r]) * p.head_dim;
-#pragma unroll
-            for (int j = 0; j < kHeadDim / 8; ++j)
-                if (8 * j + 2 * t < p.head_dim) /* head_dim is a multiple of 8: both or neither */
-                    *reinterpret_cast<float2 *>(dst + 8 * j + 2 * t) =
-                        make_float2(o[4 * j + 2 * r] * inv_r[r], o[4 * j + 2 * r + 1] * inv_r[r]);
-        }
-        return;
-    }
-
-    /* Epilogue: normalise; stage O (swizzled, conflict-free) in this consumer's own 64 rows of the Q
-     * tile, which only its finished S products read; store rows with 16-byte writes. */
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-#pragma unroll
-        for (int j = 0; j < kHeadDim / 8; ++j) {
-            const uint32_t v = pack_pair<kDtype>(o[4 * j + 2 * r] * inv_r[r], o[4 * j + 2 * r + 1] * inv_r[r]);
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sQ + swz_off<kBlockM>(trow + 8 * r, j) + 4 * t), "r"(v)
-                         : "memory");
-        }
-    named_sync(1 + kNC + c, 128); /* this consumer's rows of O are staged */
-    for (int i = tid % 128; i < 64 * Tr::kChunks; i += 128) {
-        const int rl = c * 64 + i / Tr::kChunks, ch = i % Tr::kChunks;
-        int head, pos;
-        if (row_target(rl, head, pos) && ch * 8 < p.head_dim) {
-            uint4 v;
-            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                         : "r"(sQ + swz_off<kBlockM>(rl, ch))
-                         : "memory");
-            *reinterpret_cast<uint4 *>((T *)p.o + b * p.o_batch_stride + head * p.o_head_stride +
-                                       (int64_t)pos * p.o_seq_stride + ch * 8) = v;
-        }
-    }
+    if (tl.partial) store_split_partial(p, tl, o, inv_r, valid_r, head_r, pos_r, t);
+    else store_o<kDtype>(p, tl, sm, o, inv_r, c, trow, t);
 #endif
-}
-
-/* cuTensorMapEncodeTiled from the driver, through the runtime (no link against libcuda). */
-inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-    static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-        void *f = nullptr;
-        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-#if CUDART_VERSION >= 12050
-        const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q);
-#else
-        const cudaError_t err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &f, cudaEnableDefault, &q);
-#endif
-        return (err == cudaSuccess && q == cudaDriverEntryPointSuccess) ? (PFN_cuTensorMapEncodeTiled_v12000)f : nullptr;
-    }();
-    return fn;
-}
-
-/* The map of a [batch, seq, heads, head_dim] tensor (head dim contiguous) read in boxes of
- * 64 columns x box_rows positions x box_heads heads, 128-byte swizzled. Extents of 0 become 1 (such a tensor is never read). */
-inline bool encode_map(CUtensorMap *map, int dtype, const void *ptr, int64_t head_dim, int64_t seq, int64_t heads,
-                       int64_t batch, int64_t seq_stride, int64_t head_stride, int64_t batch_stride, int box_rows,
-                       int box_heads) {
-    const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-    if (encode == nullptr) return false;
-    const cuuint64_t dims[4] = {(cuuint64_t)head_dim, (cuuint64_t)(seq > 0 ? seq : 1), (cuuint64_t)heads,
-                                (cuuint64_t)batch};
-    const int64_t raw[3] = {seq_stride, head_stride, batch_stride};
-    cuuint64_t strides[3];
-    for (int i = 0; i < 3; ++i) /* a one-element dimension's stride is never used; keep it legal */
-        strides[i] = (cuuint64_t)(dims[i + 1] > 1 ? raw[i] * 2 : 16);
-    const cuuint32_t box[4] = {64, (cuuint32_t)box_rows, (cuuint32_t)box_heads, 1};
-    const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-    const CUresult r = encode(map, dtype == 1 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
-                              const_cast<void *>(ptr), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    return r == CUDA_SUCCESS;
-}
-
-template <int kDtype, int kHeadDim, int kConsumers>
-int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
-    using Tr = traits<kDtype, kHeadDim, kConsumers>;
-    if (l->threads != Tr::kThreads || l->smem_bytes != Tr::kSmemBytes ||
-        (kp->pack_gqa && (kp->pack_rows < 1 || kp->pack_rows * kp->head_group > Tr::kBlockM)) ||
-        (kp->num_splits > 1 && (kp->o_accum == nullptr || kp->lse_accum == nullptr)))
-        return (int)cudaErrorInvalidConfiguration; /* planner and kernel disagree: refuse */
-    CUtensorMap tq, tk, tv;
-    /* Q in boxes of one head x 128 positions, or (pack_gqa) head_group heads x pack_rows positions. */
-    const int q_rows = kp->pack_gqa ? kp->pack_rows : Tr::kBlockM, q_heads = kp->pack_gqa ? kp->head_group : 1;
-    if (!encode_map(&tq, kDtype, kp->q, kp->head_dim, kp->seqlen_q, kp->heads_q, kp->batch, kp->q_seq_stride,
-                    kp->q_head_stride, kp->q_batch_stride, q_rows, q_heads) ||
-        !encode_map(&tk, kDtype, kp->k, kp->head_dim, kp->seqlen_k, kp->heads_kv, kp->batch, kp->k_seq_stride,
-                    kp->k_head_stride, kp->k_batch_stride, Tr::kBlockN, 1) ||
-        !encode_map(&tv, kDtype, kp->v, kp->head_dim, kp->seqlen_k, kp->heads_kv, kp->batch, kp->v_seq_stride,
-                    kp->v_head_stride, kp->v_batch_stride, Tr::kBlockN, 1))
-        return (int)cudaErrorInvalidValue; /* the planner checked the limits; not expected */
-    const bool transform = kp->softcap > 0.0f || kp->alibi_slopes != nullptr;
-    auto kernel = transform ? fused_sm90_kernel<kDtype, kHeadDim, kConsumers, true>
-                            : fused_sm90_kernel<kDtype, kHeadDim, kConsumers, false>;
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
-    if (err != cudaSuccess) return (int)err;
-    kernel<<<dim3(l->grid_x, l->grid_y, l->grid_z), Tr::kThreads, Tr::kSmemBytes, (cudaStream_t)stream>>>(*kp, tq, tk,
-                                                                                                         tv);
-    err = cudaGetLastError();
-    if (err != cudaSuccess || kp->num_splits <= 1) return (int)err;
-    return fa_split_combine(kp, kDtype, stream);
 }
 
 }  // namespace sm90
 }  // namespace fa
-
-#define FA_SM90_INSTANCE(DTYPE, NAME, HD, NC)                                              \
-    extern "C" __attribute__((visibility("hidden"))) int fa_sm90_fwd_##NAME##_d##HD##_c##NC( \
-        const fa_kernel_params *kp, const fa_launch *l, void *stream) {                    \
-        return fa::sm90::launch<DTYPE, HD, NC>(kp, l, stream);                             \
-    }

@@ -134,7 +134,7 @@ extern "C" int fa_ref_prepare(const fa_kernel_params *kp, int dtype, void **ptr_
     if (err != cudaSuccess) return (int)err;
     const int64_t nv = (int64_t)kp->batch * kp->heads_kv * kp->seqlen_k * kp->head_dim;
     if (nv > 0) {
-        if (dtype == 1)
+        if (dtype == FA_DTYPE_BF16)
             fa::ref_widen_v<1><<<fa::grid_for(nv, 256), 256, 0, s>>>(*kp, v_f32);
         else
             fa::ref_widen_v<0><<<fa::grid_for(nv, 256), 256, 0, s>>>(*kp, v_f32);
@@ -146,7 +146,7 @@ extern "C" int fa_ref_prepare(const fa_kernel_params *kp, int dtype, void **ptr_
 extern "C" int fa_ref_softmax(const fa_kernel_params *kp, int dtype, int lowprec, float *scores,
                               int grid, void *stream) {
     cudaStream_t s = (cudaStream_t)stream;
-    if (dtype == 1) {
+    if (dtype == FA_DTYPE_BF16) {
         if (lowprec) fa::ref_softmax_rows<1, true><<<grid, fa::kRefThreads, 0, s>>>(*kp, scores);
         else fa::ref_softmax_rows<1, false><<<grid, fa::kRefThreads, 0, s>>>(*kp, scores);
     } else {
@@ -160,7 +160,7 @@ extern "C" int fa_ref_store_o(const fa_kernel_params *kp, int dtype, const float
                               void *stream) {
     cudaStream_t s = (cudaStream_t)stream;
     const int64_t n = (int64_t)kp->batch * kp->heads_q * kp->seqlen_q * kp->head_dim;
-    if (dtype == 1)
+    if (dtype == FA_DTYPE_BF16)
         fa::ref_store_o<1><<<fa::grid_for(n, 256), 256, 0, s>>>(*kp, o_f32);
     else
         fa::ref_store_o<0><<<fa::grid_for(n, 256), 256, 0, s>>>(*kp, o_f32);
