@@ -79,7 +79,7 @@ static double kv_bytes_of(const shape *s) { return 2.0 * s->b * s->hkv * (double
 
 static int is_decode(const shape *s) { return strcmp(s->kind, "decode") == 0; }
 
-/* ---- the default suite: ../shared/peers-h200.md's shapes ---------------------------------------- */
+/* ---- the default suite: the peer table's shapes (docs/performance.md, benchmarks/compare_peers.py) ---- */
 static int default_suite(shape *out, int quick) {
     int n = 0;
     if (quick) {

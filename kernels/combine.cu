@@ -57,7 +57,7 @@ extern "C" __attribute__((visibility("hidden"))) int fa_split_combine(const fa_k
                                                                       void *stream) {
     const int64_t rows = (int64_t)kp->batch * kp->heads_q * kp->seqlen_q;
     const int64_t blocks = (rows + fa::kCombineWarps - 1) / fa::kCombineWarps;
-    const dim3 grid((unsigned)(blocks < 65535 * 16 ? blocks : 65535 * 16));
+    const dim3 grid((unsigned)(blocks < FA_GRID_STRIDE_MAX_BLOCKS ? blocks : FA_GRID_STRIDE_MAX_BLOCKS));
     if (dtype == FA_DTYPE_BF16)
         fa::split_combine<1><<<grid, fa::kCombineWarps * 32, 0, (cudaStream_t)stream>>>(*kp);
     else

@@ -17,6 +17,11 @@ extern "C" {
 #define FA_LOG2E 1.4426950408889634
 #define FA_LN2 0.6931471805599453
 
+/* CUDA's limit on grid y and z (the fused kernels put heads and batch there), and the grid.x of the
+ * grid-stride kernels (reference pieces, split combine): plenty of blocks to fill any GPU. */
+#define FA_MAX_GRID_YZ 65535
+#define FA_GRID_STRIDE_MAX_BLOCKS (65535 * 16)
+
 /* Element types, as flashattn_dtype numbers them (plan.c checks they agree). */
 enum { FA_DTYPE_F16 = 0, FA_DTYPE_BF16 = 1 };
 

@@ -57,7 +57,7 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
         (kp->num_splits > 1 && (kp->o_accum == nullptr || kp->lse_accum == nullptr)))
         return (int)cudaErrorInvalidConfiguration; /* planner and kernel disagree: refuse */
     CUtensorMap tq, tk, tv;
-    /* Q in boxes of one head x 128 positions, or (pack_gqa) head_group heads x pack_rows positions. */
+    /* Q in boxes of one head x kBlockM positions, or (pack_gqa) head_group heads x pack_rows positions. */
     const int q_rows = kp->pack_gqa ? kp->pack_rows : Tr::kBlockM, q_heads = kp->pack_gqa ? kp->head_group : 1;
     if (!encode_map(&tq, kDtype, kp->q, kp->head_dim, kp->seqlen_q, kp->heads_q, kp->batch, kp->q_seq_stride,
                     kp->q_head_stride, kp->q_batch_stride, q_rows, q_heads) ||

@@ -118,7 +118,7 @@ __global__ void ref_store_o(const __grid_constant__ fa_kernel_params p, const fl
 
 int grid_for(int64_t n, int threads) {
     const int64_t blocks = (n + threads - 1) / threads;
-    return (int)(blocks < 1 ? 1 : (blocks > 65535 * 32 ? 65535 * 32 : blocks));
+    return (int)(blocks < 1 ? 1 : (blocks > FA_GRID_STRIDE_MAX_BLOCKS ? FA_GRID_STRIDE_MAX_BLOCKS : blocks));
 }
 
 }  // namespace

@@ -86,6 +86,9 @@ static void visibility_offsets(const flashattn_fwd_params *p, int32_t *lo_out, i
     *hi_out = (int32_t)hi;
 }
 
+_Static_assert((int)FA_DTYPE_F16 == (int)FLASHATTN_DTYPE_FLOAT16 && (int)FA_DTYPE_BF16 == (int)FLASHATTN_DTYPE_BFLOAT16,
+               "the kernels number dtypes as the public header does");
+
 static void fill_kernel_params(const flashattn_fwd_params *p, fa_kernel_params *kp) {
     memset(kp, 0, sizeof *kp);
     kp->q = p->q, kp->k = p->k, kp->v = p->v, kp->o = p->o;
@@ -175,9 +178,9 @@ static const char *fused_layout_reason(const char *backend, const flashattn_fwd_
                 return buf;
             }
     }
-    if (p->heads_q > 65535 || p->batch > 65535) {
-        snprintf(buf, n, "the %s backend supports heads_q and batch up to 65535 (got %lld, %lld)",
-                 backend, (ll)p->heads_q, (ll)p->batch);
+    if (p->heads_q > FA_MAX_GRID_YZ || p->batch > FA_MAX_GRID_YZ) {
+        snprintf(buf, n, "the %s backend supports heads_q and batch up to %d (got %lld, %lld)",
+                 backend, FA_MAX_GRID_YZ, (ll)p->heads_q, (ll)p->batch);
         return buf;
     }
     return NULL;
@@ -394,7 +397,7 @@ flashattn_status fa_plan_make(const fa_device_caps *caps, const flashattn_fwd_pa
                            (ll)p->head_dim);
     } else {
         const int64_t rows = p->batch * p->heads_q * p->seqlen_q;
-        plan.grid_x = (int32_t)min64(rows, 65535 * 16);
+        plan.grid_x = (int32_t)min64(rows, FA_GRID_STRIDE_MAX_BLOCKS);
         plan.grid_y = plan.grid_z = 1;
         plan.threads = 256;
         plan.smem_bytes = 0;
