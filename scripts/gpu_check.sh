@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One device call: build with all cores, run the whole test suite (GPU tests included), the
 # benchmark's default suite, and the side-by-side comparison with the peers; logs under $OUT, a
-# short table last.   Usage: scripts/gpu_check.sh [all|build|test|sanitize|bench|quick|hostcost|peers|ab]...
+# short table last.   Usage: scripts/gpu_check.sh [all|build|test|sanitize|bench|quick|hostcost|peers|ab|abtree]...
 # (default: all; "quick" is the benchmark's quick suite, "hostcost" the Python host cost per call
-# beside SDPA's). "ab" times FUSED against FUSED_SM90 at every compiled head dim: the measurement
+# beside SDPA's; "abtree" builds the source tree in $AB_OLD too and times both builds on the default
+# suite, alternating, for a refactor's before/after). "ab" times FUSED against FUSED_SM90 at every compiled head dim: the measurement
 # behind the AUTO ranges of FA_SM90_CONFIGS.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -67,6 +68,21 @@ if want ab; then
   done
   summary+=("ab: see the end of bench.log")
 fi
+if [[ " $steps " == *" abtree "* ]]; then
+  cmake -S "$AB_OLD" -B "$AB_OLD/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_BUILD_TESTS=OFF >/dev/null &&
+    cmake --build "$AB_OLD/build" -j "$(nproc)" --target flashattn_bench > /tmp/flashattn_ab_build.log 2>&1 ||
+    { tail -20 /tmp/flashattn_ab_build.log; exit 1; }
+  files=()
+  for round in 1 2; do
+    for side in a b; do
+      exe=$([ $side = a ] && echo "$AB_OLD/build/benchmarks/flashattn_bench" || echo build/benchmarks/flashattn_bench)
+      "$exe" --no-check --iters 15 --warmup 3 --json "$OUT/ab_${side}${round}.json" > /dev/null 2>> "$OUT/ab.log"
+      files+=("$OUT/ab_${side}${round}.json")
+    done
+  done
+  python3 benchmarks/ab_compare.py "${files[@]}" > "$OUT/ab_compare.txt"
+  summary+=("abtree (A = $AB_OLD, B = this tree): $(tail -1 "$OUT/ab_compare.txt")")
+fi
 if want peers && [ -f benchmarks/compare_peers.py ]; then
   FLASHATTN_LIBRARY=$PWD/build/libflashattn.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 \
     python3 benchmarks/compare_peers.py --json "$OUT/peers.json" > "$OUT/peers.log" 2>&1
@@ -77,4 +93,5 @@ fi
 [ -f "$OUT/bench.log" ] && grep -vE '^#|^\[' "$OUT/bench.log" | cut -c1-150
 [ -f "$OUT/peers.log" ] && tail -70 "$OUT/peers.log"
 [ -f "$OUT/hostcost.log" ] && cat "$OUT/hostcost.log"
+[ -f "$OUT/ab_compare.txt" ] && cat "$OUT/ab_compare.txt"
 printf '%s\n' "${summary[@]}"
