@@ -255,7 +255,13 @@ fused_fwd_kernel(const __grid_constant__ fa_kernel_params p) {
         if constexpr (kTransform) {
 #pragma unroll
             for (int mt = 0; mt < kMT; ++mt)
-                transform_scores<Tr::kSTiles>(s_of(mt), p, row_of(mt), [=](int) { return slope; }, n0, t);
+#pragma unroll
+                for (int j = 0; j < Tr::kSTiles; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        s[mt][j][e] = kLog2e * transform_raw_score(p, s[mt][j][e], slope,
+                                                                   warp_row0 + 16 * mt + g + 8 * (e / 2),
+                                                                   n0 + 8 * j + 2 * t + (e % 2));
         }
         const bool need_mask = FA_TILE_NEEDS_MASK(p, n0, kBlockN, m0, row_last);
         if (need_mask) {

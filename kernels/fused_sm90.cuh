@@ -33,11 +33,14 @@
  * No atomics, fixed order: deterministic.
  *
  * The pieces, in the order data flows through them:
- *   tile          which query rows and key tiles the block owns (and the empty-tile answer)
- *   smem_layout   where Q, the K/V stages and the mbarriers live in shared memory
- *   produce       the producer warpgroup's TMA loop
- *   consume       a consumer warpgroup's main loop: S = Q K^T, softmax (softmax.cuh), O += P V
- *   store_split_partial / store_o   the epilogues (split partial results, or O through shared memory)
+ *   tile                 which query rows and key tiles the block owns (row_target, lse_slot)
+ *   store_empty          the answer for a tile no row of which sees a key
+ *   smem_layout          where Q, the K/V stages and the mbarriers live; init_barriers
+ *   produce              the producer warpgroup's TMA loop
+ *   the kernel body      a consumer warpgroup's mainloop: S = Q K^T, mask and softmax (softmax.cuh),
+ *                        O += P V, then 1/l and LSE, and the plain epilogue (O staged through shared
+ *                        memory); kept in the body because nvcc compiles it differently as a function
+ *   store_split_partial  the split epilogue (fp32 partial O for the combine kernel)
  * PTX wrappers are in sm90_ptx.cuh; the host side (tensor maps, launch) in fused_sm90_launch.cuh.
  */
 #pragma once
@@ -77,9 +80,9 @@ template <int kDtype, int kHeadDim, int kNumConsumers> struct traits {
 
 /* Shared memory: Q (1024-byte aligned for the swizzle atom), two stages of K, two of V, then the
  * mbarriers (8 bytes each): Q loaded; K and V stage s full (the TMA landed) and empty (every
- * consumer warp is done with it). */
+ * consumer warp is done with it). full_* and empty_* are stage 0's; stage s's is 8 s bytes on. */
 template <class Tr> struct smem_layout {
-    uint32_t q, k, v, bar_q, full_k, full_v, empty_k, empty_v; /* full_* and empty_*: stage 0; stage s at + 8 s */
+    uint32_t q, k, v, bar_q, full_k, full_v, empty_k, empty_v;
     __device__ __forceinline__ explicit smem_layout(uint32_t raw) {
         q = (raw + 1023u) & ~1023u;
         k = q + Tr::kQBytes;
@@ -87,10 +90,8 @@ template <class Tr> struct smem_layout {
         bar_q = v + 2 * Tr::kKVBytes;
         full_k = bar_q + 8, full_v = bar_q + 24, empty_k = bar_q + 40, empty_v = bar_q + 56;
     }
-    __device__ __forceinline__ uint32_t k_stage(int s) const { return k + (uint32_t)s * Tr::kKVBytes; }
-    __device__ __forceinline__ uint32_t v_stage(int s) const { return v + (uint32_t)s * Tr::kKVBytes; }
-    /* Thread 0 before the block's first barrier: the loads arrive once (with their byte counts), the
-     * hand-backs once per consumer warp. */
+    /* Thread 0, before the block's first barrier: a load arrives once (with its byte count), a
+     * stage is handed back once per consumer warp. */
     __device__ __forceinline__ void init_barriers() const {
         mbar_init(bar_q, 1);
 #pragma unroll
@@ -107,12 +108,11 @@ template <class Tr> struct smem_layout {
 /* The block's work: query positions [m0, m0 + rows_per_head) of `heads` query heads starting at h0
  * (one head, or with pack_gqa the head_group heads of KV head hk); tile row r is head
  * h0 + r / rows_per_head, position m0 + r % rows_per_head. Split `split` of num_splits takes its
- * share, [tile_begin, tile_begin + n_tiles), of the key tiles any row can see. */
+ * share, key tiles [tile_begin, tile_begin + n_tiles), of the key tiles any of its rows can see. */
 template <class Tr> struct tile {
     int split, b, heads, rows_per_head, hk, h0, m0, row_last, tile_begin, n_tiles;
     bool partial;
     __device__ __forceinline__ explicit tile(const fa_kernel_params &p) {
-        constexpr int kBlockN = Tr::kBlockN;
         split = (int)blockIdx.x % p.num_splits;
         const int m_block = p.num_m_blocks - 1 - (int)blockIdx.x / p.num_splits; /* heaviest tiles first */
         b = blockIdx.z;
@@ -125,8 +125,8 @@ template <class Tr> struct tile {
         partial = p.num_splits > 1;
         const int key_lo = max(0, m0 + p.key_lo_off);
         const int key_hi = min(p.seqlen_k, row_last + p.key_hi_off + 1);
-        const int tile_first = key_lo / kBlockN;
-        const int tiles_all = key_hi > key_lo ? (key_hi + kBlockN - 1) / kBlockN - tile_first : 0;
+        const int tile_first = key_lo / Tr::kBlockN;
+        const int tiles_all = key_hi > key_lo ? (key_hi + Tr::kBlockN - 1) / Tr::kBlockN - tile_first : 0;
         const int tiles_per_split = (tiles_all + p.num_splits - 1) / p.num_splits;
         tile_begin = tile_first + split * tiles_per_split;
         n_tiles = max(0, min(tiles_per_split, tiles_all - split * tiles_per_split));
@@ -137,25 +137,22 @@ template <class Tr> struct tile {
         head = h0 + hg, pos = m0 + r % rows_per_head;
         return hg < heads && pos < p.seqlen_q;
     }
-    /* Where row (head, pos) writes its LSE: this split's slot, the caller's LSE, or nowhere. */
+    /* Where row (head, pos) puts its LSE: this split's slot, the caller's LSE, or nowhere. */
     __device__ __forceinline__ float *lse_slot(const fa_kernel_params &p, int head, int pos) const {
         const int64_t bhq = (int64_t)b * p.heads_q + head;
         if (partial) return p.lse_accum + ((int64_t)split * p.batch * p.heads_q + bhq) * p.seqlen_q + pos;
         return p.lse ? p.lse + bhq * p.seqlen_q + pos : nullptr;
     }
-    __device__ __forceinline__ typename Tr::T *o_row(const fa_kernel_params &p, int head, int pos) const {
-        return (typename Tr::T *)p.o + b * p.o_batch_stride + head * p.o_head_stride + (int64_t)pos * p.o_seq_stride;
-    }
 };
 
 /* No row sees a key in this split: O = 0, LSE = -inf (a split writes only its LSE). */
-template <class Tr> __device__ __forceinline__ void store_empty(const fa_kernel_params &p, const tile<Tr> &tl) {
-    const int tid = threadIdx.x;
+template <class Tr> __device__ __forceinline__ void store_empty(const fa_kernel_params &p, const tile<Tr> &tl, int tid) {
     for (int i = tid; i < Tr::kBlockM * Tr::kChunks; i += Tr::kThreads) {
         const int r = i / Tr::kChunks, ch = i % Tr::kChunks;
         int head, pos;
         if (!tl.partial && tl.row_target(p, r, head, pos) && ch * 8 < p.head_dim)
-            *reinterpret_cast<uint4 *>(tl.o_row(p, head, pos) + ch * 8) = make_uint4(0, 0, 0, 0);
+            *reinterpret_cast<uint4 *>((typename Tr::T *)p.o + tl.b * p.o_batch_stride + head * p.o_head_stride +
+                                       (int64_t)pos * p.o_seq_stride + ch * 8) = make_uint4(0, 0, 0, 0);
     }
     for (int r = tid; r < Tr::kBlockM; r += Tr::kThreads) {
         int head, pos;
@@ -164,8 +161,8 @@ template <class Tr> __device__ __forceinline__ void store_empty(const fa_kernel_
     }
 }
 
-/* The producer (one thread): Q once, then K_j and V_j into two stages each as the consumers hand
- * them back. */
+/* The producer (one thread): TMA loads of Q once, then of K_j and V_j into two stages each as the
+ * consumers hand the stages back. */
 template <class Tr>
 __device__ __forceinline__ void produce(const tile<Tr> &tl, const smem_layout<Tr> &sm, const CUtensorMap *tm_q,
                                         const CUtensorMap *tm_k, const CUtensorMap *tm_v) {
@@ -185,30 +182,120 @@ __device__ __forceinline__ void produce(const tile<Tr> &tl, const smem_layout<Tr
         if (j + 1 < tl.n_tiles) {
             const int st = (j + 1) & 1;
             if (j + 1 >= 2) mbar_wait(sm.empty_k + 8 * st, ((j - 1) >> 1) & 1);
-            load_kv(tm_k, sm.k_stage(st), sm.full_k + 8 * st, j + 1);
+            load_kv(tm_k, sm.k + st * Tr::kKVBytes, sm.full_k + 8 * st, j + 1);
         }
         const int st = j & 1;
         if (j >= 2) mbar_wait(sm.empty_v + 8 * st, ((j - 2) >> 1) & 1);
-        load_kv(tm_v, sm.v_stage(st), sm.full_v + 8 * st, j);
+        load_kv(tm_v, sm.v + st * Tr::kKVBytes, sm.full_v + 8 * st, j);
     }
 }
 
-/* One consumer warpgroup's rows through every key tile: on return o holds the unnormalised
- * output and row_max/row_sum the softmax state of this thread's two rows. Per tile: wait for K_j
- * (and V_{j-1}); take the tensor-core turn; issue S_j = Q K_j^T and O += P_{j-1} V_{j-1}; pass the
- * turn; then the softmax of S_j while P V runs; then the last tile's P V alone. */
-template <int kDtype, int kHeadDim, int kConsumers, bool kTransform, class Row, class Slope>
-__device__ __forceinline__ void consume(const fa_kernel_params &p, const tile<traits<kDtype, kHeadDim, kConsumers>> &tl,
-                                       const smem_layout<traits<kDtype, kHeadDim, kConsumers>> &sm, int c, float mult,
-                                       Row row, Slope slope, float (&o)[kHeadDim / 2], float (&row_max)[2],
-                                       float (&row_sum)[2]) {
+/* Split epilogue: this split's normalised O, fp32, straight from the registers into o_accum. */
+template <class Tr, int kON>
+__device__ __forceinline__ void store_split_partial(const fa_kernel_params &p, const tile<Tr> &tl, const float (&o)[kON],
+                                                    const float (&inv_r)[2], const bool (&valid_r)[2],
+                                                    const int (&head_r)[2], const int (&pos_r)[2], int t) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        if (!valid_r[r]) continue;
+        float *dst = p.o_accum + (((int64_t)tl.split * p.batch * p.heads_q + (int64_t)tl.b * p.heads_q + head_r[r]) *
+                                      p.seqlen_q + pos_r[r]) * p.head_dim;
+#pragma unroll
+        for (int j = 0; j < kON / 4; ++j)
+            if (8 * j + 2 * t < p.head_dim) /* head_dim is a multiple of 8: both or neither */
+                *reinterpret_cast<float2 *>(dst + 8 * j + 2 * t) =
+                    make_float2(o[4 * j + 2 * r] * inv_r[r], o[4 * j + 2 * r + 1] * inv_r[r]);
+    }
+}
+
+/* Epilogue: normalise; stage O (swizzled, conflict-free) in this consumer's own 64 rows of the Q
+ * tile, which only its finished S products read; store rows with 16-byte writes. */
+template <int kDtype, class Tr, int kON>
+__device__ __forceinline__ void store_o(const fa_kernel_params &p, const tile<Tr> &tl, const smem_layout<Tr> &sm,
+                                        const float (&o)[kON], const float (&inv_r)[2], int c, int trow, int tid, int t) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int j = 0; j < kON / 4; ++j) {
+            const uint32_t v = pack_pair<kDtype>(o[4 * j + 2 * r] * inv_r[r], o[4 * j + 2 * r + 1] * inv_r[r]);
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sm.q + swz_off<Tr::kBlockM>(trow + 8 * r, j) + 4 * t),
+                         "r"(v)
+                         : "memory");
+        }
+    named_sync(epilogue_barrier(c, Tr::kConsumers), kWarpgroupThreads); /* this consumer's rows of O are staged */
+    for (int i = tid % kWarpgroupThreads; i < 64 * Tr::kChunks; i += kWarpgroupThreads) {
+        const int rl = c * 64 + i / Tr::kChunks, ch = i % Tr::kChunks;
+        int head, pos;
+        if (tl.row_target(p, rl, head, pos) && ch * 8 < p.head_dim) {
+            uint4 v;
+            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                         : "r"(sm.q + swz_off<Tr::kBlockM>(rl, ch))
+                         : "memory");
+            *reinterpret_cast<uint4 *>((typename Tr::T *)p.o + tl.b * p.o_batch_stride + head * p.o_head_stride +
+                                       (int64_t)pos * p.o_seq_stride + ch * 8) = v;
+        }
+    }
+}
+
+template <int kDtype, int kHeadDim, int kConsumers, bool kTransform>
+__global__ void __launch_bounds__(kWarpgroupThreads * (kConsumers + 1), 1)
+fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_constant__ CUtensorMap tm_q,
+                  const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Tr = traits<kDtype, kHeadDim, kConsumers>;
-    constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN, kSN = kBlockN / 2, kNC = kConsumers;
-    const int lane = threadIdx.x % 32, t = lane % 4;
-    float s[kSN];
+    using T = typename Tr::T;
+    constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN;
+    constexpr int kSN = kBlockN / 2, kON = kHeadDim / 2; /* accumulator floats per thread */
+    constexpr int kNC = Tr::kConsumers;
+
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const smem_layout<Tr> sm(smem_u32(smem_raw));
+
+    const int tid = threadIdx.x, wg = tid / kWarpgroupThreads, lane = tid % 32;
+    const tile<Tr> tl(p);
+    const int split = tl.split, b = tl.b, heads = tl.heads, rows_per_head = tl.rows_per_head, hk = tl.hk,
+              h0 = tl.h0, m0 = tl.m0, row_last = tl.row_last, tile_begin = tl.tile_begin, n_tiles = tl.n_tiles;
+    const bool partial = tl.partial;
+    auto row_target = [&](int r, int &head, int &pos) { return tl.row_target(p, r, head, pos); };
+    auto lse_slot = [&](int head, int pos) { return tl.lse_slot(p, head, pos); };
+
+    if (n_tiles == 0) {
+        store_empty(p, tl, tid);
+        return;
+    }
+
+    if (tid == 0) sm.init_barriers();
+    __syncthreads();
+
+    if (wg == 0) { /* the producer warpgroup */
+        release_registers<Tr::kProducerRegs>();
+        if (tid == 0) produce(tl, sm, &tm_q, &tm_k, &tm_v);
+        return;
+    }
+
+    /* ---- a consumer warpgroup: its 64 rows through every key tile (the mainloop) ---- */
+    claim_registers<Tr::kConsumerRegs>();
+    const int c = wg - 1; /* consumer index: tile rows 64c..64c+63 */
+    const int g = lane / 4, t = lane % 4;
+    const int trow = c * 64 + ((tid % kWarpgroupThreads) / 32) * 16 + g; /* this thread's tile rows: trow, trow + 8 */
+    int head_r[2], pos_r[2];
+    bool valid_r[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) valid_r[r] = row_target(trow + 8 * r, head_r[r], pos_r[r]);
+    const float mult = kTransform ? 1.0f : p.scale_log2;
+    float slope_r[2] = {0.0f, 0.0f};
+    if constexpr (kTransform) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) slope_r[r] = valid_r[r] ? alibi_slope(p, b, head_r[r]) : 0.0f;
+    }
+
+    float o[kON], s[kSN];
     uint32_t pf[kBlockN / 16][4];
     auto s_at = [&s](int j, int e) -> float & { return s[4 * j + e]; };
-    auto o_at = [&o](int j, int e) -> float & { return o[4 * j + e]; };
+#pragma unroll
+    for (int i = 0; i < kON; ++i) o[i] = 0.0f;
+    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
     const uint32_t q_wg = sm.q + (uint32_t)c * 64 * 128; /* this consumer's 64 rows of Q */
 
     mbar_wait(sm.bar_q, 0);
@@ -217,12 +304,12 @@ __device__ __forceinline__ void consume(const fa_kernel_params &p, const tile<tr
     const int my_turn = turn_barrier(c), next_turn = turn_barrier((c + 1) % kNC);
     if (c == kNC - 1) named_arrive(turn_barrier(0), kTurnThreads);
 
-    for (int it = 0; it < tl.n_tiles; ++it) {
-        const int n0 = (tl.tile_begin + it) * kBlockN;
+    for (int it = 0; it < n_tiles; ++it) {
+        const int n0 = (tile_begin + it) * kBlockN;
         const int st = it & 1;
         mbar_wait(sm.full_k + 8 * st, (it >> 1) & 1);
         if (it > 0) mbar_wait(sm.full_v + 8 * (st ^ 1), ((it - 1) >> 1) & 1);
-        const uint32_t k_st = sm.k_stage(st);
+        const uint32_t k_st = sm.k + (uint32_t)st * Tr::kKVBytes;
 
         named_sync(my_turn, kTurnThreads); /* our turn on the tensor cores */
         reg_fence(o);
@@ -236,7 +323,7 @@ __device__ __forceinline__ void consume(const fa_kernel_params &p, const tile<tr
         }
         wgmma_commit();
         if (it > 0) {
-            const uint32_t v_st = sm.v_stage(st ^ 1);
+            const uint32_t v_st = sm.v + (uint32_t)(st ^ 1) * Tr::kKVBytes;
             wgmma_fence(); /* P and O were written by ordinary instructions since the last one */
 #pragma unroll
             for (int kk = 0; kk < kBlockN / 16; ++kk)
@@ -249,9 +336,15 @@ __device__ __forceinline__ void consume(const fa_kernel_params &p, const tile<tr
         reg_fence(s);
         if (lane == 0) mbar_arrive(sm.empty_k + 8 * st); /* this warp is done with K_it */
 
-        if constexpr (kTransform) transform_scores<kBlockN / 8>(s_at, p, row, slope, n0, t);
-        const bool need_mask = FA_TILE_NEEDS_MASK(p, n0, kBlockN, tl.m0, tl.row_last);
-        if (need_mask) mask_scores<kBlockN / 8>(s_at, p, row, n0, t);
+        if constexpr (kTransform) {
+#pragma unroll
+            for (int i = 0; i < kSN; ++i) {
+                const int r = (i % 4) / 2;
+                s[i] = kLog2e * transform_raw_score(p, s[i], slope_r[r], pos_r[r], n0 + 8 * (i / 4) + 2 * t + (i % 2));
+            }
+        }
+        const bool need_mask = FA_TILE_NEEDS_MASK(p, n0, kBlockN, m0, row_last);
+        if (need_mask) mask_scores<kBlockN / 8>(s_at, p, [&pos_r](int r) { return pos_r[r]; }, n0, t);
 
         float corr[2];
 #pragma unroll
@@ -276,117 +369,22 @@ __device__ __forceinline__ void consume(const fa_kernel_params &p, const tile<tr
     }
 
     /* The last tile's P V (the stage needs no handing back: nothing more is loaded). */
-    const int st = (tl.n_tiles - 1) & 1;
-    mbar_wait(sm.full_v + 8 * st, ((tl.n_tiles - 1) >> 1) & 1);
-    const uint32_t v_st = sm.v_stage(st);
-    named_sync(my_turn, kTurnThreads);
-    reg_fence(o);
-    reg_fence(pf);
-    wgmma_fence();
+    {
+        const int st = (n_tiles - 1) & 1;
+        mbar_wait(sm.full_v + 8 * st, ((n_tiles - 1) >> 1) & 1);
+        const uint32_t v_st = sm.v + (uint32_t)st * Tr::kKVBytes;
+        named_sync(my_turn, kTurnThreads);
+        reg_fence(o);
+        reg_fence(pf);
+        wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk)
-        wgmma_rs<kHeadDim, kDtype>::run(o, pf[kk], smem_desc(v_st + kk * 16 * 128, kBlockN * 128, 1024), 1);
-    wgmma_commit();
-    if (c != kNC - 1) named_arrive(next_turn, kTurnThreads); /* nobody waits for consumer 0 again */
-    wgmma_wait<0>();
-    reg_fence(o);
-}
-
-/* Split epilogue: this split's normalised O, fp32, straight from the registers, into o_accum. */
-template <class Tr, int kON>
-__device__ __forceinline__ void store_split_partial(const fa_kernel_params &p, const tile<Tr> &tl, const float (&o)[kON],
-                                                    const float (&inv_r)[2], const bool (&valid_r)[2],
-                                                    const int (&head_r)[2], const int (&pos_r)[2], int t) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        if (!valid_r[r]) continue;
-        float *dst = p.o_accum + (((int64_t)tl.split * p.batch * p.heads_q + (int64_t)tl.b * p.heads_q + head_r[r]) *
-                                      p.seqlen_q + pos_r[r]) * p.head_dim;
-#pragma unroll
-        for (int j = 0; j < kON / 4; ++j)
-            if (8 * j + 2 * t < p.head_dim) /* head_dim is a multiple of 8: both or neither */
-                *reinterpret_cast<float2 *>(dst + 8 * j + 2 * t) =
-                    make_float2(o[4 * j + 2 * r] * inv_r[r], o[4 * j + 2 * r + 1] * inv_r[r]);
+        for (int kk = 0; kk < kBlockN / 16; ++kk)
+            wgmma_rs<kHeadDim, kDtype>::run(o, pf[kk], smem_desc(v_st + kk * 16 * 128, kBlockN * 128, 1024), 1);
+        wgmma_commit();
+        if (c != kNC - 1) named_arrive(next_turn, kTurnThreads); /* nobody waits for consumer 0 again */
+        wgmma_wait<0>();
+        reg_fence(o);
     }
-}
-
-/* Epilogue: normalise; stage O (swizzled, conflict-free) in this consumer's own 64 rows of the Q
- * tile, which only its finished S products read; store rows with 16-byte writes. */
-template <int kDtype, class Tr, int kON>
-__device__ __forceinline__ void store_o(const fa_kernel_params &p, const tile<Tr> &tl, const smem_layout<Tr> &sm,
-                                        const float (&o)[kON], const float (&inv_r)[2], int c, int trow, int t) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-#pragma unroll
-        for (int j = 0; j < kON / 4; ++j) {
-            const uint32_t v = pack_pair<kDtype>(o[4 * j + 2 * r] * inv_r[r], o[4 * j + 2 * r + 1] * inv_r[r]);
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sm.q + swz_off<Tr::kBlockM>(trow + 8 * r, j) + 4 * t),
-                         "r"(v)
-                         : "memory");
-        }
-    named_sync(epilogue_barrier(c, Tr::kConsumers), kWarpgroupThreads); /* this consumer's rows of O are staged */
-    for (int i = threadIdx.x % kWarpgroupThreads; i < 64 * Tr::kChunks; i += kWarpgroupThreads) {
-        const int rl = c * 64 + i / Tr::kChunks, ch = i % Tr::kChunks;
-        int head, pos;
-        if (tl.row_target(p, rl, head, pos) && ch * 8 < p.head_dim) {
-            uint4 v;
-            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                         : "r"(sm.q + swz_off<Tr::kBlockM>(rl, ch))
-                         : "memory");
-            *reinterpret_cast<uint4 *>(tl.o_row(p, head, pos) + ch * 8) = v;
-        }
-    }
-}
-
-template <int kDtype, int kHeadDim, int kConsumers, bool kTransform>
-__global__ void __launch_bounds__(kWarpgroupThreads * (kConsumers + 1), 1)
-fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_constant__ CUtensorMap tm_q,
-                  const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using Tr = traits<kDtype, kHeadDim, kConsumers>;
-    const tile<Tr> tl(p);
-    if (tl.n_tiles == 0) {
-        store_empty(p, tl);
-        return;
-    }
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    const smem_layout<Tr> sm(smem_u32(smem_raw));
-    const int tid = threadIdx.x, wg = tid / kWarpgroupThreads, lane = tid % 32;
-    if (tid == 0) sm.init_barriers();
-    __syncthreads();
-
-    if (wg == 0) { /* the producer warpgroup */
-        release_registers<Tr::kProducerRegs>();
-        if (tid == 0) produce(tl, sm, &tm_q, &tm_k, &tm_v);
-        return;
-    }
-
-    /* A consumer warpgroup: 64 tile rows; this thread holds rows trow and trow + 8 of them. */
-    claim_registers<Tr::kConsumerRegs>();
-    const int c = wg - 1;
-    const int g = lane / 4, t = lane % 4;
-    const int trow = c * 64 + ((tid % kWarpgroupThreads) / 32) * 16 + g;
-    int head_r[2], pos_r[2];
-    bool valid_r[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) valid_r[r] = tl.row_target(p, trow + 8 * r, head_r[r], pos_r[r]);
-    /* Softcap and ALiBi need the score in natural units; without them the scale is folded into
-     * the exp2 argument. */
-    const float mult = kTransform ? 1.0f : p.scale_log2;
-    float slope_r[2] = {0.0f, 0.0f};
-    if constexpr (kTransform) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) slope_r[r] = valid_r[r] ? alibi_slope(p, tl.b, head_r[r]) : 0.0f;
-    }
-
-    float o[kHeadDim / 2];
-#pragma unroll
-    for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
-    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
-    consume<kDtype, kHeadDim, kConsumers, kTransform>(
-        p, tl, sm, c, mult, [&pos_r](int r) { return pos_r[r]; }, [&slope_r](int r) { return slope_r[r]; }, o,
-        row_max, row_sum);
 
     float inv_r[2];
 #pragma unroll
@@ -394,10 +392,37 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         const float l = quad_sum(row_sum[r]);
         inv_r[r] = softmax_inv(l);
         if (valid_r[r] && t == 0)
-            if (float *ls = tl.lse_slot(p, head_r[r], pos_r[r])) *ls = softmax_lse(l, row_max[r], mult);
+            if (float *ls = lse_slot(head_r[r], pos_r[r]))
+                *ls = softmax_lse(l, row_max[r], mult);
     }
-    if (tl.partial) store_split_partial(p, tl, o, inv_r, valid_r, head_r, pos_r, t);
-    else store_o<kDtype>(p, tl, sm, o, inv_r, c, trow, t);
+    if (partial) {
+        store_split_partial(p, tl, o, inv_r, valid_r, head_r, pos_r, t);
+        return;
+    }
+    /* Epilogue: normalise; stage O (swizzled, conflict-free) in this consumer's own 64 rows of the Q
+     * tile, which only its finished S products read; store rows with 16-byte writes. */
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int j = 0; j < kHeadDim / 8; ++j) {
+            const uint32_t v = pack_pair<kDtype>(o[4 * j + 2 * r] * inv_r[r], o[4 * j + 2 * r + 1] * inv_r[r]);
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sm.q + swz_off<kBlockM>(trow + 8 * r, j) + 4 * t), "r"(v)
+                         : "memory");
+        }
+    named_sync(epilogue_barrier(c, kNC), kWarpgroupThreads); /* this consumer's rows of O are staged */
+    for (int i = tid % kWarpgroupThreads; i < 64 * Tr::kChunks; i += kWarpgroupThreads) {
+        const int rl = c * 64 + i / Tr::kChunks, ch = i % Tr::kChunks;
+        int head, pos;
+        if (row_target(rl, head, pos) && ch * 8 < p.head_dim) {
+            uint4 v;
+            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                         : "r"(sm.q + swz_off<kBlockM>(rl, ch))
+                         : "memory");
+            *reinterpret_cast<uint4 *>((T *)p.o + b * p.o_batch_stride + head * p.o_head_stride +
+                                       (int64_t)pos * p.o_seq_stride + ch * 8) = v;
+        }
+    }
 #endif
 }
 

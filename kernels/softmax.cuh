@@ -1,6 +1,6 @@
 /*
- * softmax.cuh - the online softmax both fused kernels run on their score fragments, and the score
- * transforms that precede it. Written once here; neither kernel has its own copy.
+ * softmax.cuh - the online softmax both fused kernels run on their score fragments, with the mask
+ * that precedes it. Written once here; neither kernel has its own copy.
  *
  * A fragment is this lane's part of a 16-row x (8 kN)-key score tile in the mma/wgmma accumulator
  * layout: kN tiles of 8 keys, 4 floats each, element e of tile j at row g + 8 (e / 2) (r = e / 2
@@ -12,8 +12,8 @@
  *     l    = l corr + sum;  O *= corr  (the kernel's, in its own order)
  *
  * and at the end softmax_inv(l) normalises O and softmax_lse gives the LSE. mult is scale * log2(e)
- * when the scale is folded into the exponent, 1 when the scores are already in log2 units (softcap
- * and ALiBi need natural units first, see transform_scores).
+ * when the scale is folded into the exponent, 1 when the scores are already in log2 units (the
+ * kernels apply softcap and ALiBi, fa_common.cuh's transform_raw_score, and multiply by kLog2e).
  */
 #pragma once
 
@@ -56,18 +56,6 @@ __device__ __forceinline__ void mask_scores(At at, const fa_kernel_params &p, Ro
 #pragma unroll
         for (int e = 0; e < 4; ++e)
             if (!visible(p, row(e / 2), n0 + 8 * j + 2 * t + (e % 2))) at(j, e) = -INFINITY;
-}
-
-/* Raw dot products -> softcap and ALiBi applied, in log2 units (then mult = 1); slope(r) is row r's
- * ALiBi slope. */
-template <int kN, class At, class Row, class Slope>
-__device__ __forceinline__ void transform_scores(At at, const fa_kernel_params &p, Row row, Slope slope, int n0,
-                                                 int t) {
-#pragma unroll
-    for (int j = 0; j < kN; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-            at(j, e) = kLog2e * transform_raw_score(p, at(j, e), slope(e / 2), row(e / 2), n0 + 8 * j + 2 * t + (e % 2));
 }
 
 /* Row r's new running max (raw units) after this tile; returns the factor exp2((m_old - m_new) mult)
