@@ -75,8 +75,10 @@ typedef struct fa_fused_config {
 
 #define FA_SMEM_PAD 8
 
-/* X(head_dim, block_m, block_n, warps): the one table of tile choices; the planner and
- * the kernel instances both expand it, so they cannot disagree. docs/performance.md records why. */
+/* X(head_dim, block_m, block_n, warps): the one table of tile choices; the planner expands it, and
+ * CMake generates one kernel instance per row from it (cmake/variants.cmake), so they cannot
+ * disagree. docs/performance.md records why. */
+/*                     head_dim block_m block_n warps */
 #define FA_FUSED_CONFIGS(X) \
     X(32, 128, 128, 4)   \
     X(64, 128, 128, 4)   \
@@ -100,6 +102,7 @@ static inline int64_t fa_fused_smem_bytes(const fa_fused_config *c) {
  * to 256 on the smallest head dim that holds it. A head dim's row with masked_max_seqlen_q = 0 is its
  * default; a row with masked_max_seqlen_q > 0 replaces it for causal or windowed calls with
  * seqlen_q <= masked_max_seqlen_q. docs/performance.md records the measurements behind each choice. */
+/*                     head_dim block_n consumers auto_min_head_dim masked_max_seqlen_q */
 #define FA_SM90_CONFIGS(X)      \
     X(64, 128, 3, 33, 0)        \
     X(64, 128, 2, 33, 1024)     \
