@@ -96,7 +96,9 @@ typedef enum flashattn_status {
     FLASHATTN_STATUS_NO_DEVICE = 19,            /* no CUDA device, or the device index is invalid */
     FLASHATTN_STATUS_CUDA_ERROR = 20,           /* a CUDA runtime call failed */
     FLASHATTN_STATUS_CUBLAS_ERROR = 21,         /* a cuBLAS call failed */
-    FLASHATTN_STATUS_OUT_OF_HOST_MEMORY = 22    /* flashattn_handle_create could not allocate */
+    FLASHATTN_STATUS_OUT_OF_HOST_MEMORY = 22,   /* flashattn_handle_create could not allocate */
+    FLASHATTN_STATUS_BAD_LSE_BASE = 23          /* lse_base is not a flashattn_lse_base value
+                                                   (added in 0.2.0) */
 } flashattn_status;
 
 /* The enumerator's name, e.g. "FLASHATTN_STATUS_BAD_SHAPE"; "FLASHATTN_STATUS_UNKNOWN" for a value
@@ -144,7 +146,9 @@ FLASHATTN_API flashattn_status flashattn_handle_device(const flashattn_handle *h
 
 typedef enum flashattn_dtype {
     FLASHATTN_DTYPE_FLOAT16 = 0,   /* IEEE half */
-    FLASHATTN_DTYPE_BFLOAT16 = 1   /* bfloat16 */
+    FLASHATTN_DTYPE_BFLOAT16 = 1,  /* bfloat16 */
+    FLASHATTN_DTYPE_FLOAT32 = 2    /* float32: partial results for flashattn_merge only; flashattn_fwd
+                                      refuses it (added in 0.2.0) */
 } flashattn_dtype;
 
 typedef enum flashattn_mask {
@@ -346,6 +350,73 @@ FLASHATTN_API flashattn_status flashattn_fwd(const flashattn_handle *handle,
                                              const flashattn_fwd_params *params,
                                              void *workspace, size_t workspace_bytes,
                                              void *stream /* cudaStream_t */);
+
+/* ---------------------------------------------------------------------------------------------
+ * Merging partial results (added in 0.2.0)
+ *
+ * Attention over a key set split into parts (split-KV decode, a shared prefix and per-request
+ * suffixes, several devices) gives one (O_i, LSE_i) per part and query row. Merging them gives the
+ * attention over the union of the keys:
+ *
+ *     m = max_i LSE_i,  w_i = exp(LSE_i - m),  O = sum_i w_i O_i / sum_i w_i,  LSE = m + log(sum_i w_i)
+ *
+ * (exp and log in the LSE's base). Parts are added in index order, so the result is deterministic.
+ * A part whose LSE is -inf or +inf (FlashAttention-2 writes +inf for an empty row) contributes
+ * nothing; a row with no contributing part gets O = 0 and LSE = -inf. A NaN LSE makes the row NaN.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef enum flashattn_lse_base {
+    FLASHATTN_LSE_NATURAL = 0,  /* natural log (FlashAttention's, and this library's LSE output) */
+    FLASHATTN_LSE_BASE2 = 1     /* log2 (FlashInfer's merge_state convention) */
+} flashattn_lse_base;
+
+/*
+ * Layout: part i's O is [batch, seqlen, heads, head_dim] at
+ * o_parts + i*o_part_stride + b*o_batch_stride + s*o_seq_stride + h*o_head_stride + d, and its LSE
+ * (float32) [batch, heads, seqlen] at lse_parts + i*lse_part_stride + b*lse_batch_stride +
+ * h*lse_head_stride + s*lse_seq_stride. The merged O has the same shape (its own strides) and the
+ * merged LSE, float32 [batch, heads, seqlen], may be NULL. Strides are in elements, >= 0, head_dim
+ * contiguous. Packed (varlen) results are batch = 1 with seqlen = the total number of tokens.
+ * The output must not overlap the inputs.
+ */
+typedef struct flashattn_merge_params {
+    size_t struct_size;        /* set by flashattn_merge_params_init */
+    int32_t dtype_parts;       /* flashattn_dtype of the O parts: FLOAT16, BFLOAT16 or FLOAT32 */
+    int32_t dtype_out;         /* flashattn_dtype of the merged O: FLOAT16, BFLOAT16 or FLOAT32 */
+    int32_t lse_base;          /* flashattn_lse_base of every LSE, in and out; default NATURAL */
+    int32_t reserved0;         /* must be 0 */
+    int64_t num_parts;         /* >= 1 */
+    int64_t batch, seqlen, heads, head_dim;  /* batch, heads, head_dim >= 1; seqlen >= 0 (0: no-op) */
+    const void *o_parts;       /* device */
+    int64_t o_part_stride, o_batch_stride, o_seq_stride, o_head_stride;
+    const float *lse_parts;    /* device */
+    int64_t lse_part_stride, lse_batch_stride, lse_head_stride, lse_seq_stride;
+    void *o;                   /* device, written */
+    int64_t out_batch_stride, out_seq_stride, out_head_stride;
+    float *lse;                /* device, written; may be NULL */
+    int64_t lse_out_batch_stride, lse_out_head_stride, lse_out_seq_stride;
+} flashattn_merge_params;
+
+/* The struct's size in release 0.2.0, its first layout. */
+#define FLASHATTN_MERGE_PARAMS_SIZE_0_2 208
+
+/* Defaults for the fields a struct of struct_size bytes has: zeros, dtypes FLOAT32 in and FLOAT16
+ * out, lse_base NATURAL; struct_size set. Returns: SUCCESS; NULL_POINTER; BAD_STRUCT_SIZE. */
+FLASHATTN_API flashattn_status flashattn_merge_params_init_size(flashattn_merge_params *params,
+                                                                size_t struct_size);
+#define flashattn_merge_params_init(params) \
+    flashattn_merge_params_init_size((params), sizeof *(params))
+
+/* Merges the parts as described above, asynchronously on `stream` (a cudaStream_t; the current
+ * device must be the handle's). Allocates nothing, needs no workspace, graph-capturable, callable
+ * from any number of threads at once.
+ * Returns: SUCCESS; NULL_POINTER (handle, params, o_parts, lse_parts or o, where the tensors are not
+ * empty); BAD_STRUCT_SIZE (also reserved0 != 0); BAD_DTYPE; BAD_LSE_BASE; BAD_SHAPE; BAD_STRIDE;
+ * INDEX_OVERFLOW; MISALIGNED_POINTER (a pointer not aligned to its element size); WRONG_DEVICE;
+ * CUDA_ERROR (the launch failed). Before CUDA_ERROR nothing was enqueued and no output touched. */
+FLASHATTN_API flashattn_status flashattn_merge(const flashattn_handle *handle,
+                                               const flashattn_merge_params *params,
+                                               void *stream /* cudaStream_t */);
 
 #ifdef __cplusplus
 }

@@ -23,7 +23,7 @@ extern "C" {
 #define FA_GRID_STRIDE_MAX_BLOCKS (65535 * 16)
 
 /* Element types, as flashattn_dtype numbers them (plan.c checks they agree). */
-enum { FA_DTYPE_F16 = 0, FA_DTYPE_BF16 = 1 };
+enum { FA_DTYPE_F16 = 0, FA_DTYPE_BF16 = 1, FA_DTYPE_F32 = 2 };
 
 /* Visibility of key j to query i: key_lo_off <= j - i <= key_hi_off and j < seqlen_k. The host
  * folds the causal mask and the sliding window into the two offsets and clamps them to
@@ -119,7 +119,28 @@ static inline int64_t fa_sm90_smem_bytes(int head_dim, int block_m, int block_n)
  * on `stream` (a cudaStream_t). */
 typedef int (*fa_fused_launcher)(const fa_kernel_params *kp, const fa_launch *launch, void *stream);
 
-/* Merges the num_splits partial results of a split FUSED_SM90 call into O and LSE (kernels/combine.cu). */
+/* What the merge kernel (kernels/merge.cu) reads and writes: num_parts partial results (O in
+ * dtype_parts, LSE float32) of [batch, seqlen, heads, head_dim] rows, merged into O (dtype_out) and
+ * LSE (may be NULL). Element strides; LSE in base 2 when base2. Serves flashattn_merge and the
+ * split-key combine of FUSED_SM90. */
+typedef struct fa_merge_args {
+    const void *o_parts;
+    const float *lse_parts;
+    void *o;
+    float *lse;
+    int64_t o_part_stride, o_batch_stride, o_seq_stride, o_head_stride;
+    int64_t lse_part_stride, lse_batch_stride, lse_head_stride, lse_seq_stride;
+    int64_t out_batch_stride, out_seq_stride, out_head_stride;
+    int64_t lse_out_batch_stride, lse_out_head_stride, lse_out_seq_stride;
+    int32_t num_parts, batch, seqlen, heads, head_dim;
+    int32_t dtype_parts, dtype_out, base2;
+} fa_merge_args;
+
+/* Enqueues the merge; returns a cudaError_t value. */
+int fa_merge_launch(const fa_merge_args *a, void *stream);
+
+/* Merges the num_splits partial results of a split FUSED_SM90 call into O and LSE (through
+ * fa_merge_launch, kernels/merge.cu). */
 int fa_split_combine(const fa_kernel_params *kp, int dtype, void *stream);
 
 /* REFERENCE backend pieces (kernels/reference.cu). dtype: 0 float16, 1 bfloat16. `lowprec` rounds

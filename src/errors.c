@@ -52,8 +52,8 @@ static const status_text fa_status_texts[] = {
     [FLASHATTN_STATUS_UNSUPPORTED_HEAD_DIM] = {"FLASHATTN_STATUS_UNSUPPORTED_HEAD_DIM",
                                                "The head dimension must be between 1 and 256."},
     [FLASHATTN_STATUS_BAD_DTYPE] = {"FLASHATTN_STATUS_BAD_DTYPE",
-                                    "dtype must be FLASHATTN_DTYPE_FLOAT16 or "
-                                    "FLASHATTN_DTYPE_BFLOAT16."},
+                                    "dtype must be FLASHATTN_DTYPE_FLOAT16 or FLASHATTN_DTYPE_BFLOAT16 "
+                                    "(FLASHATTN_DTYPE_FLOAT32 too, for flashattn_merge)."},
     [FLASHATTN_STATUS_BAD_SCALE] = {"FLASHATTN_STATUS_BAD_SCALE",
                                     "softmax_scale must be a positive finite number, or 0 for "
                                     "1/sqrt(head_dim)."},
@@ -89,6 +89,8 @@ static const status_text fa_status_texts[] = {
                                        "the cuBLAS status."},
     [FLASHATTN_STATUS_OUT_OF_HOST_MEMORY] = {"FLASHATTN_STATUS_OUT_OF_HOST_MEMORY",
                                              "Host memory could not be allocated for the handle."},
+    [FLASHATTN_STATUS_BAD_LSE_BASE] = {"FLASHATTN_STATUS_BAD_LSE_BASE",
+                                       "lse_base must be FLASHATTN_LSE_NATURAL or FLASHATTN_LSE_BASE2."},
 };
 
 #define FA_NUM_STATUS ((int)(sizeof fa_status_texts / sizeof fa_status_texts[0]))

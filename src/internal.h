@@ -112,6 +112,10 @@ FA_HIDDEN int fa_sm90_variant_compiled(int dtype, int kernel_head_dim, int consu
 FA_HIDDEN flashattn_status fa_dispatch(const flashattn_handle *h, const fa_plan *plan, void *workspace,
                                        void *stream);
 
+/* merge.c: flashattn_merge's validation alone (for the tests): SUCCESS or the status flashattn_merge
+ * would return before touching the device. */
+FA_HIDDEN flashattn_status fa_merge_check(const flashattn_merge_params *p);
+
 /* reference.c */
 FA_HIDDEN flashattn_status fa_reference_run(const flashattn_handle *h, const fa_plan *plan,
                                             void *workspace, void *stream);

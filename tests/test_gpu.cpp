@@ -567,3 +567,166 @@ TEST_F(Gpu, ManyHostThreadsOneHandle) {
 }
 
 }  // namespace
+
+// ---- flashattn_merge against an fp64 CPU oracle ------------------------------------------------------
+
+namespace {
+
+struct MergeCase {
+    int64_t parts, batch, seqlen, heads, head_dim;
+    int dtype_parts, dtype_out, base;
+    bool strided;      // parts laid out [S, B, H, Sq, D] (heads before positions) and padded rows
+    double p_empty;    // chance a part's LSE is -inf (or +inf, FlashAttention-2's empty row)
+};
+
+// Stores x in `dtype` (float32 bits or fp16/bf16 in the low half) and returns the value stored.
+uint32_t store_as(int dtype, float x, float *stored) {
+    if (dtype == FLASHATTN_DTYPE_FLOAT32) {
+        uint32_t u;
+        std::memcpy(&u, &x, 4);
+        *stored = x;
+        return u;
+    }
+    const uint16_t h = fatest::from_f32(dtype, x);
+    *stored = fatest::to_f32(dtype, h);
+    return h;
+}
+
+void check_merge(flashattn_handle *h, const MergeCase &c) {
+    const int eb_in = c.dtype_parts == FLASHATTN_DTYPE_FLOAT32 ? 4 : 2;
+    const int eb_out = c.dtype_out == FLASHATTN_DTYPE_FLOAT32 ? 4 : 2;
+    const int64_t D = c.head_dim, pad = c.strided ? 8 : 0, rowlen = D + pad;
+    // O parts: [S, B, Sq, H, D] packed, or [S, B, H, Sq, D + pad] when strided.
+    const int64_t o_h = c.strided ? c.seqlen * rowlen : rowlen, o_s = c.strided ? rowlen : c.heads * rowlen;
+    const int64_t o_b = c.heads * c.seqlen * rowlen, o_p = c.batch * o_b;
+    // LSE parts [S, B, H, Sq]; when strided, [B, H, Sq, S] (a part stride of 1).
+    const int64_t rows = c.batch * c.heads * c.seqlen;
+    const int64_t l_p = c.strided ? 1 : rows, l_seq = c.strided ? c.parts : 1;
+    const int64_t l_h = c.seqlen * l_seq, l_b = c.heads * l_h;
+    std::vector<float> o_val(c.parts * o_p, NAN), lse_val(c.parts * rows);
+    std::vector<uint8_t> o_bytes(c.parts * o_p * eb_in);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f), ul(-4.0f, 4.0f), coin(0.0f, 1.0f);
+    auto &g = fatest::rng();
+    for (int64_t i = 0; i < (int64_t)o_val.size(); ++i) {
+        float stored;
+        const uint32_t bits = store_as(c.dtype_parts, u(g), &stored);
+        std::memcpy(&o_bytes[i * eb_in], &bits, eb_in);
+        o_val[i] = stored;
+    }
+    std::vector<float> lse_host(c.parts * rows);
+    for (int64_t p = 0; p < c.parts; ++p)
+        for (int64_t b = 0; b < c.batch; ++b)
+            for (int64_t hh = 0; hh < c.heads; ++hh)
+                for (int64_t s = 0; s < c.seqlen; ++s) {
+                    const float draw = coin(g);
+                    float l = ul(g);
+                    if (draw < c.p_empty / 2) l = -INFINITY;
+                    else if (draw < c.p_empty) l = INFINITY;
+                    lse_host[p * l_p + b * l_b + hh * l_h + s * l_seq] = l;
+                }
+    fatest::DevBuf<uint8_t> d_o(o_bytes.size()), d_out(c.batch * c.seqlen * c.heads * D * eb_out);
+    fatest::DevBuf<float> d_lse(lse_host.size()), d_lse_out(rows);
+    d_o.upload(o_bytes);
+    d_lse.upload(lse_host);
+    CUDA_CHECK(cudaMemset(d_out.p, 0xff, d_out.n));  // poisoned: every element must be written
+    CUDA_CHECK(cudaMemset(d_lse_out.p, 0xff, d_lse_out.n * 4));
+
+    flashattn_merge_params m;
+    flashattn_merge_params_init(&m);
+    m.dtype_parts = c.dtype_parts, m.dtype_out = c.dtype_out, m.lse_base = c.base;
+    m.num_parts = c.parts, m.batch = c.batch, m.seqlen = c.seqlen, m.heads = c.heads, m.head_dim = D;
+    m.o_parts = d_o.p, m.o_part_stride = o_p, m.o_batch_stride = o_b, m.o_seq_stride = o_s, m.o_head_stride = o_h;
+    m.lse_parts = d_lse.p, m.lse_part_stride = l_p, m.lse_batch_stride = l_b, m.lse_head_stride = l_h;
+    m.lse_seq_stride = l_seq;
+    m.o = d_out.p, m.out_head_stride = D, m.out_seq_stride = c.heads * D, m.out_batch_stride = c.seqlen * c.heads * D;
+    m.lse = d_lse_out.p, m.lse_out_seq_stride = 1, m.lse_out_head_stride = c.seqlen, m.lse_out_batch_stride = c.heads * c.seqlen;
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_merge(h, &m, nullptr)) << flashattn_last_error();
+    const std::vector<uint8_t> out = d_out.download();
+    const std::vector<float> lse_out = d_lse_out.download();
+
+    const double ln_base = c.base == FLASHATTN_LSE_BASE2 ? std::log(2.0) : 1.0;
+    double max_err = 0, max_lse_err = 0;
+    for (int64_t b = 0; b < c.batch; ++b)
+        for (int64_t hh = 0; hh < c.heads; ++hh)
+            for (int64_t s = 0; s < c.seqlen; ++s) {
+                double mx = -INFINITY;
+                for (int64_t p = 0; p < c.parts; ++p) {
+                    const double l = lse_host[p * l_p + b * l_b + hh * l_h + s * l_seq];
+                    if (std::isfinite(l)) mx = std::max(mx, l);
+                }
+                double sum = 0;
+                std::vector<double> acc(D, 0.0);
+                for (int64_t p = 0; p < c.parts; ++p) {
+                    const double l = lse_host[p * l_p + b * l_b + hh * l_h + s * l_seq];
+                    if (!std::isfinite(l)) continue;
+                    const double w = std::exp((l - mx) * ln_base);
+                    sum += w;
+                    for (int64_t d = 0; d < D; ++d) acc[d] += w * o_val[p * o_p + b * o_b + s * o_s + hh * o_h + d];
+                }
+                const int64_t orow = ((b * c.seqlen + s) * c.heads + hh) * D;
+                for (int64_t d = 0; d < D; ++d) {
+                    float got;
+                    if (eb_out == 4) std::memcpy(&got, &out[(orow + d) * 4], 4);
+                    else {
+                        uint16_t bits;
+                        std::memcpy(&bits, &out[(orow + d) * 2], 2);
+                        got = fatest::to_f32(c.dtype_out, bits);
+                    }
+                    const double want = sum > 0 ? acc[d] / sum : 0.0;
+                    const double err = std::fabs(got - want);
+                    ASSERT_FALSE(std::isnan(got)) << "row " << b << "," << hh << "," << s << " d " << d;
+                    max_err = std::max(max_err, err);
+                }
+                const float got_lse = lse_out[(b * c.heads + hh) * c.seqlen + s];
+                if (sum == 0) {
+                    ASSERT_EQ(-INFINITY, got_lse) << "a row with no contributing part";
+                } else {
+                    ASSERT_TRUE(std::isfinite(got_lse));
+                    max_lse_err = std::max(max_lse_err, std::fabs(got_lse - (mx + std::log(sum) / ln_base)));
+                }
+            }
+    // Rounding the output once: half an ulp of |O| <= 1 in the output dtype, plus fp32 accumulation.
+    const double tol = c.dtype_out == FLASHATTN_DTYPE_FLOAT32 ? 1e-5 : c.dtype_out == FLASHATTN_DTYPE_BFLOAT16 ? 4e-3 : 5e-4;
+    EXPECT_LE(max_err, tol) << "parts " << c.parts << " dtypes " << c.dtype_parts << "->" << c.dtype_out;
+    EXPECT_LE(max_lse_err, 1e-5);
+    std::printf("[ merge ] S=%lld B=%lld Sq=%lld H=%lld D=%lld %d->%d base%s%s p_empty=%.2f: max |O err| %.2e, max |LSE err| %.2e\n",
+                (long long)c.parts, (long long)c.batch, (long long)c.seqlen, (long long)c.heads, (long long)D,
+                c.dtype_parts, c.dtype_out, c.base ? "2" : "e", c.strided ? " strided" : "", c.p_empty, max_err,
+                max_lse_err);
+}
+
+}  // namespace
+
+TEST_F(Gpu, MergeMatchesOracle) {
+    const int F16 = FLASHATTN_DTYPE_FLOAT16, BF16 = FLASHATTN_DTYPE_BFLOAT16, F32 = FLASHATTN_DTYPE_FLOAT32;
+    const MergeCase cases[] = {
+        {1, 1, 7, 3, 64, F32, BF16, 0, false, 0.0},
+        {2, 2, 33, 4, 128, F32, F16, 0, false, 0.1},
+        {5, 1, 17, 8, 40, BF16, BF16, 0, true, 0.3},
+        {7, 3, 9, 2, 256, F16, F32, 1, false, 0.2},
+        {40, 1, 5, 3, 96, F32, F32, 0, true, 0.25},   // more parts than a warp has lanes
+        {3, 2, 11, 2, 1, F32, F16, 1, false, 0.5},     // head dim 1, many empty parts and rows
+        {4, 1, 64, 16, 72, BF16, F32, 0, false, 1.0},  // every part empty: O = 0, LSE = -inf
+    };
+    for (const MergeCase &c : cases) check_merge(h, c);
+}
+
+TEST_F(Gpu, MergeNaNLseGivesNaNAndEmptyCallIsANoOp) {
+    fatest::DevBuf<float> o(2 * 32), lse(2), out(32), lse_out(1);
+    std::vector<float> ov(64, 0.5f), lv = {1.0f, NAN};
+    o.upload(ov);
+    lse.upload(lv);
+    flashattn_merge_params m;
+    flashattn_merge_params_init(&m);
+    m.dtype_parts = m.dtype_out = FLASHATTN_DTYPE_FLOAT32;
+    m.num_parts = 2, m.batch = 1, m.seqlen = 1, m.heads = 1, m.head_dim = 32;
+    m.o_parts = o.p, m.o_part_stride = 32, m.lse_parts = lse.p, m.lse_part_stride = 1, m.o = out.p, m.lse = lse_out.p;
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_merge(h, &m, nullptr)) << flashattn_last_error();
+    for (float x : out.download()) EXPECT_TRUE(std::isnan(x));
+    EXPECT_TRUE(std::isnan(lse_out.download()[0]));
+    CUDA_CHECK(cudaMemset(out.p, 0x7f, 32 * 4));
+    m.seqlen = 0;
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_merge(h, &m, nullptr));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    for (float x : out.download()) EXPECT_NE(0.0f, x);  // untouched
+}

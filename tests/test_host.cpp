@@ -31,7 +31,7 @@ TEST(Status, EveryCodeHasANameAndASentence) {
                            "UNSUPPORTED_HEAD_DIM", "BAD_DTYPE", "BAD_SCALE", "BAD_MASK", "BAD_WINDOW",
                            "BAD_SOFTCAP", "BAD_BACKEND", "UNSUPPORTED", "WORKSPACE_TOO_SMALL",
                            "DEVICE_TOO_OLD", "WRONG_DEVICE", "NO_DEVICE", "CUDA_ERROR",
-                           "CUBLAS_ERROR", "OUT_OF_HOST_MEMORY"};
+                           "CUBLAS_ERROR", "OUT_OF_HOST_MEMORY", "BAD_LSE_BASE"};
     for (int s = 0; s < (int)(sizeof names / sizeof names[0]); ++s) {
         EXPECT_EQ(std::string("FLASHATTN_STATUS_") + names[s],
                   flashattn_status_name((flashattn_status)s));
@@ -39,7 +39,7 @@ TEST(Status, EveryCodeHasANameAndASentence) {
         EXPECT_GT(sentence.size(), 8u) << names[s];
         EXPECT_EQ(sentence.back(), '.') << names[s];
     }
-    EXPECT_STREQ("FLASHATTN_STATUS_UNKNOWN", flashattn_status_name((flashattn_status)23));
+    EXPECT_STREQ("FLASHATTN_STATUS_UNKNOWN", flashattn_status_name((flashattn_status)24));
     EXPECT_STREQ("FLASHATTN_STATUS_UNKNOWN", flashattn_status_name((flashattn_status)-1));
     EXPECT_NE(nullptr, flashattn_status_string((flashattn_status)1000));
 }
@@ -51,6 +51,8 @@ TEST(Status, ValuesAreFrozen) {
     EXPECT_EQ(16, FLASHATTN_STATUS_WORKSPACE_TOO_SMALL);
     EXPECT_EQ(19, FLASHATTN_STATUS_NO_DEVICE);
     EXPECT_EQ(22, FLASHATTN_STATUS_OUT_OF_HOST_MEMORY);
+    EXPECT_EQ(23, FLASHATTN_STATUS_BAD_LSE_BASE);
+    EXPECT_EQ(2, FLASHATTN_DTYPE_FLOAT32);
 }
 
 TEST(Version, MatchesHeader) {
@@ -770,6 +772,99 @@ TEST(StructGrowth, UnknownSizesAreRefusedAndNothingIsWritten) {
     info.struct_size = sizeof info + 8;
     EXPECT_EQ(FLASHATTN_STATUS_BAD_STRUCT_SIZE, flashattn_fwd_plan(&h, &p, &info));
     EXPECT_EQ(FLASHATTN_STATUS_BAD_STRUCT_SIZE, flashattn_plan_info_init_size(&info, 64));
+}
+
+// ---- flashattn_merge: layout, defaults, validation --------------------------------------------------
+
+TEST(Abi, MergeParamsLayoutIsFrozen) {
+    EXPECT_EQ(0u, offsetof(flashattn_merge_params, struct_size));
+    EXPECT_EQ(8u, offsetof(flashattn_merge_params, dtype_parts));
+    EXPECT_EQ(16u, offsetof(flashattn_merge_params, lse_base));
+    EXPECT_EQ(24u, offsetof(flashattn_merge_params, num_parts));
+    EXPECT_EQ(64u, offsetof(flashattn_merge_params, o_parts));
+    EXPECT_EQ(104u, offsetof(flashattn_merge_params, lse_parts));
+    EXPECT_EQ(144u, offsetof(flashattn_merge_params, o));
+    EXPECT_EQ(176u, offsetof(flashattn_merge_params, lse));
+    EXPECT_EQ(200u, offsetof(flashattn_merge_params, lse_out_seq_stride));
+    EXPECT_EQ((size_t)FLASHATTN_MERGE_PARAMS_SIZE_0_2, sizeof(flashattn_merge_params));
+}
+
+// Two parts of [2, 5, 3, 64] fp32 O and their LSE, merged into fp16 O and an LSE, all packed.
+flashattn_merge_params valid_merge() {
+    flashattn_merge_params m;
+    flashattn_merge_params_init(&m);
+    m.num_parts = 2, m.batch = 2, m.seqlen = 5, m.heads = 3, m.head_dim = 64;
+    m.o_parts = (const void *)0x100000;
+    m.o_head_stride = 64, m.o_seq_stride = 3 * 64, m.o_batch_stride = 5 * 3 * 64, m.o_part_stride = 2 * 5 * 3 * 64;
+    m.lse_parts = (const float *)0x200000;
+    m.lse_seq_stride = 1, m.lse_head_stride = 5, m.lse_batch_stride = 15, m.lse_part_stride = 30;
+    m.o = (void *)0x300000;
+    m.out_head_stride = 64, m.out_seq_stride = 3 * 64, m.out_batch_stride = 5 * 3 * 64;
+    m.lse = (float *)0x400000;
+    m.lse_out_seq_stride = 1, m.lse_out_head_stride = 5, m.lse_out_batch_stride = 15;
+    return m;
+}
+
+TEST(Merge, DefaultsAndAValidCall) {
+    flashattn_merge_params m;
+    std::memset(&m, 0xCD, sizeof m);
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_merge_params_init(&m));
+    EXPECT_EQ(sizeof m, m.struct_size);
+    EXPECT_EQ(FLASHATTN_DTYPE_FLOAT32, m.dtype_parts);
+    EXPECT_EQ(FLASHATTN_DTYPE_FLOAT16, m.dtype_out);
+    EXPECT_EQ(FLASHATTN_LSE_NATURAL, m.lse_base);
+    EXPECT_EQ(nullptr, m.lse);
+    flashattn_merge_params v = valid_merge();
+    EXPECT_EQ(FLASHATTN_STATUS_SUCCESS, fa_merge_check(&v)) << flashattn_last_error();
+    v.seqlen = 0, v.o_parts = nullptr, v.lse_parts = nullptr, v.o = nullptr;  // nothing to merge: a no-op
+    EXPECT_EQ(FLASHATTN_STATUS_SUCCESS, fa_merge_check(&v)) << flashattn_last_error();
+    v = valid_merge();
+    v.lse = nullptr;  // the merged LSE is optional
+    EXPECT_EQ(FLASHATTN_STATUS_SUCCESS, fa_merge_check(&v)) << flashattn_last_error();
+    EXPECT_EQ(FLASHATTN_STATUS_NULL_POINTER, flashattn_merge(nullptr, &v, nullptr));
+    EXPECT_EQ(FLASHATTN_STATUS_BAD_STRUCT_SIZE, flashattn_merge_params_init_size(&m, 12));
+}
+
+TEST(Merge, EveryBadInputHasItsStatusAndMessage) {
+    struct Case {
+        const char *what;
+        std::function<void(flashattn_merge_params &)> mutate;
+        flashattn_status expected;
+        const char *mentions;
+    };
+    const std::vector<Case> cases = {
+        {"struct_size", [](auto &m) { m.struct_size = 100; }, FLASHATTN_STATUS_BAD_STRUCT_SIZE, "struct_size"},
+        {"reserved0", [](auto &m) { m.reserved0 = 3; }, FLASHATTN_STATUS_BAD_STRUCT_SIZE, "reserved0"},
+        {"dtype_parts", [](auto &m) { m.dtype_parts = 3; }, FLASHATTN_STATUS_BAD_DTYPE, "dtype_parts"},
+        {"dtype_out", [](auto &m) { m.dtype_out = -1; }, FLASHATTN_STATUS_BAD_DTYPE, "dtype_out"},
+        {"lse_base", [](auto &m) { m.lse_base = 2; }, FLASHATTN_STATUS_BAD_LSE_BASE, "lse_base"},
+        {"num_parts 0", [](auto &m) { m.num_parts = 0; }, FLASHATTN_STATUS_BAD_SHAPE, "num_parts"},
+        {"batch 0", [](auto &m) { m.batch = 0; }, FLASHATTN_STATUS_BAD_SHAPE, "batch"},
+        {"seqlen -1", [](auto &m) { m.seqlen = -1; }, FLASHATTN_STATUS_BAD_SHAPE, "seqlen"},
+        {"heads > int32", [](auto &m) { m.heads = (int64_t)1 << 31; }, FLASHATTN_STATUS_BAD_SHAPE, "heads"},
+        {"head_dim 0", [](auto &m) { m.head_dim = 0; }, FLASHATTN_STATUS_BAD_SHAPE, "head_dim"},
+        {"o_parts NULL", [](auto &m) { m.o_parts = nullptr; }, FLASHATTN_STATUS_NULL_POINTER, "o_parts"},
+        {"lse_parts NULL", [](auto &m) { m.lse_parts = nullptr; }, FLASHATTN_STATUS_NULL_POINTER, "lse_parts"},
+        {"o NULL", [](auto &m) { m.o = nullptr; }, FLASHATTN_STATUS_NULL_POINTER, "o is NULL"},
+        {"o_parts misaligned", [](auto &m) { m.o_parts = (const char *)m.o_parts + 2; }, FLASHATTN_STATUS_MISALIGNED_POINTER, "o_parts"},
+        {"o misaligned", [](auto &m) { m.o = (char *)m.o + 1; }, FLASHATTN_STATUS_MISALIGNED_POINTER, "o ="},
+        {"lse misaligned", [](auto &m) { m.lse = (float *)0x400002; }, FLASHATTN_STATUS_MISALIGNED_POINTER, "lse ="},
+        {"o_part_stride negative", [](auto &m) { m.o_part_stride = -1; }, FLASHATTN_STATUS_BAD_STRIDE, "o_part_stride"},
+        {"lse_seq_stride negative", [](auto &m) { m.lse_seq_stride = -4; }, FLASHATTN_STATUS_BAD_STRIDE, "lse_seq_stride"},
+        {"out_head_stride negative", [](auto &m) { m.out_head_stride = -64; }, FLASHATTN_STATUS_BAD_STRIDE, "out_head_stride"},
+        {"lse_out stride negative", [](auto &m) { m.lse_out_head_stride = -1; }, FLASHATTN_STATUS_BAD_STRIDE, "lse_out_head_stride"},
+        {"o_parts overflow", [](auto &m) { m.o_part_stride = INT64_MAX / 2; }, FLASHATTN_STATUS_INDEX_OVERFLOW, "o_parts"},
+        {"lse_parts overflow in bytes", [](auto &m) { m.lse_part_stride = INT64_MAX / 4; }, FLASHATTN_STATUS_INDEX_OVERFLOW, "lse_parts"},
+        {"element count overflow", [](auto &m) { m.batch = m.seqlen = m.heads = m.head_dim = INT32_MAX; }, FLASHATTN_STATUS_INDEX_OVERFLOW, "head_dim"},
+    };
+    for (const Case &c : cases) {
+        flashattn_merge_params m = valid_merge();
+        c.mutate(m);
+        const flashattn_status st = fa_merge_check(&m);
+        EXPECT_EQ(c.expected, st) << c.what << ": " << flashattn_last_error();
+        EXPECT_NE(std::string(flashattn_last_error()).find(c.mentions), std::string::npos)
+            << c.what << ": '" << flashattn_last_error() << "' does not mention '" << c.mentions << "'";
+    }
 }
 
 // ---- refusals that name the limit ---------------------------------------------------------------

@@ -8,9 +8,10 @@ and the Status / Dtype / Mask / Backend constants. Errors: FlashAttnError (statu
 The library is loaded on first use: FLASHATTN_LIBRARY, next to this package, or the system loader.
 `python -m flashattn` prints where it was found, its version and build, and the devices it sees.
 """
-from ._lib import (Backend, Dtype, FlashAttnError, FwdParams, Mask, PlanInfo, Status, library_path, load_library)
+from ._lib import (Backend, Dtype, FlashAttnError, FwdParams, LseBase, Mask, MergeParams, PlanInfo, Status,
+                   library_path, load_library)
 from ._version import __version__
-from .api import Handle, flash_attn_func, fwd, get_handle, plan, supported, workspace_size
+from .api import Handle, flash_attn_func, fwd, get_handle, merge_attn_states, plan, supported, workspace_size
 
 
 def library_version():
@@ -23,6 +24,6 @@ def build_info():
     return load_library().flashattn_build_info().decode()
 
 
-__all__ = ["flash_attn_func", "Handle", "get_handle", "FwdParams", "PlanInfo", "workspace_size", "supported",
-           "plan", "fwd", "FlashAttnError", "Status", "Dtype", "Mask", "Backend", "load_library",
+__all__ = ["flash_attn_func", "merge_attn_states", "Handle", "get_handle", "FwdParams", "PlanInfo", "workspace_size", "supported",
+           "plan", "fwd", "FlashAttnError", "Status", "Dtype", "LseBase", "Mask", "Backend", "MergeParams", "load_library",
            "library_version", "library_path", "build_info", "__version__"]

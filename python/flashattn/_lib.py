@@ -5,8 +5,8 @@ import os
 
 from ._version import __version__
 
-__all__ = ["FlashAttnError", "lib", "load_library", "library_path", "FwdParams", "PlanInfo", "Status", "Dtype",
-           "Mask", "Backend", "EXPECTED_VERSION"]
+__all__ = ["FlashAttnError", "lib", "load_library", "library_path", "FwdParams", "PlanInfo", "MergeParams", "Status",
+           "Dtype", "LseBase", "Mask", "Backend", "EXPECTED_VERSION"]
 
 # The library version this package was written against: any library of the same major version and at
 # least this minor works (the C ABI only grows within a major version).
@@ -37,11 +37,18 @@ class Status:
     CUDA_ERROR = 20
     CUBLAS_ERROR = 21
     OUT_OF_HOST_MEMORY = 22
+    BAD_LSE_BASE = 23
 
 
 class Dtype:
     FLOAT16 = 0
     BFLOAT16 = 1
+    FLOAT32 = 2  # flashattn_merge's partial results only
+
+
+class LseBase:
+    NATURAL = 0
+    BASE2 = 1
 
 
 class Mask:
@@ -106,6 +113,32 @@ class PlanInfo(ctypes.Structure):
         return info
 
 
+class MergeParams(ctypes.Structure):
+    """flashattn_merge_params; create with MergeParams.new() so the library sets the defaults."""
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("dtype_parts", ctypes.c_int32), ("dtype_out", ctypes.c_int32), ("lse_base", ctypes.c_int32),
+        ("reserved0", ctypes.c_int32),
+        ("num_parts", ctypes.c_int64), ("batch", ctypes.c_int64), ("seqlen", ctypes.c_int64),
+        ("heads", ctypes.c_int64), ("head_dim", ctypes.c_int64),
+        ("o_parts", ctypes.c_void_p), ("o_part_stride", ctypes.c_int64), ("o_batch_stride", ctypes.c_int64),
+        ("o_seq_stride", ctypes.c_int64), ("o_head_stride", ctypes.c_int64),
+        ("lse_parts", ctypes.c_void_p), ("lse_part_stride", ctypes.c_int64), ("lse_batch_stride", ctypes.c_int64),
+        ("lse_head_stride", ctypes.c_int64), ("lse_seq_stride", ctypes.c_int64),
+        ("o", ctypes.c_void_p), ("out_batch_stride", ctypes.c_int64), ("out_seq_stride", ctypes.c_int64),
+        ("out_head_stride", ctypes.c_int64),
+        ("lse", ctypes.c_void_p), ("lse_out_batch_stride", ctypes.c_int64), ("lse_out_head_stride", ctypes.c_int64),
+        ("lse_out_seq_stride", ctypes.c_int64),
+    ]
+
+    @classmethod
+    def new(cls):
+        m = cls()
+        _check(lib().flashattn_merge_params_init_size(ctypes.byref(m), ctypes.sizeof(cls)),
+               "flashattn_merge_params_init_size")
+        return m
+
+
 class FlashAttnError(RuntimeError):
     """A libflashattn call failed: .status (int), .name (e.g. 'FLASHATTN_STATUS_BAD_SHAPE'), and
     the library's detail message."""
@@ -149,6 +182,7 @@ def _signatures():
         "flashattn_fwd_workspace_size": ([vp, vp, c.POINTER(sz)], i32),
         "flashattn_fwd_supported": ([vp, vp], i32), "flashattn_fwd_plan": ([vp, vp, vp], i32),
         "flashattn_fwd": ([vp, vp, vp, sz, vp], i32),
+        "flashattn_merge_params_init_size": ([vp, sz], i32), "flashattn_merge": ([vp, vp, vp], i32),
     }
 
 

@@ -7,9 +7,10 @@ import math
 import sys
 import threading
 
-from ._lib import Backend, Dtype, FlashAttnError, FwdParams, Mask, PlanInfo, _check, lib
+from ._lib import Backend, Dtype, FlashAttnError, FwdParams, LseBase, Mask, MergeParams, PlanInfo, _check, lib
 
-__all__ = ["Handle", "get_handle", "workspace_size", "supported", "plan", "fwd", "flash_attn_func"]
+__all__ = ["Handle", "get_handle", "workspace_size", "supported", "plan", "fwd", "flash_attn_func",
+           "merge_attn_states"]
 
 
 class Handle:
@@ -482,3 +483,55 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
             write_into[...] = result
             result = write_into
     return (result, lse, None) if return_attn_probs else result
+
+
+def merge_attn_states(outs, lses, *, lse_base2=False, stream=None):
+    """Merges partial attention results over disjoint key sets into the result over their union.
+
+    outs: (S, batch, seqlen, nheads, headdim) or, packed (varlen), (S, total, nheads, headdim): float16,
+    bfloat16 or float32, head dim contiguous. lses: (S, batch, nheads, seqlen) or (S, nheads, total),
+    float32 (natural log; base 2 with lse_base2=True, FlashInfer's convention). Parts are added in
+    order (deterministic); a part whose LSE is -inf or +inf (FlashAttention-2's empty row) counts for
+    nothing; a row no part covers gets out 0 and lse -inf. Returns (out, lse): out like one part, in
+    outs' dtype; lse float32 like one part of lses.
+    """
+    oa, la = _Array(outs, "outs"), _Array(lses, "lses")
+    varlen = len(oa.shape) == 4
+    if len(oa.shape) not in (4, 5):
+        raise ValueError(f"outs has shape {oa.shape}; expected (S, batch, seqlen, nheads, headdim) or "
+                         f"(S, total, nheads, headdim)")
+    if la.dtype != "f32":
+        raise TypeError("lses must be float32")
+    S, D = oa.shape[0], oa.shape[-1]
+    if varlen:
+        _, T, H, _ = oa.shape
+        B, Sq = 1, T
+        want_lse = (S, H, T)
+        o_st = (oa.strides[0], 0, oa.strides[1], oa.strides[2])
+        l_st = (la.strides[0], 0, la.strides[1], la.strides[2]) if la.shape == want_lse else None
+    else:
+        _, B, Sq, H, _ = oa.shape
+        want_lse = (S, B, H, Sq)
+        o_st = tuple(oa.strides[:4])
+        l_st = tuple(la.strides) if la.shape == want_lse else None
+    if l_st is None:
+        raise ValueError(f"lses has shape {la.shape}; expected {want_lse} for outs of shape {oa.shape}")
+    if oa.strides[-1] != 1:
+        raise ValueError(f"outs must be contiguous in its last dimension (stride {oa.strides[-1]})")
+    dtypes = {Dtype.FLOAT16: Dtype.FLOAT16, Dtype.BFLOAT16: Dtype.BFLOAT16, "f32": Dtype.FLOAT32}
+    out = _empty(oa, oa.shape[1:], "same")
+    lse = _empty(oa, want_lse[1:], "f32")
+    ob, lb = _ptr(out), _ptr(lse)
+    m = MergeParams.new()
+    m.dtype_parts = m.dtype_out = dtypes[oa.dtype]
+    m.lse_base = LseBase.BASE2 if lse_base2 else LseBase.NATURAL
+    m.num_parts, m.batch, m.seqlen, m.heads, m.head_dim = S, B, Sq, H, D
+    m.o_parts, (m.o_part_stride, m.o_batch_stride, m.o_seq_stride, m.o_head_stride) = oa.ptr, o_st
+    m.lse_parts, (m.lse_part_stride, m.lse_batch_stride, m.lse_head_stride, m.lse_seq_stride) = la.ptr, l_st
+    m.o, m.out_head_stride, m.out_seq_stride, m.out_batch_stride = ob, D, H * D, Sq * H * D
+    m.lse, m.lse_out_seq_stride, m.lse_out_head_stride, m.lse_out_batch_stride = lb, 1, Sq, H * Sq
+    with oa.lib.device_scope(oa):
+        handle = get_handle(oa.device if oa.device is not None else -1)
+        s = oa.lib.current_stream(oa) if stream is None else int(stream)
+        _check(lib().flashattn_merge(handle.ptr, ctypes.byref(m), ctypes.c_void_p(s or None)), "flashattn_merge")
+    return out, lse

@@ -227,3 +227,43 @@ def test_cached_calls_capture_in_a_cuda_graph():
         ref, _ = reference(q, k, v, causal=True)
         low, _ = reference(q, k, v, causal=True, upcast=False)
         assert (out.float() - ref).abs().max() <= 2 * (low.float() - ref).abs().max() + 1e-5
+
+
+# ---- merge_attn_states: attention over two key halves, merged, is attention over all keys ------------
+
+def test_merging_two_key_halves_gives_attention_over_all_keys():
+    q, k, v = rand(2, 77, 8, 128), rand(2, 300, 2, 128), rand(2, 300, 2, 128)
+    o1, l1, _ = flashattn.flash_attn_func(q, k[:, :130], v[:, :130], return_attn_probs=True)
+    o2, l2, _ = flashattn.flash_attn_func(q, k[:, 130:], v[:, 130:], return_attn_probs=True)
+    out, lse = flashattn.merge_attn_states(torch.stack([o1, o2]), torch.stack([l1, l2]))
+    assert out.dtype == q.dtype and out.shape == q.shape and lse.shape == (2, 8, 77)
+    ref, ref_lse = reference(q, k, v)
+    low, _ = reference(q, k, v, upcast=False)
+    # one more bf16 rounding than a single call: each part's output is rounded before the merge
+    assert (out.float() - ref).abs().max() <= 2 * (low.float() - ref).abs().max() + 4e-3
+    assert (lse - ref_lse).abs().max() < 2e-3
+    # FlashInfer's base-2 LSE, fp32 partials (FlashAttention-3's combine input), a varlen layout
+    out2, lse2 = flashattn.merge_attn_states(torch.stack([o1, o2]).float(), torch.stack([l1, l2]) * math.log2(math.e),
+                                             lse_base2=True)
+    assert out2.dtype == torch.float32
+    assert (lse2 / math.log2(math.e) - lse).abs().max() < 1e-5
+    assert (out2 - out.float()).abs().max() < 4e-3
+    packed = torch.stack([o1, o2]).reshape(2, 2 * 77, 8, 128)
+    packed_lse = torch.stack([l1, l2]).permute(0, 2, 1, 3).reshape(2, 8, 2 * 77)
+    out3, lse3 = flashattn.merge_attn_states(packed, packed_lse)
+    assert torch.equal(out3.reshape(2, 77, 8, 128), out)
+    assert torch.equal(lse3.reshape(8, 2, 77).permute(1, 0, 2), lse)
+
+
+def test_merge_treats_infinite_lse_as_an_empty_part():
+    o = rand(3, 1, 5, 2, 64)
+    lse = torch.randn(3, 1, 2, 5, device="cuda")
+    lse[1] = float("inf")        # FlashAttention-2's empty rows
+    lse[2, :, :, 0] = float("-inf")
+    out, merged = flashattn.merge_attn_states(o, lse)
+    only_first_two = torch.stack([o[0], o[2]])
+    lse_two = torch.stack([lse[0], lse[2]])
+    out_two, merged_two = flashattn.merge_attn_states(only_first_two, lse_two)
+    assert torch.equal(out, out_two) and torch.equal(merged, merged_two)
+    empty, empty_lse = flashattn.merge_attn_states(o[:1], torch.full_like(lse[:1], float("-inf")))
+    assert torch.equal(empty, torch.zeros_like(empty)) and torch.isneginf(empty_lse).all()
