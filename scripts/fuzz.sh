@@ -27,7 +27,7 @@ out="$build/fuzz"
 mkdir -p "$out/corpus"
 "$cc" -g -O1 -std=c11 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
   -Iinclude -Isrc -Ikernels -I"$build/generated" -I"$cuda_home/include" \
-  tests/fuzz/fuzz_plan.c src/api.c src/validate.c src/plan.c src/errors.c src/variants.c \
+  tests/fuzz/fuzz_plan.c src/api.c src/validate.c src/plan.c src/errors.c src/variants.c src/merge.c \
   -L"$cuda_home/lib64" -L"$cuda_home/lib" -Wl,-rpath,"$cuda_home/lib64" -lcudart -lcublas -lpthread -lm \
   -o "$out/fuzz_plan"
 echo "fuzz: running fuzz_plan for ${seconds} s"

@@ -20,7 +20,7 @@ echo "build: $(( $(date +%s) - start )) s"
 summary=()
 if want test; then
   ctest --test-dir build -j 4 --output-on-failure --timeout 900 > "$OUT/tests.log" 2>&1
-  grep -E '^\[ (reference|fused|fused_sm90|plan|threads) \]' -h build/Testing/Temporary/LastTest.log | sort -u > "$OUT/correctness.txt" || true
+  grep -E '^\[ (reference|fused|fused_sm90|plan|threads|merge) \]' -h build/Testing/Temporary/LastTest.log | sort -u > "$OUT/correctness.txt" || true
   summary+=("tests: $(grep -E 'tests passed|tests failed' "$OUT/tests.log" | tail -1)")
   grep -E 'Failed|\*\*\*' "$OUT/tests.log" | head -20
   # The Python package: installed offline as the README says, its GPU tests, the README example.

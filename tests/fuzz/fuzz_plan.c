@@ -18,10 +18,14 @@
 
 #include "internal.h"
 
-/* The fuzzer only plans: flashattn_fwd (which would reach the kernels) is never called, so the
- * launchers are not linked. Reaching this is a bug in the fuzzer. */
+/* The fuzzer only plans and validates: flashattn_fwd and flashattn_merge (which would reach the
+ * kernels) are never called, so the launchers are not linked. Reaching these is a bug in the fuzzer. */
 flashattn_status fa_dispatch(const flashattn_handle *h, const fa_plan *plan, void *workspace, void *stream) {
     (void)h, (void)plan, (void)workspace, (void)stream;
+    abort();
+}
+int fa_merge_launch(const fa_merge_args *a, void *stream) {
+    (void)a, (void)stream;
     abort();
 }
 
@@ -98,7 +102,7 @@ static int names_an_argument(const char *m) {
         "struct_size", "reserved0", "dtype", "mask", "backend", "batch", "seqlen_q", "seqlen_k", "heads_q",
         "heads_kv", "head_dim", "stride", "q ", "k ", "v ", "o ", "q:", "k:", "v:", "o:", "q =", "k =", "v =",
         "o =", "lse", "softmax_scale", "softcap", "window_left", "window_right", "alibi", "handle", "params",
-        "info", "bytes", "device",
+        "info", "bytes", "device", "heads", "num_parts", "seqlen", "o_parts",
     };
     for (size_t i = 0; i < sizeof words / sizeof words[0]; ++i)
         if (strstr(m, words[i])) return 1;
@@ -218,6 +222,31 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
               "plan info");
         check_plan(caps, &p);
     }
+
+    /* flashattn_merge's validation on the rest of the input: a status the header lists, and a
+     * message naming a field on every refusal. */
+    flashattn_merge_params mp;
+    flashattn_merge_params_init(&mp);
+    mp.dtype_parts = (int32_t)(take(&in, 1) % 5) - 1, mp.dtype_out = (int32_t)(take(&in, 1) % 5) - 1;
+    mp.lse_base = (int32_t)(take(&in, 1) % 4) - 1;
+    mp.num_parts = pick_i64(&in), mp.batch = pick_i64(&in), mp.seqlen = pick_i64(&in);
+    mp.heads = pick_i64(&in), mp.head_dim = pick_i64(&in);
+    int64_t *mstrides[15] = {&mp.o_part_stride, &mp.o_batch_stride, &mp.o_seq_stride, &mp.o_head_stride,
+                             &mp.lse_part_stride, &mp.lse_batch_stride, &mp.lse_head_stride, &mp.lse_seq_stride,
+                             &mp.out_batch_stride, &mp.out_seq_stride, &mp.out_head_stride,
+                             &mp.lse_out_batch_stride, &mp.lse_out_head_stride, &mp.lse_out_seq_stride, NULL};
+    for (int i = 0; mstrides[i]; ++i) *mstrides[i] = pick_i64(&in);
+    mp.o_parts = (const void *)pick_ptr(&in, 0x10000000);
+    mp.lse_parts = (const float *)pick_ptr(&in, 0x20000000);
+    mp.o = (void *)pick_ptr(&in, 0x30000000);
+    mp.lse = (float *)pick_ptr(&in, 0x40000000);
+    if (take(&in, 1) % 16 == 0) mp.struct_size = (size_t)take(&in, 2);
+    const flashattn_status mst = fa_merge_check(&mp);
+    CHECK(mst >= FLASHATTN_STATUS_SUCCESS && mst <= FLASHATTN_STATUS_BAD_LSE_BASE && mst != FLASHATTN_STATUS_UNSUPPORTED,
+          "merge validation returned %s", flashattn_status_name(mst));
+    if (mst != FLASHATTN_STATUS_SUCCESS)
+        CHECK(names_an_argument(flashattn_last_error()), "merge %s: '%s'", flashattn_status_name(mst),
+              flashattn_last_error());
 
     /* The _init_size functions write exactly the size they are given, or nothing. */
     unsigned char buf[2 * sizeof(flashattn_fwd_params) + 64];
