@@ -254,8 +254,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
 
     const int tid = threadIdx.x, wg = tid / kWarpgroupThreads, lane = tid % 32;
     const tile<Tr> tl(p);
-    const int split = tl.split, b = tl.b, heads = tl.heads, rows_per_head = tl.rows_per_head, hk = tl.hk,
-              h0 = tl.h0, m0 = tl.m0, row_last = tl.row_last, tile_begin = tl.tile_begin, n_tiles = tl.n_tiles;
+    const int b = tl.b, m0 = tl.m0, row_last = tl.row_last, tile_begin = tl.tile_begin, n_tiles = tl.n_tiles;
     const bool partial = tl.partial;
     auto row_target = [&](int r, int &head, int &pos) { return tl.row_target(p, r, head, pos); };
     auto lse_slot = [&](int head, int pos) { return tl.lse_slot(p, head, pos); };

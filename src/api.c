@@ -143,16 +143,15 @@ flashattn_status flashattn_handle_device(const flashattn_handle *handle, int *de
 static const size_t fa_params_sizes[] = {FLASHATTN_FWD_PARAMS_SIZE_0_1, sizeof(flashattn_fwd_params)};
 static const size_t fa_plan_info_sizes[] = {FLASHATTN_PLAN_INFO_SIZE_0_1, sizeof(flashattn_plan_info)};
 
-static int size_known(const size_t *sizes, size_t n, size_t size) {
+int fa_size_known(const size_t *sizes, size_t n, size_t size) {
     for (size_t i = 0; i < n; ++i)
         if (sizes[i] == size) return 1;
     return 0;
 }
-#define FA_COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
-int fa_fwd_params_size_known(size_t size) { return size_known(fa_params_sizes, FA_COUNT(fa_params_sizes), size); }
+int fa_fwd_params_size_known(size_t size) { return fa_size_known(fa_params_sizes, FA_COUNT(fa_params_sizes), size); }
 int fa_plan_info_size_known(size_t size) {
-    return size_known(fa_plan_info_sizes, FA_COUNT(fa_plan_info_sizes), size);
+    return fa_size_known(fa_plan_info_sizes, FA_COUNT(fa_plan_info_sizes), size);
 }
 
 void fa_fwd_params_defaults(flashattn_fwd_params *p) {

@@ -72,8 +72,12 @@ FA_HIDDEN void fa_clear_error(void);
 FA_HIDDEN flashattn_status fa_fail(flashattn_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+#define FA_COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
 /* api.c: the struct-growth rule. A caller's params may be any released size (the fields it does
- * not know take their defaults); the library reads no byte past struct_size. */
+ * not know take their defaults); the library reads no byte past struct_size. fa_size_known: whether
+ * size is one of a struct's released sizes. */
+FA_HIDDEN int fa_size_known(const size_t *sizes, size_t n, size_t size);
 FA_HIDDEN int fa_fwd_params_size_known(size_t size);
 FA_HIDDEN int fa_plan_info_size_known(size_t size);
 FA_HIDDEN void fa_fwd_params_defaults(flashattn_fwd_params *p);

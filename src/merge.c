@@ -12,11 +12,7 @@ typedef long long ll;
 
 static const size_t fa_merge_sizes[] = {FLASHATTN_MERGE_PARAMS_SIZE_0_2, sizeof(flashattn_merge_params)};
 
-static int merge_size_known(size_t size) {
-    for (size_t i = 0; i < sizeof fa_merge_sizes / sizeof fa_merge_sizes[0]; ++i)
-        if (fa_merge_sizes[i] == size) return 1;
-    return 0;
-}
+static int merge_size_known(size_t size) { return fa_size_known(fa_merge_sizes, FA_COUNT(fa_merge_sizes), size); }
 
 static void merge_defaults(flashattn_merge_params *p) {
     memset(p, 0, sizeof *p);

@@ -64,6 +64,13 @@ class Backend:
     FUSED_SM90 = 3
 
 
+def _new_struct(cls, init_size):
+    """A ctypes mirror of a growable struct, given its defaults by the library for this mirror's size."""
+    s = cls()
+    _check(getattr(lib(), init_size)(ctypes.byref(s), ctypes.sizeof(cls)), init_size)
+    return s
+
+
 class FwdParams(ctypes.Structure):
     """flashattn_fwd_params; create with FwdParams.new() so the library sets the defaults."""
     _fields_ = [
@@ -88,10 +95,7 @@ class FwdParams(ctypes.Structure):
 
     @classmethod
     def new(cls):
-        p = cls()
-        _check(lib().flashattn_fwd_params_init_size(ctypes.byref(p), ctypes.sizeof(cls)),
-               "flashattn_fwd_params_init_size")
-        return p
+        return _new_struct(cls, "flashattn_fwd_params_init_size")
 
 
 class PlanInfo(ctypes.Structure):
@@ -107,10 +111,7 @@ class PlanInfo(ctypes.Structure):
 
     @classmethod
     def new(cls):
-        info = cls()
-        _check(lib().flashattn_plan_info_init_size(ctypes.byref(info), ctypes.sizeof(cls)),
-               "flashattn_plan_info_init_size")
-        return info
+        return _new_struct(cls, "flashattn_plan_info_init_size")
 
 
 class MergeParams(ctypes.Structure):
@@ -133,10 +134,7 @@ class MergeParams(ctypes.Structure):
 
     @classmethod
     def new(cls):
-        m = cls()
-        _check(lib().flashattn_merge_params_init_size(ctypes.byref(m), ctypes.sizeof(cls)),
-               "flashattn_merge_params_init_size")
-        return m
+        return _new_struct(cls, "flashattn_merge_params_init_size")
 
 
 class FlashAttnError(RuntimeError):
