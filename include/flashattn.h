@@ -45,7 +45,7 @@ extern "C" {
  * ------------------------------------------------------------------------------------------- */
 
 #define FLASHATTN_VERSION_MAJOR 0
-#define FLASHATTN_VERSION_MINOR 2
+#define FLASHATTN_VERSION_MINOR 3
 #define FLASHATTN_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, comparable with flashattn_version(). */
 #define FLASHATTN_VERSION \
@@ -97,8 +97,16 @@ typedef enum flashattn_status {
     FLASHATTN_STATUS_CUDA_ERROR = 20,           /* a CUDA runtime call failed */
     FLASHATTN_STATUS_CUBLAS_ERROR = 21,         /* a cuBLAS call failed */
     FLASHATTN_STATUS_OUT_OF_HOST_MEMORY = 22,   /* flashattn_handle_create could not allocate */
-    FLASHATTN_STATUS_BAD_LSE_BASE = 23          /* lse_base is not a flashattn_lse_base value
+    FLASHATTN_STATUS_BAD_LSE_BASE = 23,         /* lse_base is not a flashattn_lse_base value
                                                    (added in 0.2.0) */
+    FLASHATTN_STATUS_BAD_VARLEN = 24,           /* the ragged-batch fields disagree: total_q or
+                                                   total_k without its cu_seqlens array, a packed
+                                                   tensor with a batch stride, kv_batch_idx with
+                                                   packed or paged K/V (added in 0.3.0) */
+    FLASHATTN_STATUS_BAD_PAGED_KV = 25          /* the paged-KV fields disagree: page_size,
+                                                   num_pages, pages_per_seq or the block table's
+                                                   row stride out of range, or seqlen_k above
+                                                   pages_per_seq x page_size (added in 0.3.0) */
 } flashattn_status;
 
 /* The enumerator's name, e.g. "FLASHATTN_STATUS_BAD_SHAPE"; "FLASHATTN_STATUS_UNKNOWN" for a value
@@ -225,7 +233,8 @@ typedef struct flashattn_fwd_params {
     void *o;                 /* device, [batch, seqlen_q, heads_q, head_dim], written */
     int64_t o_batch_stride, o_seq_stride, o_head_stride;
 
-    float *lse;              /* device float32 [batch, heads_q, seqlen_q], contiguous; may be NULL */
+    float *lse;              /* device float32 [batch, heads_q, seqlen_q] ([heads_q, total_q] with
+                                cu_seqlens_q), contiguous; may be NULL */
 
     float softmax_scale;     /* > 0; 0 (the default) means 1/sqrt(head_dim) */
     float softcap;           /* >= 0; 0 (the default) disables it */
@@ -235,10 +244,65 @@ typedef struct flashattn_fwd_params {
     const float *alibi_slopes;     /* device float32, may be NULL (no ALiBi); slope of (b, h) is
                                       alibi_slopes[b * alibi_batch_stride + h] */
     int64_t alibi_batch_stride;    /* 0 (one slope per head, shared by the batch) or >= heads_q */
+
+    /* ---- Added in 0.3.0: ragged batches, per-sequence key counts, paged and indexed KV caches.
+     * Their defaults (NULL and 0) keep the dense layout above. See "Serving calls" below. */
+    const int32_t *cu_seqlens_q;   /* device int32 [batch + 1], or NULL. Set: Q and O are packed */
+    const int32_t *cu_seqlens_k;   /* device int32 [batch + 1], or NULL. Set: key counts (and, unless
+                                      paged, K and V packed) */
+    const int32_t *seqused_k;      /* device int32 [batch], or NULL: keys used per sequence */
+    int64_t total_q;               /* rows of packed Q and O (with cu_seqlens_q), else 0 */
+    int64_t total_k;               /* rows of packed K and V (with cu_seqlens_k, not paged), else 0 */
+    const int32_t *block_table;    /* device int32 [batch, pages_per_seq] (row stride below), or
+                                      NULL. Set: K and V are page pools */
+    int64_t block_table_batch_stride; /* elements between rows of block_table, >= pages_per_seq */
+    int64_t pages_per_seq;         /* pages one row of block_table lists, >= 1 when paged */
+    int64_t page_size;             /* keys per page, >= 1 when paged (any value: 1, 16, 19, 256...) */
+    int64_t num_pages;             /* pages in each of the K and V pools, >= 1 when paged */
+    const int32_t *kv_batch_idx;   /* device int32 [batch], or NULL: batch entry b reads K/V entry
+                                      kv_batch_idx[b] of a dense cache (FlashAttention's
+                                      cache_batch_idx) */
+    int64_t kv_batch;              /* entries of that dense cache (with kv_batch_idx), else 0 */
 } flashattn_fwd_params;
 
 /* The struct's size in release 0.1.0, the first layout. A library accepts every released size. */
 #define FLASHATTN_FWD_PARAMS_SIZE_0_1 248
+/* The struct's size in release 0.3.0 (the serving fields appended). */
+#define FLASHATTN_FWD_PARAMS_SIZE_0_3 344
+
+/*
+ * Serving calls (0.3.0): a batch of sequences of different lengths, a KV cache in pages, or both.
+ * Every length lives in device memory and is read only by the kernels: the host never reads it, so a
+ * call can be captured in a CUDA graph once and replayed while the contents of cu_seqlens_q,
+ * cu_seqlens_k, seqused_k, block_table, kv_batch_idx, Q, K and V change. seqlen_q and seqlen_k are
+ * then capacities, fixed at capture: the longest query and key count any sequence may have.
+ *
+ *  - Ragged queries (cu_seqlens_q set): Q and O are [total_q, heads_q, head_dim]; token t, head h at
+ *    q + t*q_seq_stride + h*q_head_stride (q_batch_stride and o_batch_stride must be 0). Sequence b
+ *    owns rows cu_seqlens_q[b] .. cu_seqlens_q[b+1] - 1; LSE is float32 [heads_q, total_q],
+ *    contiguous. Rows that no sequence owns are not written.
+ *  - Keys of sequence b: seqused_k[b] if seqused_k is set; else cu_seqlens_k[b+1] - cu_seqlens_k[b]
+ *    if cu_seqlens_k is set; else seqlen_k. Masks, windows and ALiBi are per sequence (causal is
+ *    bottom-right within each sequence, as in FlashAttention's varlen functions).
+ *  - Ragged keys (cu_seqlens_k set, block_table NULL): K and V are [total_k, heads_kv, head_dim],
+ *    sequence b's keys start at row cu_seqlens_k[b] (k_batch_stride and v_batch_stride must be 0).
+ *  - Paged keys (block_table set): K and V are pools [num_pages, page_size, heads_kv, head_dim] whose
+ *    page stride is k_batch_stride / v_batch_stride (so K and V may be two halves of one pool, or
+ *    the pages head-major: any strides). Key j of sequence b is row j % page_size of page
+ *    block_table[b * block_table_batch_stride + j / page_size]. A row stride larger than
+ *    pages_per_seq lets a column slice of a wider table be passed (a shared prefix's pages, then
+ *    each sequence's own). Needs seqlen_k <= pages_per_seq * page_size; cu_seqlens_k, if set, gives
+ *    only the key counts.
+ *  - Indexed dense cache (kv_batch_idx set, K/V neither packed nor paged): K and V are
+ *    [kv_batch, seqlen_k, heads_kv, head_dim] and batch entry b reads entry kv_batch_idx[b].
+ *  - Contents the host cannot check are clamped, never trusted: a count is clamped to
+ *    [0, capacity], rows to the extents total_q / total_k, a page or cache index outside the pools
+ *    reads zeros. Such contents give meaningless numbers, but nothing outside the tensors described
+ *    here is read or written. Sequences with no queries cost nothing and write nothing; sequences
+ *    with no keys give O = 0 and LSE = -inf.
+ *  - Backends: FUSED runs every serving call; AUTO picks it for them. REFERENCE and FUSED_SM90
+ *    refuse them (UNSUPPORTED, with the reason).
+ */
 
 /* Sets every field that a struct of `struct_size` bytes has to its default, and struct_size to that
  * size: pointers NULL, sizes and strides 0, dtype FLOAT16, mask NONE, backend AUTO, softmax_scale 0
@@ -340,7 +404,8 @@ FLASHATTN_API flashattn_status flashattn_fwd_plan(const flashattn_handle *handle
  * Returns: SUCCESS; NULL_POINTER (handle, params, a tensor pointer, or workspace when one is needed);
  * MISALIGNED_POINTER; BAD_STRUCT_SIZE; BAD_SHAPE; BAD_STRIDE; INDEX_OVERFLOW; BAD_HEAD_GROUPING;
  * UNSUPPORTED_HEAD_DIM; BAD_DTYPE;
- * BAD_SCALE; BAD_MASK; BAD_WINDOW; BAD_SOFTCAP; BAD_BACKEND; UNSUPPORTED (the forced backend cannot
+ * BAD_SCALE; BAD_MASK; BAD_WINDOW; BAD_SOFTCAP; BAD_BACKEND; BAD_VARLEN; BAD_PAGED_KV (the serving
+ * fields, see "Serving calls"); UNSUPPORTED (the forced backend cannot
  * run these params; under AUTO, no backend can: the fused kernels take batch and heads_q up to 65535
  * and head dims that are multiples of 8, REFERENCE takes batch x heads_q and the Q/K seq strides up
  * to 2^31 - 1; the message names the limit each backend hit); WORKSPACE_TOO_SMALL; WRONG_DEVICE; CUDA_ERROR (a launch

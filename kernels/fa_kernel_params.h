@@ -57,6 +57,17 @@ typedef struct fa_kernel_params {
     float scale_log2;           /* scale * log2(e), folded once on the host */
     float softcap;              /* 0: off */
     float softcap_inv_scale;    /* scale / softcap (0 when off) */
+
+    /* Serving calls (flashattn.h, "Serving calls"; FUSED only). serving = 0: every field below is
+     * unused and seqlen_q, seqlen_k, key_lo_off and key_hi_off hold for every batch entry. serving = 1:
+     * seqlen_q and seqlen_k are capacities; each sequence's counts come from the device arrays
+     * (clamped to the capacities and to total_q / total_k), and its visibility offsets are folded
+     * in the kernel from mask_kind and the windows, as the host folds them for dense calls. */
+    const int32_t *cu_seqlens_q, *cu_seqlens_k, *seqused_k, *block_table, *kv_batch_idx;
+    int64_t block_table_stride;
+    int32_t serving, page_size, num_pages, pages_per_seq, total_q, total_k, kv_batch;
+    int32_t mask_kind;          /* flashattn_mask */
+    int32_t window_left, window_right;  /* -1 unbounded; else clamped to <= 2^30 */
 } fa_kernel_params;
 
 /* Launch shape decided by the planner; a launcher refuses one that its kernel was not built for. */

@@ -129,12 +129,114 @@ __device__ __forceinline__ void load_tile(typename Tr::T *dst, const typename Tr
     }
 }
 
-/* kTransform: softcap and/or ALiBi present. A separate instantiation keeps their registers and
- * code out of the plain kernel's main loop. */
-template <int kDtype, int kHeadDim, bool kTransform>
-__global__ void __launch_bounds__(fused_traits<kDtype, kHeadDim>::kThreads,
-                                  fused_traits<kDtype, kHeadDim>::kMinBlocks)
-fused_fwd_kernel(const __grid_constant__ fa_kernel_params p) {
+/* Where a block's K and V rows come from. A dense call: one [seq, head_dim] slice each (rows at a
+ * fixed stride from a base). A serving call: the same for packed or indexed K/V, or, with a block
+ * table, row j of the sequence at row j % page_size of page table[j / page_size] of the pools. Rows
+ * past rows_valid (and pages outside the pools) are zero-filled. */
+template <typename Tr> struct dense_kv {
+    const fa_kernel_params &p;
+    const typename Tr::T *k, *v;
+    __device__ __forceinline__ void load(typename Tr::T *sk, typename Tr::T *sv, int row0) const {
+        load_tile<Tr, Tr::kBlockN>(sk, k, p.k_seq_stride, row0, p.seqlen_k, p.head_dim);
+        load_tile<Tr, Tr::kBlockN>(sv, v, p.v_seq_stride, row0, p.seqlen_k, p.head_dim);
+    }
+};
+
+template <typename Tr> struct serving_kv {
+    const typename Tr::T *k, *v;  /* this KV head's base (packed / indexed: the sequence's too) */
+    int64_t k_stride, v_stride;   /* between rows of a page (or of the slice) */
+    int64_t k_page, v_page;       /* between pages */
+    const int32_t *table;         /* the sequence's row of the block table; NULL: not paged */
+    int page_size, num_pages, rows_valid, head_dim;
+    __device__ __forceinline__ void load(typename Tr::T *sk, typename Tr::T *sv, int row0) const {
+        constexpr int kTotal = Tr::kBlockN * Tr::kChunks;
+        constexpr int kIters = (kTotal + Tr::kThreads - 1) / Tr::kThreads;
+        const uint32_t kb = smem_u32(sk), vb = smem_u32(sv);
+#pragma unroll
+        for (int i = 0; i < kIters; ++i) {
+            const int c = (int)threadIdx.x + i * Tr::kThreads;
+            if (kTotal % Tr::kThreads == 0 || c < kTotal) {
+                const int r = c / Tr::kChunks, ch = c % Tr::kChunks, j = row0 + r;
+                bool valid = j < rows_valid && ch * 8 < head_dim;
+                int64_t page = 0, in_page = j;
+                if (valid && table != nullptr) {
+                    const int pi = j / page_size;
+                    page = table[pi];
+                    in_page = j - pi * page_size;
+                    valid = page >= 0 && page < num_pages;
+                }
+                const uint32_t soff = (uint32_t)((r * Tr::kStride + ch * 8) * 2);
+                const typename Tr::T *gk = valid ? k + page * k_page + in_page * k_stride + ch * 8 : k;
+                const typename Tr::T *gv = valid ? v + page * v_page + in_page * v_stride + ch * 8 : v;
+                cp_async_16(kb + soff, gk, valid);
+                cp_async_16(vb + soff, gv, valid);
+            }
+        }
+    }
+};
+
+/* Where one block's inputs and outputs are. A dense call: the kernel parameters say it all. */
+template <typename Tr> struct dense_ctx {
+    using T = typename Tr::T;
+    const fa_kernel_params &p;
+    __device__ __forceinline__ const fa_kernel_params &bounds() const { return p; }
+    __device__ __forceinline__ bool beyond(int) const { return false; }
+    __device__ __forceinline__ const T *q(int b, int h) const {
+        return (const T *)p.q + b * p.q_batch_stride + h * p.q_head_stride;
+    }
+    __device__ __forceinline__ dense_kv<Tr> kv(int b, int hk) const {
+        const T *kg = (const T *)p.k + b * p.k_batch_stride + hk * p.k_head_stride;
+        const T *vg = (const T *)p.v + b * p.v_batch_stride + hk * p.v_head_stride;
+        return dense_kv<Tr>{p, kg, vg};
+    }
+    __device__ __forceinline__ T *o(int b, int h) const { return (T *)p.o + b * p.o_batch_stride + h * p.o_head_stride; }
+    __device__ __forceinline__ float *lse(int b, int h) const {
+        return p.lse ? p.lse + ((int64_t)b * p.heads_q + h) * p.seqlen_q : nullptr;
+    }
+};
+
+/* A serving call: sequence b's counts and rows, read once from the device arrays (serving_seq). */
+template <typename Tr> struct serving_ctx {
+    using T = typename Tr::T;
+    const fa_kernel_params &p;
+    fa_seq s;
+    __device__ __forceinline__ const fa_seq &bounds() const { return s; }
+    /* Query tiles past the sequence's queries do nothing (the grid covers the capacity). */
+    __device__ __forceinline__ bool beyond(int m0) const { return m0 >= s.seqlen_q; }
+    __device__ __forceinline__ int64_t q_batch(int b) const { return p.cu_seqlens_q != nullptr ? 0 : b; }
+    __device__ __forceinline__ const T *q(int b, int h) const {
+        return (const T *)p.q + q_batch(b) * p.q_batch_stride + s.q_row0 * p.q_seq_stride + h * p.q_head_stride;
+    }
+    __device__ __forceinline__ serving_kv<Tr> kv(int b, int hk) const {
+        /* Paged: the pools' page stride is the batch stride. Packed: the sequence's first row. */
+        const bool paged = p.block_table != nullptr;
+        const int64_t kvb = paged ? 0 : s.kv_b;
+        serving_kv<Tr> kv;
+        kv.k = (const T *)p.k + kvb * p.k_batch_stride + s.k_row0 * p.k_seq_stride + hk * p.k_head_stride;
+        kv.v = (const T *)p.v + kvb * p.v_batch_stride + s.k_row0 * p.v_seq_stride + hk * p.v_head_stride;
+        kv.k_stride = p.k_seq_stride, kv.v_stride = p.v_seq_stride;
+        kv.k_page = p.k_batch_stride, kv.v_page = p.v_batch_stride;
+        kv.table = paged ? p.block_table + (int64_t)b * p.block_table_stride : nullptr;
+        kv.page_size = p.page_size, kv.num_pages = p.num_pages;
+        kv.rows_valid = s.kv_valid ? s.seqlen_k : 0;
+        kv.head_dim = p.head_dim;
+        return kv;
+    }
+    __device__ __forceinline__ T *o(int b, int h) const {
+        return (T *)p.o + q_batch(b) * p.o_batch_stride + s.q_row0 * p.o_seq_stride + h * p.o_head_stride;
+    }
+    __device__ __forceinline__ float *lse(int b, int h) const {
+        if (p.lse == nullptr) return nullptr;
+        return p.cu_seqlens_q != nullptr ? p.lse + (int64_t)h * p.total_q + s.q_row0
+                                         : p.lse + ((int64_t)b * p.heads_q + h) * p.seqlen_q;
+    }
+};
+
+/* One block's work: kBlockM query rows (query tile blockIdx.x, heaviest first) of one (batch entry,
+ * head); ctx says where its inputs and outputs are (dense_ctx or serving_ctx). kTransform: softcap
+ * and/or ALiBi present. */
+template <int kDtype, int kHeadDim, bool kTransform, class Ctx>
+__device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const Ctx &ctx) {
     using Tr = fused_traits<kDtype, kHeadDim>;
     using T = typename Tr::T;
     constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN, kStride = Tr::kStride;
@@ -150,45 +252,40 @@ fused_fwd_kernel(const __grid_constant__ fa_kernel_params p) {
     /* Heaviest (latest, for causal) query tiles first: they start while the grid fills. */
     const int m_block = p.num_m_blocks - 1 - (int)blockIdx.x;
     const int h = blockIdx.y, b = blockIdx.z, hk = h / p.head_group;
+    const auto &bnd = ctx.bounds();
     const int m0 = m_block * kBlockM;
-    const int row_last = min(m0 + kBlockM, p.seqlen_q) - 1;
+    if (ctx.beyond(m0)) return;
+    const int row_last = min(m0 + kBlockM, bnd.seqlen_q) - 1;
     const int warp_row0 = m0 + warp * 16 * kMT; /* first query row of this warp */
 
-    const T *qg = (const T *)p.q + b * p.q_batch_stride + h * p.q_head_stride;
-    const T *kg = (const T *)p.k + b * p.k_batch_stride + hk * p.k_head_stride;
-    const T *vg = (const T *)p.v + b * p.v_batch_stride + hk * p.v_head_stride;
-    T *og = (T *)p.o + b * p.o_batch_stride + h * p.o_head_stride;
-    float *lse = p.lse ? p.lse + ((int64_t)b * p.heads_q + h) * p.seqlen_q : nullptr;
+    const T *qg = ctx.q(b, h);
+    const auto kv = ctx.kv(b, hk);
+    T *og = ctx.o(b, h);
+    float *lse = ctx.lse(b, h);
 
     /* Keys any row of this block can see: [key_lo, key_hi). */
-    const int key_lo = max(0, m0 + p.key_lo_off);
-    const int key_hi = min(p.seqlen_k, row_last + p.key_hi_off + 1);
+    const int key_lo = max(0, m0 + bnd.key_lo_off);
+    const int key_hi = min(bnd.seqlen_k, row_last + bnd.key_hi_off + 1);
     if (key_hi <= key_lo) { /* no row sees a key: O = 0, LSE = -inf */
         for (int c = threadIdx.x; c < kBlockM * Tr::kChunks; c += Tr::kThreads) {
             const int r = c / Tr::kChunks, ch = c % Tr::kChunks;
-            if (m0 + r < p.seqlen_q && ch * 8 < p.head_dim)
+            if (m0 + r < bnd.seqlen_q && ch * 8 < p.head_dim)
                 *reinterpret_cast<uint4 *>(og + (int64_t)(m0 + r) * p.o_seq_stride + ch * 8) =
                     make_uint4(0, 0, 0, 0);
         }
         if (lse)
             for (int r = threadIdx.x; r < kBlockM; r += Tr::kThreads)
-                if (m0 + r < p.seqlen_q) lse[m0 + r] = -INFINITY;
+                if (m0 + r < bnd.seqlen_q) lse[m0 + r] = -INFINITY;
         return;
     }
     const int tile_begin = key_lo / kBlockN;
     const int n_tiles = (key_hi + kBlockN - 1) / kBlockN - tile_begin;
 
     /* Prologue: Q and the first key tile in group 0, the second key tile in group 1. */
-    load_tile<Tr, kBlockM>(sQ, qg, p.q_seq_stride, m0, p.seqlen_q, p.head_dim);
-    load_tile<Tr, kBlockN>(sK, kg, p.k_seq_stride, tile_begin * kBlockN, p.seqlen_k, p.head_dim);
-    load_tile<Tr, kBlockN>(sV, vg, p.v_seq_stride, tile_begin * kBlockN, p.seqlen_k, p.head_dim);
+    load_tile<Tr, kBlockM>(sQ, qg, p.q_seq_stride, m0, bnd.seqlen_q, p.head_dim);
+    kv.load(sK, sV, tile_begin * kBlockN);
     cp_async_commit();
-    if (n_tiles > 1) {
-        load_tile<Tr, kBlockN>(sK + kBlockN * kStride, kg, p.k_seq_stride, (tile_begin + 1) * kBlockN,
-                               p.seqlen_k, p.head_dim);
-        load_tile<Tr, kBlockN>(sV + kBlockN * kStride, vg, p.v_seq_stride, (tile_begin + 1) * kBlockN,
-                               p.seqlen_k, p.head_dim);
-    }
+    if (n_tiles > 1) kv.load(sK + kBlockN * kStride, sV + kBlockN * kStride, (tile_begin + 1) * kBlockN);
     cp_async_commit();
 
     /* Softcap and ALiBi need the score in natural units; without them the scale is folded into
@@ -259,14 +356,14 @@ fused_fwd_kernel(const __grid_constant__ fa_kernel_params p) {
                 for (int j = 0; j < Tr::kSTiles; ++j)
 #pragma unroll
                     for (int e = 0; e < 4; ++e)
-                        s[mt][j][e] = kLog2e * transform_raw_score(p, s[mt][j][e], slope,
+                        s[mt][j][e] = kLog2e * transform_raw_score(p, bnd, s[mt][j][e], slope,
                                                                    warp_row0 + 16 * mt + g + 8 * (e / 2),
                                                                    n0 + 8 * j + 2 * t + (e % 2));
         }
-        const bool need_mask = FA_TILE_NEEDS_MASK(p, n0, kBlockN, m0, row_last);
+        const bool need_mask = FA_TILE_NEEDS_MASK(bnd, n0, kBlockN, m0, row_last);
         if (need_mask) {
 #pragma unroll
-            for (int mt = 0; mt < kMT; ++mt) mask_scores<Tr::kSTiles>(s_of(mt), p, row_of(mt), n0, t);
+            for (int mt = 0; mt < kMT; ++mt) mask_scores<Tr::kSTiles>(s_of(mt), bnd, row_of(mt), n0, t);
         }
 
         /* Per m16 tile: the online softmax, then O += P V. Tile mt + 1's softmax has no dependence
@@ -299,10 +396,7 @@ fused_fwd_kernel(const __grid_constant__ fa_kernel_params p) {
         __syncthreads(); /* every warp is done with this stage; refill it with tile it + 2 */
         if (it + 2 < n_tiles) {
             const int n2 = (tile_begin + it + 2) * kBlockN;
-            load_tile<Tr, kBlockN>(sK + stage * kBlockN * kStride, kg, p.k_seq_stride, n2, p.seqlen_k,
-                                   p.head_dim);
-            load_tile<Tr, kBlockN>(sV + stage * kBlockN * kStride, vg, p.v_seq_stride, n2, p.seqlen_k,
-                                   p.head_dim);
+            kv.load(sK + stage * kBlockN * kStride, sV + stage * kBlockN * kStride, n2);
         }
         cp_async_commit(); /* possibly empty: keeps the wait_group count uniform */
     }
@@ -321,16 +415,32 @@ fused_fwd_kernel(const __grid_constant__ fa_kernel_params p) {
             for (int j = 0; j < Tr::kOTiles; ++j)
                 *reinterpret_cast<uint32_t *>(sO + row_local * kStride + 8 * j + 2 * t) =
                     pack_pair<kDtype>(o_acc[mt][j][2 * r] * inv, o_acc[mt][j][2 * r + 1] * inv);
-            if (lse && t == 0 && m0 + row_local < p.seqlen_q)
+            if (lse && t == 0 && m0 + row_local < bnd.seqlen_q)
                 lse[m0 + row_local] = softmax_lse(l, row_max[mt][r], mult);
         }
     __syncthreads();
     for (int c = threadIdx.x; c < kBlockM * Tr::kChunks; c += Tr::kThreads) {
         const int r = c / Tr::kChunks, ch = c % Tr::kChunks;
-        if (m0 + r < p.seqlen_q && ch * 8 < p.head_dim)
+        if (m0 + r < bnd.seqlen_q && ch * 8 < p.head_dim)
             *reinterpret_cast<uint4 *>(og + (int64_t)(m0 + r) * p.o_seq_stride + ch * 8) =
                 *reinterpret_cast<const uint4 *>(sO + r * kStride + ch * 8);
     }
+}
+
+
+/* kTransform: softcap and/or ALiBi present. A separate instantiation keeps their registers and
+ * code out of the plain kernel's main loop. kServing: a serving call (fa_kernel_params.serving),
+ * each sequence's counts, offsets and rows from the device arrays; its own instantiation, so the
+ * dense kernels carry none of it. */
+template <int kDtype, int kHeadDim, bool kTransform, bool kServing>
+__global__ void __launch_bounds__(fused_traits<kDtype, kHeadDim>::kThreads,
+                                  fused_traits<kDtype, kHeadDim>::kMinBlocks)
+fused_fwd_kernel(const __grid_constant__ fa_kernel_params p) {
+    using Tr = fused_traits<kDtype, kHeadDim>;
+    if constexpr (!kServing)
+        fused_fwd_block<kDtype, kHeadDim, kTransform>(p, dense_ctx<Tr>{p});
+    else
+        fused_fwd_block<kDtype, kHeadDim, kTransform>(p, serving_ctx<Tr>{p, serving_seq(p, blockIdx.z)});
 }
 
 template <int kDtype, int kHeadDim>
@@ -339,9 +449,13 @@ int launch_fused(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
     if (l->threads != Tr::kThreads || l->smem_bytes != Tr::kSmemBytes)
         return (int)cudaErrorInvalidConfiguration; /* planner and kernel disagree: refuse */
     const bool transform = kp->softcap > 0.0f || kp->alibi_slopes != nullptr;
-    auto kernel = transform ? fused_fwd_kernel<kDtype, kHeadDim, true> : fused_fwd_kernel<kDtype, kHeadDim, false>;
-    cudaError_t err =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
+    static std::atomic<unsigned long long> configured[4]; /* per kernel below: devices configured */
+    const int which = (kp->serving ? 2 : 0) + (transform ? 1 : 0);
+    auto kernel = kp->serving ? (transform ? fused_fwd_kernel<kDtype, kHeadDim, true, true>
+                                           : fused_fwd_kernel<kDtype, kHeadDim, false, true>)
+                              : (transform ? fused_fwd_kernel<kDtype, kHeadDim, true, false>
+                                           : fused_fwd_kernel<kDtype, kHeadDim, false, false>);
+    const cudaError_t err = set_smem_once(kernel, Tr::kSmemBytes, configured[which]);
     if (err != cudaSuccess) return (int)err;
     kernel<<<dim3(l->grid_x, l->grid_y, l->grid_z), Tr::kThreads, Tr::kSmemBytes,
              (cudaStream_t)stream>>>(*kp);

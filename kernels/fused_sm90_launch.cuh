@@ -69,7 +69,8 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
     const bool transform = kp->softcap > 0.0f || kp->alibi_slopes != nullptr;
     auto kernel = transform ? fused_sm90_kernel<kDtype, kHeadDim, kConsumers, true>
                             : fused_sm90_kernel<kDtype, kHeadDim, kConsumers, false>;
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
+    static std::atomic<unsigned long long> configured[2]; /* per kernel above: devices configured */
+    cudaError_t err = set_smem_once(kernel, Tr::kSmemBytes, configured[transform ? 1 : 0]);
     if (err != cudaSuccess) return (int)err;
     kernel<<<dim3(l->grid_x, l->grid_y, l->grid_z), Tr::kThreads, Tr::kSmemBytes, (cudaStream_t)stream>>>(*kp, tq, tk,
                                                                                                          tv);

@@ -49,8 +49,8 @@ __device__ __forceinline__ float quad_sum(float x) {
 
 /* Scores of keys that a query row may not see become -inf; row(r) is the query position of this
  * lane's row r (0: g, 1: g + 8). */
-template <int kN, class At, class Row>
-__device__ __forceinline__ void mask_scores(At at, const fa_kernel_params &p, Row row, int n0, int t) {
+template <int kN, class At, class Row, class Bounds>
+__device__ __forceinline__ void mask_scores(At at, const Bounds &p, Row row, int n0, int t) {
 #pragma unroll
     for (int j = 0; j < kN; ++j)
 #pragma unroll

@@ -4,7 +4,8 @@
 # short table last.   Usage: scripts/gpu_check.sh [all|build|test|sanitize|bench|quick|hostcost|peers|ab|abtree]...
 # (default: all; "quick" is the benchmark's quick suite, "hostcost" the Python host cost per call
 # beside SDPA's; "abtree" builds the source tree in $AB_OLD too and times both builds on the default
-# suite, alternating, for a refactor's before/after). "ab" times FUSED against FUSED_SM90 at every compiled head dim: the measurement
+# suite, alternating, for a refactor's before/after; AB_ARGS adds benchmark options to both, e.g.
+# "--backend fused"). "ab" times FUSED against FUSED_SM90 at every compiled head dim: the measurement
 # behind the AUTO ranges of FA_SM90_CONFIGS.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +21,7 @@ echo "build: $(( $(date +%s) - start )) s"
 summary=()
 if want test; then
   ctest --test-dir build -j 4 --output-on-failure --timeout 900 > "$OUT/tests.log" 2>&1
-  grep -E '^\[ (reference|fused|fused_sm90|plan|threads|merge) \]' -h build/Testing/Temporary/LastTest.log | sort -u > "$OUT/correctness.txt" || true
+  grep -E '^\[ (reference|fused|fused_sm90|plan|threads|merge|serving) \]' -h build/Testing/Temporary/LastTest.log | sort -u > "$OUT/correctness.txt" || true
   summary+=("tests: $(grep -E 'tests passed|tests failed' "$OUT/tests.log" | tail -1)")
   grep -E 'Failed|\*\*\*' "$OUT/tests.log" | head -20
   # The Python package: installed offline as the README says, its GPU tests, the README example.
@@ -76,7 +77,7 @@ if [[ " $steps " == *" abtree "* ]]; then
   for round in 1 2; do
     for side in a b; do
       exe=$([ $side = a ] && echo "$AB_OLD/build/benchmarks/flashattn_bench" || echo build/benchmarks/flashattn_bench)
-      "$exe" --no-check --iters 15 --warmup 3 --json "$OUT/ab_${side}${round}.json" > /dev/null 2>> "$OUT/ab.log"
+      "$exe" ${AB_ARGS:-} --no-check --iters 15 --warmup 3 --json "$OUT/ab_${side}${round}.json" > /dev/null 2>> "$OUT/ab.log"
       files+=("$OUT/ab_${side}${round}.json")
     done
   done

@@ -91,6 +91,12 @@ static const status_text fa_status_texts[] = {
                                              "Host memory could not be allocated for the handle."},
     [FLASHATTN_STATUS_BAD_LSE_BASE] = {"FLASHATTN_STATUS_BAD_LSE_BASE",
                                        "lse_base must be FLASHATTN_LSE_NATURAL or FLASHATTN_LSE_BASE2."},
+    [FLASHATTN_STATUS_BAD_VARLEN] = {"FLASHATTN_STATUS_BAD_VARLEN",
+                                     "The ragged-batch fields (cu_seqlens_q/k, total_q/k, kv_batch_idx) "
+                                     "disagree; flashattn_last_error() names the field."},
+    [FLASHATTN_STATUS_BAD_PAGED_KV] = {"FLASHATTN_STATUS_BAD_PAGED_KV",
+                                       "The paged-KV fields (block_table, page_size, num_pages, "
+                                       "pages_per_seq) are out of range or disagree with seqlen_k."},
 };
 
 #define FA_NUM_STATUS ((int)(sizeof fa_status_texts / sizeof fa_status_texts[0]))

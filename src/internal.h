@@ -87,6 +87,8 @@ FA_HIDDEN flashattn_status fa_fwd_params_load(const flashattn_fwd_params *p, fla
 /* validate.c: every check that needs no device, on the caller's params read into *full. */
 FA_HIDDEN flashattn_status fa_validate_load(const flashattn_fwd_params *p, flashattn_fwd_params *full);
 FA_HIDDEN flashattn_status fa_validate(const flashattn_fwd_params *p);
+/* Whether a loaded params uses any serving field (ragged, seqused, paged, indexed KV). */
+FA_HIDDEN int fa_is_serving(const flashattn_fwd_params *p);
 
 /* plan.c: validate, then choose a backend and its launch shape. Pure: no CUDA calls. */
 FA_HIDDEN flashattn_status fa_plan_make(const fa_device_caps *caps, const flashattn_fwd_params *p,

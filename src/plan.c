@@ -112,6 +112,21 @@ static void fill_kernel_params(const flashattn_fwd_params *p, fa_kernel_params *
     kp->scale_log2 = (float)((double)kp->scale * FA_LOG2E);
     kp->softcap = p->softcap;
     kp->softcap_inv_scale = p->softcap > 0.0f ? kp->scale / p->softcap : 0.0f;
+    if (fa_is_serving(p)) {
+        kp->serving = 1;
+        kp->cu_seqlens_q = p->cu_seqlens_q, kp->cu_seqlens_k = p->cu_seqlens_k;
+        kp->seqused_k = p->seqused_k, kp->block_table = p->block_table;
+        kp->kv_batch_idx = p->kv_batch_idx;
+        kp->block_table_stride = p->block_table_batch_stride;
+        kp->page_size = (int32_t)p->page_size, kp->num_pages = (int32_t)p->num_pages;
+        kp->pages_per_seq = (int32_t)p->pages_per_seq;
+        kp->total_q = (int32_t)p->total_q, kp->total_k = (int32_t)p->total_k;
+        kp->kv_batch = (int32_t)p->kv_batch;
+        kp->mask_kind = p->mask;
+        /* A window wider than any sequence pair (2^30 + 2^30 keys) is unbounded in effect. */
+        kp->window_left = (int32_t)min64(p->window_left, FA_MAX_SEQLEN);
+        kp->window_right = (int32_t)min64(p->window_right, FA_MAX_SEQLEN);
+    }
 }
 
 static const char *fused_layout_reason(const char *backend, const flashattn_fwd_params *p, char *buf,
@@ -194,6 +209,11 @@ static const char *sm90_unsupported_reason(const fa_device_caps *caps, const fla
                  caps->device, caps->cc_major, caps->cc_minor);
         return buf;
     }
+    if (fa_is_serving(p)) {
+        snprintf(buf, n, "the fused_sm90 backend does not take serving calls (cu_seqlens_q/k, seqused_k, "
+                 "block_table, kv_batch_idx) in this release; the fused backend does");
+        return buf;
+    }
     const int khd = fa_sm90_kernel_head_dim(p->head_dim);
     const int compiled =
         khd != 0 && fa_sm90_variant_compiled(p->dtype, khd, fa_sm90_config_for(khd)->block_m / 64);
@@ -261,6 +281,11 @@ static int ref_layout(const flashattn_fwd_params *p, fa_ref_layout *l) {
 
 static const char *reference_unsupported_reason(const flashattn_fwd_params *p,
                                                 fa_ref_layout *layout, char *buf, size_t n) {
+    if (fa_is_serving(p)) {
+        snprintf(buf, n, "the reference backend does not take serving calls (cu_seqlens_q/k, seqused_k, "
+                 "block_table, kv_batch_idx) in this release; the fused backend does");
+        return buf;
+    }
     if (p->batch * p->heads_q > INT32_MAX) {
         snprintf(buf, n, "the reference backend needs batch x heads_q <= %d (got %lld)", INT32_MAX,
                  (ll)(p->batch * p->heads_q));

@@ -86,6 +86,109 @@ static flashattn_status check_no_self_overlap(const tensor_desc *t) {
     return FLASHATTN_STATUS_SUCCESS;
 }
 
+int fa_is_serving(const flashattn_fwd_params *p) {
+    return p->cu_seqlens_q != NULL || p->cu_seqlens_k != NULL || p->seqused_k != NULL ||
+           p->block_table != NULL || p->kv_batch_idx != NULL;
+}
+
+/* The serving fields (see "Serving calls" in flashattn.h): each bad combination named. */
+static flashattn_status check_serving(const flashattn_fwd_params *p) {
+    const struct { const char *name; const int32_t *ptr; } arrays[] = {
+        {"cu_seqlens_q", p->cu_seqlens_q}, {"cu_seqlens_k", p->cu_seqlens_k},
+        {"seqused_k", p->seqused_k},       {"block_table", p->block_table},
+        {"kv_batch_idx", p->kv_batch_idx},
+    };
+    for (size_t i = 0; i < FA_COUNT(arrays); ++i)
+        if (((uintptr_t)arrays[i].ptr) % 4 != 0)
+            return fa_fail(FLASHATTN_STATUS_MISALIGNED_POINTER,
+                           "%s = %p is not aligned to its 4-byte element size", arrays[i].name,
+                           (const void *)arrays[i].ptr);
+    const int paged = p->block_table != NULL;
+    /* Packed Q / packed K: the row counts, and no batch stride. */
+    const struct {
+        const char *array, *total_name, *t1, *t2;
+        int packed, has_array;
+        int64_t total, stride1, stride2;
+    } packs[2] = {
+        {"cu_seqlens_q", "total_q", "q_batch_stride", "o_batch_stride", p->cu_seqlens_q != NULL,
+         p->cu_seqlens_q != NULL, p->total_q, p->q_batch_stride, p->o_batch_stride},
+        {"cu_seqlens_k", "total_k", "k_batch_stride", "v_batch_stride",
+         p->cu_seqlens_k != NULL && !paged, p->cu_seqlens_k != NULL, p->total_k, p->k_batch_stride,
+         p->v_batch_stride},
+    };
+    for (int i = 0; i < 2; ++i) {
+        if (!packs[i].packed) {
+            if (packs[i].total != 0)
+                return fa_fail(FLASHATTN_STATUS_BAD_VARLEN,
+                               "%s is %lld but %s; it must be 0 unless %s packs the tensor",
+                               packs[i].total_name, (ll)packs[i].total,
+                               packs[i].has_array ? "K and V are paged (block_table is set)"
+                                                  : (i == 0 ? "cu_seqlens_q is NULL" : "cu_seqlens_k is NULL"),
+                               packs[i].array);
+            continue;
+        }
+        if (packs[i].total < 0 || packs[i].total > INT32_MAX)
+            return fa_fail(FLASHATTN_STATUS_BAD_SHAPE, "%s is %lld; it must be in 0..%d (int32 offsets)",
+                           packs[i].total_name, (ll)packs[i].total, INT32_MAX);
+        if (packs[i].stride1 != 0 || packs[i].stride2 != 0)
+            return fa_fail(FLASHATTN_STATUS_BAD_VARLEN,
+                           "%s is %lld and %s %lld; with %s the tensors are packed [%s, heads, head_dim] "
+                           "and both must be 0",
+                           packs[i].t1, (ll)packs[i].stride1, packs[i].t2, (ll)packs[i].stride2,
+                           packs[i].array, packs[i].total_name);
+    }
+    if (p->kv_batch_idx == NULL && p->kv_batch != 0)
+        return fa_fail(FLASHATTN_STATUS_BAD_VARLEN, "kv_batch is %lld but kv_batch_idx is NULL; it must be 0",
+                       (ll)p->kv_batch);
+    if (p->kv_batch_idx != NULL) {
+        if (paged || p->cu_seqlens_k != NULL)
+            return fa_fail(FLASHATTN_STATUS_BAD_VARLEN,
+                           "kv_batch_idx indexes a dense [kv_batch, seqlen_k, heads_kv, head_dim] cache; "
+                           "it cannot be combined with %s",
+                           paged ? "block_table (paged K/V)" : "cu_seqlens_k (packed K/V)");
+        if (p->kv_batch < 1 || p->kv_batch > INT32_MAX)
+            return fa_fail(FLASHATTN_STATUS_BAD_VARLEN, "kv_batch is %lld; with kv_batch_idx it must be in 1..%d",
+                           (ll)p->kv_batch, INT32_MAX);
+    }
+    if (!paged) {
+        const struct { const char *name; int64_t value; } pg[] = {
+            {"page_size", p->page_size}, {"num_pages", p->num_pages},
+            {"pages_per_seq", p->pages_per_seq}, {"block_table_batch_stride", p->block_table_batch_stride},
+        };
+        for (size_t i = 0; i < FA_COUNT(pg); ++i)
+            if (pg[i].value != 0)
+                return fa_fail(FLASHATTN_STATUS_BAD_PAGED_KV, "%s is %lld but block_table is NULL; it must be 0",
+                               pg[i].name, (ll)pg[i].value);
+        return FLASHATTN_STATUS_SUCCESS;
+    }
+    const struct { const char *name; int64_t value, max; } pg[] = {
+        {"page_size", p->page_size, FA_MAX_SEQLEN},
+        {"num_pages", p->num_pages, INT32_MAX},
+        {"pages_per_seq", p->pages_per_seq, INT32_MAX},
+    };
+    for (size_t i = 0; i < FA_COUNT(pg); ++i)
+        if (pg[i].value < 1 || pg[i].value > pg[i].max)
+            return fa_fail(FLASHATTN_STATUS_BAD_PAGED_KV, "%s is %lld; with block_table it must be in 1..%lld",
+                           pg[i].name, (ll)pg[i].value, (ll)pg[i].max);
+    if (p->block_table_batch_stride < 0 || (p->batch > 1 && p->block_table_batch_stride < p->pages_per_seq))
+        return fa_fail(FLASHATTN_STATUS_BAD_PAGED_KV,
+                       "block_table_batch_stride is %lld; it must be >= pages_per_seq (%lld)",
+                       (ll)p->block_table_batch_stride, (ll)p->pages_per_seq);
+    int64_t last = 0;
+    if (!add_mul_ok(p->batch - 1, p->block_table_batch_stride, p->pages_per_seq - 1, &last) || last > INT64_MAX / 4)
+        return fa_fail(FLASHATTN_STATUS_INDEX_OVERFLOW,
+                       "block_table: (batch - 1) x block_table_batch_stride + pages_per_seq (%lld x %lld + %lld) "
+                       "int32 elements overflow int64 bytes",
+                       (ll)(p->batch - 1), (ll)p->block_table_batch_stride, (ll)p->pages_per_seq);
+    if (p->seqlen_k > p->pages_per_seq * p->page_size) /* both <= 2^31: no overflow */
+        return fa_fail(FLASHATTN_STATUS_BAD_PAGED_KV,
+                       "seqlen_k (the key capacity) is %lld but a block-table row holds pages_per_seq x "
+                       "page_size = %lld x %lld = %lld keys",
+                       (ll)p->seqlen_k, (ll)p->pages_per_seq, (ll)p->page_size,
+                       (ll)(p->pages_per_seq * p->page_size));
+    return FLASHATTN_STATUS_SUCCESS;
+}
+
 flashattn_status fa_validate(const flashattn_fwd_params *p) {
     flashattn_fwd_params full;
     return fa_validate_load(p, &full);
@@ -133,14 +236,23 @@ flashattn_status fa_validate_load(const flashattn_fwd_params *caller, flashattn_
                        "head_dim is %lld; supported head dims are 1..%d", (ll)p->head_dim,
                        FA_MAX_HEAD_DIM);
 
+    st = check_serving(p);
+    if (st != FLASHATTN_STATUS_SUCCESS) return st;
+    /* Extents of Q/O ([batch, seqlen_q] or packed [1, total_q]) and of K/V ([batch, seqlen_k],
+     * packed [1, total_k], pools [num_pages, page_size] or a cache [kv_batch, seqlen_k]). */
+    const int64_t q_outer = p->cu_seqlens_q ? 1 : p->batch, q_rows = p->cu_seqlens_q ? p->total_q : p->seqlen_q;
+    int64_t k_outer = p->batch, k_rows = p->seqlen_k;
+    if (p->block_table) k_outer = p->num_pages, k_rows = p->page_size;
+    else if (p->cu_seqlens_k) k_outer = 1, k_rows = p->total_k;
+    else if (p->kv_batch_idx) k_outer = p->kv_batch;
     const tensor_desc tensors[4] = {
-        {"q", p->q, {p->batch, p->seqlen_q, p->heads_q, p->head_dim},
+        {"q", p->q, {q_outer, q_rows, p->heads_q, p->head_dim},
          {p->q_batch_stride, p->q_seq_stride, p->q_head_stride, 1}},
-        {"k", p->k, {p->batch, p->seqlen_k, p->heads_kv, p->head_dim},
+        {"k", p->k, {k_outer, k_rows, p->heads_kv, p->head_dim},
          {p->k_batch_stride, p->k_seq_stride, p->k_head_stride, 1}},
-        {"v", p->v, {p->batch, p->seqlen_k, p->heads_kv, p->head_dim},
+        {"v", p->v, {k_outer, k_rows, p->heads_kv, p->head_dim},
          {p->v_batch_stride, p->v_seq_stride, p->v_head_stride, 1}},
-        {"o", p->o, {p->batch, p->seqlen_q, p->heads_q, p->head_dim},
+        {"o", p->o, {q_outer, q_rows, p->heads_q, p->head_dim},
          {p->o_batch_stride, p->o_seq_stride, p->o_head_stride, 1}},
     };
     for (int i = 0; i < 4; ++i) {
@@ -153,14 +265,16 @@ flashattn_status fa_validate_load(const flashattn_fwd_params *caller, flashattn_
     if (p->lse != NULL && ((uintptr_t)p->lse) % 4 != 0)
         return fa_fail(FLASHATTN_STATUS_MISALIGNED_POINTER,
                        "lse = %p is not aligned to its 4-byte element size", (void *)p->lse);
-    /* LSE is float32 [batch, heads_q, seqlen_q], contiguous: its bytes must be addressable. */
+    /* LSE is float32 [batch, heads_q, seqlen_q] (packed: [heads_q, total_q]), contiguous: its bytes
+     * must be addressable. */
     int64_t lse_elems = 0;
-    if (p->lse != NULL && (!add_mul_ok(p->batch, p->heads_q, 0, &lse_elems) ||
-                           !add_mul_ok(lse_elems, p->seqlen_q, 0, &lse_elems) ||
+    if (p->lse != NULL && (!add_mul_ok(q_outer, p->heads_q, 0, &lse_elems) ||
+                           !add_mul_ok(lse_elems, q_rows, 0, &lse_elems) ||
                            lse_elems > INT64_MAX / 4))
         return fa_fail(FLASHATTN_STATUS_INDEX_OVERFLOW,
-                       "lse: batch x heads_q x seqlen_q (%lld x %lld x %lld) float32 elements overflow "
-                       "int64 bytes", (ll)p->batch, (ll)p->heads_q, (ll)p->seqlen_q);
+                       "lse: %s x heads_q x %s (%lld x %lld x %lld) float32 elements overflow "
+                       "int64 bytes", p->cu_seqlens_q ? "1" : "batch", p->cu_seqlens_q ? "total_q" : "seqlen_q",
+                       (ll)q_outer, (ll)p->heads_q, (ll)q_rows);
     if (p->alibi_slopes != NULL && ((uintptr_t)p->alibi_slopes) % 4 != 0)
         return fa_fail(FLASHATTN_STATUS_MISALIGNED_POINTER,
                        "alibi_slopes = %p is not aligned to its 4-byte element size",

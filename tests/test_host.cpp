@@ -31,7 +31,8 @@ TEST(Status, EveryCodeHasANameAndASentence) {
                            "UNSUPPORTED_HEAD_DIM", "BAD_DTYPE", "BAD_SCALE", "BAD_MASK", "BAD_WINDOW",
                            "BAD_SOFTCAP", "BAD_BACKEND", "UNSUPPORTED", "WORKSPACE_TOO_SMALL",
                            "DEVICE_TOO_OLD", "WRONG_DEVICE", "NO_DEVICE", "CUDA_ERROR",
-                           "CUBLAS_ERROR", "OUT_OF_HOST_MEMORY", "BAD_LSE_BASE"};
+                           "CUBLAS_ERROR", "OUT_OF_HOST_MEMORY", "BAD_LSE_BASE", "BAD_VARLEN",
+                           "BAD_PAGED_KV"};
     for (int s = 0; s < (int)(sizeof names / sizeof names[0]); ++s) {
         EXPECT_EQ(std::string("FLASHATTN_STATUS_") + names[s],
                   flashattn_status_name((flashattn_status)s));
@@ -39,7 +40,7 @@ TEST(Status, EveryCodeHasANameAndASentence) {
         EXPECT_GT(sentence.size(), 8u) << names[s];
         EXPECT_EQ(sentence.back(), '.') << names[s];
     }
-    EXPECT_STREQ("FLASHATTN_STATUS_UNKNOWN", flashattn_status_name((flashattn_status)24));
+    EXPECT_STREQ("FLASHATTN_STATUS_UNKNOWN", flashattn_status_name((flashattn_status)26));
     EXPECT_STREQ("FLASHATTN_STATUS_UNKNOWN", flashattn_status_name((flashattn_status)-1));
     EXPECT_NE(nullptr, flashattn_status_string((flashattn_status)1000));
 }
@@ -52,6 +53,8 @@ TEST(Status, ValuesAreFrozen) {
     EXPECT_EQ(19, FLASHATTN_STATUS_NO_DEVICE);
     EXPECT_EQ(22, FLASHATTN_STATUS_OUT_OF_HOST_MEMORY);
     EXPECT_EQ(23, FLASHATTN_STATUS_BAD_LSE_BASE);
+    EXPECT_EQ(24, FLASHATTN_STATUS_BAD_VARLEN);
+    EXPECT_EQ(25, FLASHATTN_STATUS_BAD_PAGED_KV);
     EXPECT_EQ(2, FLASHATTN_DTYPE_FLOAT32);
 }
 
@@ -84,7 +87,21 @@ TEST(Abi, ParamsLayoutIsFrozen) {
     EXPECT_EQ(224u, offsetof(flashattn_fwd_params, window_right));
     EXPECT_EQ(232u, offsetof(flashattn_fwd_params, alibi_slopes));
     EXPECT_EQ(240u, offsetof(flashattn_fwd_params, alibi_batch_stride));
-    EXPECT_EQ(248u, sizeof(flashattn_fwd_params));
+    // 0.3.0's serving fields, appended after the 0.1.0 layout.
+    EXPECT_EQ(248u, offsetof(flashattn_fwd_params, cu_seqlens_q));
+    EXPECT_EQ(256u, offsetof(flashattn_fwd_params, cu_seqlens_k));
+    EXPECT_EQ(264u, offsetof(flashattn_fwd_params, seqused_k));
+    EXPECT_EQ(272u, offsetof(flashattn_fwd_params, total_q));
+    EXPECT_EQ(280u, offsetof(flashattn_fwd_params, total_k));
+    EXPECT_EQ(288u, offsetof(flashattn_fwd_params, block_table));
+    EXPECT_EQ(296u, offsetof(flashattn_fwd_params, block_table_batch_stride));
+    EXPECT_EQ(304u, offsetof(flashattn_fwd_params, pages_per_seq));
+    EXPECT_EQ(312u, offsetof(flashattn_fwd_params, page_size));
+    EXPECT_EQ(320u, offsetof(flashattn_fwd_params, num_pages));
+    EXPECT_EQ(328u, offsetof(flashattn_fwd_params, kv_batch_idx));
+    EXPECT_EQ(336u, offsetof(flashattn_fwd_params, kv_batch));
+    EXPECT_EQ(344u, sizeof(flashattn_fwd_params));
+    EXPECT_EQ((size_t)FLASHATTN_FWD_PARAMS_SIZE_0_3, sizeof(flashattn_fwd_params));
 }
 
 TEST(Abi, PlanInfoLayoutIsFrozen) {
@@ -240,6 +257,133 @@ const std::vector<BadCase> &bad_cases() {
          FLASHATTN_STATUS_INDEX_OVERFLOW, "lse"},
     };
     return cases;
+}
+
+// ---- serving calls (0.3.0): ragged, paged and indexed K/V ------------------------------------------
+
+// Valid serving params on fake addresses: 3 sequences packed in 300 query rows, K/V in 64 pages of
+// 16 keys (the pools' page stride in the batch strides), a block table with a wider row stride.
+flashattn_fwd_params valid_varlen_paged() {
+    flashattn_fwd_params p = valid_params();
+    p.batch = 3, p.seqlen_q = 100, p.seqlen_k = 200;
+    p.cu_seqlens_q = (const int32_t *)0x700000, p.total_q = 300;
+    p.q_batch_stride = p.o_batch_stride = 0;
+    p.seqused_k = (const int32_t *)0x710000;
+    p.block_table = (const int32_t *)0x720000, p.pages_per_seq = 13, p.block_table_batch_stride = 16;
+    p.page_size = 16, p.num_pages = 64;
+    p.k_batch_stride = p.v_batch_stride = 16 * p.k_seq_stride;
+    return p;
+}
+
+// Ragged K/V (packed, no pages) and an indexed dense cache.
+flashattn_fwd_params valid_varlen_packed() {
+    flashattn_fwd_params p = valid_params();
+    p.cu_seqlens_q = (const int32_t *)0x700000, p.total_q = 150;
+    p.cu_seqlens_k = (const int32_t *)0x708000, p.total_k = 350;
+    p.q_batch_stride = p.o_batch_stride = p.k_batch_stride = p.v_batch_stride = 0;
+    return p;
+}
+
+flashattn_fwd_params valid_indexed_cache() {
+    flashattn_fwd_params p = valid_params();
+    p.kv_batch_idx = (const int32_t *)0x730000, p.kv_batch = 5;
+    p.seqused_k = (const int32_t *)0x710000;
+    return p;
+}
+
+TEST(Serving, ValidServingParamsPassAndPlanOnFused) {
+    const fa_device_caps caps = h200_caps();
+    for (const flashattn_fwd_params &p : {valid_varlen_paged(), valid_varlen_packed(), valid_indexed_cache()}) {
+        EXPECT_EQ(FLASHATTN_STATUS_SUCCESS, fa_validate(&p)) << flashattn_last_error();
+        fa_plan plan;
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, fa_plan_make(&caps, &p, 0, &plan)) << flashattn_last_error();
+        EXPECT_EQ(FLASHATTN_BACKEND_FUSED, plan.backend);  // AUTO: the backend that takes serving calls
+        EXPECT_EQ(1, plan.kp.serving);
+        EXPECT_EQ(0, plan.workspace_bytes);
+        // The grid covers the capacity (seqlen_q): each sequence's blocks past its queries exit.
+        EXPECT_EQ((100 + plan.cfg.block_m - 1) / plan.cfg.block_m, plan.grid_x);
+        EXPECT_EQ(p.batch, plan.grid_z);
+    }
+    const flashattn_fwd_params p = valid_varlen_paged();
+    fa_plan plan;
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, fa_plan_make(&caps, &p, 0, &plan));
+    EXPECT_EQ(16, plan.kp.page_size);
+    EXPECT_EQ(64, plan.kp.num_pages);
+    EXPECT_EQ(16, plan.kp.block_table_stride);
+    EXPECT_EQ(300, plan.kp.total_q);
+    // A dense call keeps serving off (its kernels carry none of the serving code).
+    const flashattn_fwd_params d = valid_params();
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, fa_plan_make(&caps, &d, 0, &plan));
+    EXPECT_EQ(0, plan.kp.serving);
+}
+
+TEST(Serving, WindowsAreClampedForTheKernel) {
+    const fa_device_caps caps = h200_caps();
+    flashattn_fwd_params p = valid_varlen_paged();
+    p.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, p.window_left = INT64_MAX, p.window_right = 3;
+    fa_plan plan;
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, fa_plan_make(&caps, &p, 0, &plan));
+    EXPECT_EQ(1, plan.kp.mask_kind);
+    EXPECT_EQ((int32_t)1 << 30, plan.kp.window_left);
+    EXPECT_EQ(3, plan.kp.window_right);
+}
+
+TEST(Serving, ForcedReferenceAndSm90SayTheyDoNotTakeServingCalls) {
+    const fa_device_caps caps = h200_caps();
+    for (int backend : {FLASHATTN_BACKEND_REFERENCE, FLASHATTN_BACKEND_FUSED_SM90}) {
+        flashattn_fwd_params p = valid_varlen_paged();
+        p.backend = backend;
+        fa_plan plan;
+        EXPECT_EQ(FLASHATTN_STATUS_UNSUPPORTED, fa_plan_make(&caps, &p, 0, &plan));
+        EXPECT_NE(std::string(flashattn_last_error()).find("serving calls"), std::string::npos) << flashattn_last_error();
+    }
+}
+
+TEST(Serving, EveryBadServingInputHasItsStatusAndMessage) {
+    struct S {
+        const char *what;
+        flashattn_fwd_params (*base)();
+        std::function<void(flashattn_fwd_params &)> mutate;
+        flashattn_status expected;
+        const char *mentions;
+    };
+    const std::vector<S> cases = {
+        {"cu_seqlens_q misaligned", valid_varlen_paged, [](auto &p) { p.cu_seqlens_q = (const int32_t *)0x700002; }, FLASHATTN_STATUS_MISALIGNED_POINTER, "cu_seqlens_q"},
+        {"block_table misaligned", valid_varlen_paged, [](auto &p) { p.block_table = (const int32_t *)0x720001; }, FLASHATTN_STATUS_MISALIGNED_POINTER, "block_table"},
+        {"kv_batch_idx misaligned", valid_indexed_cache, [](auto &p) { p.kv_batch_idx = (const int32_t *)0x730003; }, FLASHATTN_STATUS_MISALIGNED_POINTER, "kv_batch_idx"},
+        {"total_q without cu_seqlens_q", valid_params, [](auto &p) { p.total_q = 10; }, FLASHATTN_STATUS_BAD_VARLEN, "total_q"},
+        {"total_k without cu_seqlens_k", valid_params, [](auto &p) { p.total_k = 10; }, FLASHATTN_STATUS_BAD_VARLEN, "total_k"},
+        {"total_k with paged K/V", valid_varlen_paged, [](auto &p) { p.cu_seqlens_k = (const int32_t *)0x708000; p.total_k = 10; }, FLASHATTN_STATUS_BAD_VARLEN, "paged"},
+        {"total_q negative", valid_varlen_paged, [](auto &p) { p.total_q = -1; }, FLASHATTN_STATUS_BAD_SHAPE, "total_q"},
+        {"total_k above int32", valid_varlen_packed, [](auto &p) { p.total_k = (int64_t)1 << 31; }, FLASHATTN_STATUS_BAD_SHAPE, "total_k"},
+        {"packed q with a batch stride", valid_varlen_paged, [](auto &p) { p.q_batch_stride = 1024; }, FLASHATTN_STATUS_BAD_VARLEN, "q_batch_stride"},
+        {"packed o with a batch stride", valid_varlen_paged, [](auto &p) { p.o_batch_stride = 1024; }, FLASHATTN_STATUS_BAD_VARLEN, "o_batch_stride"},
+        {"packed k with a batch stride", valid_varlen_packed, [](auto &p) { p.k_batch_stride = 1024; }, FLASHATTN_STATUS_BAD_VARLEN, "k_batch_stride"},
+        {"kv_batch without kv_batch_idx", valid_params, [](auto &p) { p.kv_batch = 4; }, FLASHATTN_STATUS_BAD_VARLEN, "kv_batch"},
+        {"kv_batch_idx with paged K/V", valid_varlen_paged, [](auto &p) { p.kv_batch_idx = (const int32_t *)0x730000; p.kv_batch = 2; }, FLASHATTN_STATUS_BAD_VARLEN, "block_table"},
+        {"kv_batch_idx with packed K/V", valid_varlen_packed, [](auto &p) { p.kv_batch_idx = (const int32_t *)0x730000; p.kv_batch = 2; }, FLASHATTN_STATUS_BAD_VARLEN, "cu_seqlens_k"},
+        {"kv_batch zero", valid_indexed_cache, [](auto &p) { p.kv_batch = 0; }, FLASHATTN_STATUS_BAD_VARLEN, "kv_batch"},
+        {"page_size without block_table", valid_params, [](auto &p) { p.page_size = 16; }, FLASHATTN_STATUS_BAD_PAGED_KV, "page_size"},
+        {"num_pages without block_table", valid_params, [](auto &p) { p.num_pages = 16; }, FLASHATTN_STATUS_BAD_PAGED_KV, "num_pages"},
+        {"page_size zero", valid_varlen_paged, [](auto &p) { p.page_size = 0; }, FLASHATTN_STATUS_BAD_PAGED_KV, "page_size"},
+        {"num_pages zero", valid_varlen_paged, [](auto &p) { p.num_pages = 0; }, FLASHATTN_STATUS_BAD_PAGED_KV, "num_pages"},
+        {"pages_per_seq zero", valid_varlen_paged, [](auto &p) { p.pages_per_seq = 0; }, FLASHATTN_STATUS_BAD_PAGED_KV, "pages_per_seq"},
+        {"block table rows overlap", valid_varlen_paged, [](auto &p) { p.block_table_batch_stride = 12; }, FLASHATTN_STATUS_BAD_PAGED_KV, "block_table_batch_stride"},
+        {"block table extent overflows", valid_varlen_paged, [](auto &p) { p.block_table_batch_stride = INT64_MAX / 2; }, FLASHATTN_STATUS_INDEX_OVERFLOW, "block_table"},
+        {"capacity above the table's pages", valid_varlen_paged, [](auto &p) { p.seqlen_k = 13 * 16 + 1; }, FLASHATTN_STATUS_BAD_PAGED_KV, "seqlen_k"},
+        {"pool extent overflows", valid_varlen_paged, [](auto &p) { p.k_batch_stride = INT64_MAX / 32; }, FLASHATTN_STATUS_INDEX_OVERFLOW, "k"},
+        {"packed q extent overflows", valid_varlen_paged, [](auto &p) { p.q_seq_stride = INT64_MAX / 200; }, FLASHATTN_STATUS_INDEX_OVERFLOW, "q"},
+        {"packed o overlaps itself", valid_varlen_packed, [](auto &p) { p.o_seq_stride = 64; }, FLASHATTN_STATUS_BAD_STRIDE, "o strides"},
+    };
+    for (const S &c : cases) {
+        flashattn_fwd_params p = c.base();
+        c.mutate(p);
+        fa_clear_error();
+        const flashattn_status st = fa_validate(&p);
+        EXPECT_EQ(c.expected, st) << c.what << ": got " << flashattn_status_name(st) << " (" << flashattn_last_error() << ")";
+        EXPECT_NE(std::string(flashattn_last_error()).find(c.mentions), std::string::npos)
+            << c.what << ": message '" << flashattn_last_error() << "' does not mention '" << c.mentions << "'";
+    }
 }
 
 TEST(Validation, ValidParamsPass) {
@@ -936,3 +1080,17 @@ TEST(Handle, CreateReportsNoDeviceOrSucceeds) {
 }
 
 }  // namespace
+
+TEST(Serving, A0_1CallerCannotSetServingFields) {
+    // An application built against 0.1.0 passes 248 bytes: whatever lies after them is never read,
+    // so the serving fields keep their defaults and the call is dense.
+    GuardedBytes mem(FLASHATTN_FWD_PARAMS_SIZE_0_1);
+    flashattn_fwd_params *p = mem.as<flashattn_fwd_params>();
+    const flashattn_fwd_params full = valid_params();
+    std::memcpy(p, &full, FLASHATTN_FWD_PARAMS_SIZE_0_1);
+    p->struct_size = FLASHATTN_FWD_PARAMS_SIZE_0_1;
+    const fa_device_caps caps = h200_caps();
+    fa_plan plan;
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, fa_plan_make(&caps, p, 0, &plan)) << flashattn_last_error();
+    EXPECT_EQ(0, plan.kp.serving);
+}

@@ -38,6 +38,8 @@ class Status:
     CUBLAS_ERROR = 21
     OUT_OF_HOST_MEMORY = 22
     BAD_LSE_BASE = 23
+    BAD_VARLEN = 24
+    BAD_PAGED_KV = 25
 
 
 class Dtype:
@@ -91,6 +93,12 @@ class FwdParams(ctypes.Structure):
         ("softmax_scale", ctypes.c_float), ("softcap", ctypes.c_float),
         ("window_left", ctypes.c_int64), ("window_right", ctypes.c_int64),
         ("alibi_slopes", ctypes.c_void_p), ("alibi_batch_stride", ctypes.c_int64),
+        # 0.3.0: serving calls
+        ("cu_seqlens_q", ctypes.c_void_p), ("cu_seqlens_k", ctypes.c_void_p), ("seqused_k", ctypes.c_void_p),
+        ("total_q", ctypes.c_int64), ("total_k", ctypes.c_int64),
+        ("block_table", ctypes.c_void_p), ("block_table_batch_stride", ctypes.c_int64),
+        ("pages_per_seq", ctypes.c_int64), ("page_size", ctypes.c_int64), ("num_pages", ctypes.c_int64),
+        ("kv_batch_idx", ctypes.c_void_p), ("kv_batch", ctypes.c_int64),
     ]
 
     @classmethod

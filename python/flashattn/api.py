@@ -10,7 +10,7 @@ import threading
 from ._lib import Backend, Dtype, FlashAttnError, FwdParams, LseBase, Mask, MergeParams, PlanInfo, _check, lib
 
 __all__ = ["Handle", "get_handle", "workspace_size", "supported", "plan", "fwd", "flash_attn_func",
-           "merge_attn_states"]
+           "flash_attn_varlen_func", "flash_attn_with_kvcache", "merge_attn_states"]
 
 
 class Handle:
@@ -483,6 +483,236 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
             write_into[...] = result
             result = write_into
     return (result, lse, None) if return_attn_probs else result
+
+
+# ---- serving calls: ragged batches, paged and indexed KV caches ---------------------------------------
+
+def _int32_array(obj, name, ndim, device):
+    """(pointer, shape, strides in elements) of an int32 CUDA array of `ndim` dimensions, contiguous in
+    its last one, on `device`. Anything else is refused, never copied: a silent host-to-device copy
+    would be a hidden synchronisation and would break CUDA-graph capture."""
+    mod = type(obj).__module__.split(".")[0]
+    if mod == "torch":
+        import torch
+        if not obj.is_cuda or obj.dtype != torch.int32:
+            raise TypeError(f"{name} must be an int32 CUDA tensor (got {obj.dtype} on {obj.device})")
+        ptr, shape, strides, dev = obj.data_ptr(), tuple(obj.shape), tuple(obj.stride()), obj.device.index
+    elif hasattr(obj, "__cuda_array_interface__"):
+        cai = obj.__cuda_array_interface__
+        if cai["typestr"] != "<i4":
+            raise TypeError(f"{name} must be an int32 CUDA array (typestr {cai['typestr']})")
+        ptr, shape = cai["data"][0], tuple(cai["shape"])
+        strides = tuple(x // 4 for x in cai["strides"]) if cai.get("strides") else _contiguous(shape)
+        dev = obj.device.id if mod == "cupy" else None
+    else:
+        raise TypeError(f"{name}: {type(obj).__name__} is not an int32 CUDA array")
+    if len(shape) != ndim:
+        raise ValueError(f"{name} has shape {shape}; expected {ndim} dimension(s)")
+    if shape[-1] > 1 and strides[-1] != 1:
+        raise ValueError(f"{name} must be contiguous in its last dimension (stride {strides[-1]})")
+    if device is not None and dev is not None and dev != device:
+        raise ValueError(f"{name} is on device {dev} but q is on device {device}")
+    return ptr, shape, strides
+
+
+def _serving_call(qa, ka, va, p, out_shape, lse_shape, D, softmax_scale, causal, window_size, softcap,
+                  alibi_slopes, return_lse, stream, keep):
+    """Sets the shared fields of a serving call, allocates out (and LSE), pads the head dim, runs it.
+    p already has the shapes, strides and serving fields; `keep` holds arrays that must outlive it."""
+    padded = p.head_dim
+    if padded != D and softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(D)  # the real head dim's scale, not the padded one's
+    p.dtype = qa.dtype
+    p.softmax_scale = 0.0 if softmax_scale is None else float(softmax_scale)
+    p.softcap = float(softcap)
+    p.mask = Mask.CAUSAL_BOTTOM_RIGHT if causal else Mask.NONE
+    p.window_left, p.window_right = int(window_size[0]), int(window_size[1])
+    if alibi_slopes is not None:
+        slopes = _Array(alibi_slopes, "alibi_slopes")
+        if slopes.dtype != "f32":
+            raise TypeError("alibi_slopes must be float32")
+        if slopes.shape not in ((p.heads_q,), (p.batch, p.heads_q)) or slopes.strides[-1] != 1:
+            raise ValueError(f"alibi_slopes has shape {slopes.shape}; expected ({p.heads_q},) or "
+                             f"({p.batch}, {p.heads_q}), contiguous")
+        p.alibi_slopes = slopes.ptr
+        p.alibi_batch_stride = slopes.strides[0] if len(slopes.shape) == 2 else 0
+        keep.append(slopes)
+    result = _empty(qa, out_shape[:-1] + (padded,), "same")
+    oa = _Array(result, "out")
+    lse = _empty(qa, lse_shape, "f32") if return_lse else None
+    p.o = oa.ptr
+    p.o_seq_stride, p.o_head_stride = oa.strides[-3], oa.strides[-2]
+    p.o_batch_stride = oa.strides[0] if len(out_shape) == 4 else 0
+    p.lse = _ptr(lse) if lse is not None else None
+    with qa.lib.device_scope(qa):
+        handle = get_handle(qa.device if qa.device is not None else -1)
+        nbytes = workspace_size(handle, p)
+        ws = _empty(qa, (nbytes,), "u8") if nbytes else None
+        s = qa.lib.current_stream(qa) if stream is None else int(stream)
+        fwd(handle, p, _ptr(ws) if ws is not None else 0, nbytes, s)
+    if padded != D:
+        result = result[..., :D]
+    return result, lse
+
+
+def _padded_arrays(arrays, ndim):
+    """_Arrays of q, k, v checked for rank, dtype and a contiguous last dimension, padded to a head
+    dim that is a multiple of 8 when needed. Returns (q, k, v _Arrays, real head dim, padded)."""
+    qa, ka, va = (_Array(x, n) for x, n in zip(arrays, ("q", "k", "v")))
+    for a, nd in zip((qa, ka, va), ndim):
+        if len(a.shape) != nd:
+            raise ValueError(f"{a.name} has shape {a.shape}; expected {nd} dimensions")
+        if a.dtype not in (Dtype.FLOAT16, Dtype.BFLOAT16):
+            raise TypeError(f"{a.name} must be float16 or bfloat16")
+    if not (qa.dtype == ka.dtype == va.dtype):
+        raise TypeError("q, k and v must have the same dtype")
+    if ka.shape != va.shape:
+        raise ValueError(f"k has shape {ka.shape} but v has shape {va.shape}")
+    D = qa.shape[-1]
+    if ka.shape[-1] != D:
+        raise ValueError(f"k has head dim {ka.shape[-1]} but q has {D}")
+    if len({a.device for a in (qa, ka, va) if a.device is not None}) > 1:
+        raise ValueError("q, k and v are on different devices")
+    padded = (D + 7) // 8 * 8
+    if padded != D:
+        qa, ka, va = (_Array(a.lib.pad_head_dim(a, padded), a.name) for a in (qa, ka, va))
+    for a in (qa, ka, va):
+        if a.strides[-1] != 1:
+            raise ValueError(f"{a.name} must be contiguous in its last dimension (stride {a.strides[-1]})")
+    return qa, ka, va, D, padded
+
+
+def _set_paged(p, ka, va, block_table, B, dev, keep):
+    """K/V as page pools (num_pages, page_size, nheads_k, headdim) through block_table (B, max_pages)."""
+    ptr, shape, strides = _int32_array(block_table, "block_table", 2, dev)
+    if shape[0] != B:
+        raise ValueError(f"block_table has {shape[0]} rows; expected one per sequence ({B})")
+    keep.append(block_table)
+    p.block_table, p.pages_per_seq = ptr, shape[1]
+    p.block_table_batch_stride = strides[0] if B > 1 else max(strides[0], shape[1])
+    p.num_pages, p.page_size = ka.shape[0], ka.shape[1]
+    p.k_batch_stride, p.v_batch_stride = ka.strides[0], va.strides[0]
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False, block_table=None, seqused_k=None,
+                           *, stream=None, backend=Backend.AUTO):
+    """FlashAttention-2's flash_attn_varlen_func on libflashattn: a batch of sequences of different lengths.
+
+    q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim), or with block_table the page
+    pools (num_blocks, page_block_size, nheads_k, headdim) (any page size). cu_seqlens_q/k: int32 CUDA
+    (batch + 1,) offsets (with block_table, cu_seqlens_k gives the key counts only); seqused_k: int32
+    (batch,) keys used per sequence, overriding cu_seqlens_k's counts. max_seqlen_q/k: host ints, the
+    longest sequence (capacities: a captured CUDA graph stays correct for any lengths within them).
+    block_table: int32 (batch, max_pages), contiguous rows (a column slice is fine).
+    causal is bottom-right within each sequence. Returns out (total_q, nheads, headdim); with
+    return_attn_probs, (out, softmax_lse (nheads, total_q) fp32, None). Rows past cu_seqlens_q[-1]
+    are not written (out is torch.empty-like there). Nothing on this path reads device memory on
+    the host or synchronises: it can be captured in a CUDA graph.
+    """
+    if dropout_p != 0.0:
+        raise ValueError(f"dropout_p={dropout_p}: libflashattn computes exact attention; dropout is not supported")
+    del deterministic
+    paged = block_table is not None
+    qa, ka, va, D, padded = _padded_arrays((q, k, v), (3, 4 if paged else 3, 4 if paged else 3))
+    dev = qa.device
+    keep = [qa, ka, va]
+    cq, cq_shape, _ = _int32_array(cu_seqlens_q, "cu_seqlens_q", 1, dev)
+    ck, ck_shape, _ = _int32_array(cu_seqlens_k, "cu_seqlens_k", 1, dev)
+    B = cq_shape[0] - 1
+    if B < 1 or ck_shape[0] != B + 1:
+        raise ValueError(f"cu_seqlens_q has {cq_shape[0]} entries and cu_seqlens_k {ck_shape[0]}; "
+                         f"both must be batch + 1 >= 2")
+    total_q, Hq, _ = qa.shape
+    p = FwdParams.new()
+    p.backend = backend
+    p.batch, p.seqlen_q, p.seqlen_k = B, int(max_seqlen_q), int(max_seqlen_k)
+    p.heads_q, p.heads_kv, p.head_dim = Hq, ka.shape[-2], padded
+    p.q, p.q_seq_stride, p.q_head_stride = qa.ptr, qa.strides[0], qa.strides[1]
+    p.cu_seqlens_q, p.total_q = cq, total_q
+    p.k, p.v = ka.ptr, va.ptr
+    p.k_seq_stride, p.k_head_stride = ka.strides[-3], ka.strides[-2]
+    p.v_seq_stride, p.v_head_stride = va.strides[-3], va.strides[-2]
+    p.cu_seqlens_k = ck
+    if paged:
+        _set_paged(p, ka, va, block_table, B, dev, keep)
+    else:
+        p.total_k = ka.shape[0]
+    if seqused_k is not None:
+        su, su_shape, _ = _int32_array(seqused_k, "seqused_k", 1, dev)
+        if su_shape[0] != B:
+            raise ValueError(f"seqused_k has {su_shape[0]} entries; expected batch = {B}")
+        p.seqused_k = su
+    out, lse = _serving_call(qa, ka, va, p, (total_q, Hq, D), (Hq, total_q), D, softmax_scale, causal, window_size,
+                             softcap, alibi_slopes, return_attn_probs, stream, keep)
+    return (out, lse, None) if return_attn_probs else out
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False,
+                            *, stream=None, backend=Backend.AUTO):
+    """FlashAttention-2's flash_attn_with_kvcache on libflashattn: attention over a KV cache.
+
+    q: (batch, seqlen_q, nheads, headdim); k_cache, v_cache: (batch_cache, seqlen_cache, nheads_k,
+    headdim), or with block_table the page pools (num_blocks, page_block_size, nheads_k, headdim)
+    (any page size). cache_seqlens: int, or int32 CUDA (batch,): keys in use per sequence (default: the
+    whole cache). cache_batch_idx: int32 CUDA (batch,), which cache row each sequence reads (dense
+    cache only). causal is bottom-right. num_splits is accepted and ignored (the library decides).
+    Returns out (batch, seqlen_q, nheads, headdim); with return_softmax_lse, (out, lse (batch, nheads,
+    seqlen_q) fp32).
+    Not in this release: appending new keys (k, v), rotary embedding (rotary_cos/sin) and
+    cache_leftpad; passing them raises NotImplementedError before anything is touched.
+    """
+    for name, val in (("k", k), ("v", v), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
+                      ("cache_leftpad", cache_leftpad)):
+        if val is not None:
+            raise NotImplementedError(f"flash_attn_with_kvcache: {name} is not supported in this release (appending "
+                                      f"keys, rotary embedding and left padding are not implemented); nothing was run")
+    del num_splits, rotary_interleaved
+    paged = block_table is not None
+    qa, ka, va, D, padded = _padded_arrays((q, k_cache, v_cache), (4, 4, 4))
+    dev = qa.device
+    keep = [qa, ka, va]
+    B, Sq, Hq, _ = qa.shape
+    p = FwdParams.new()
+    p.backend = backend
+    p.batch, p.seqlen_q, p.heads_q, p.heads_kv, p.head_dim = B, Sq, Hq, ka.shape[2], padded
+    p.q, (p.q_batch_stride, p.q_seq_stride, p.q_head_stride) = qa.ptr, qa.strides[:3]
+    p.k, p.v = ka.ptr, va.ptr
+    p.k_seq_stride, p.k_head_stride = ka.strides[1], ka.strides[2]
+    p.v_seq_stride, p.v_head_stride = va.strides[1], va.strides[2]
+    if paged:
+        if cache_batch_idx is not None:
+            raise ValueError("cache_batch_idx indexes a dense cache; it cannot be combined with block_table")
+        _set_paged(p, ka, va, block_table, B, dev, keep)
+        p.seqlen_k = p.pages_per_seq * p.page_size
+    else:
+        p.seqlen_k = ka.shape[1]
+        p.k_batch_stride, p.v_batch_stride = ka.strides[0], va.strides[0]
+        if cache_batch_idx is not None:
+            ptr, shape, _ = _int32_array(cache_batch_idx, "cache_batch_idx", 1, dev)
+            if shape[0] != B:
+                raise ValueError(f"cache_batch_idx has {shape[0]} entries; expected batch = {B}")
+            p.kv_batch_idx, p.kv_batch = ptr, ka.shape[0]
+        elif ka.shape[0] != B:
+            raise ValueError(f"k_cache has batch {ka.shape[0]} but q has {B} (pass cache_batch_idx to index it)")
+    if cache_seqlens is not None:
+        if isinstance(cache_seqlens, int):
+            if qa.lib is not _Torch:
+                raise TypeError("cache_seqlens as an int needs torch tensors; pass an int32 CUDA array")
+            import torch
+            cache_seqlens = torch.full((B,), cache_seqlens, dtype=torch.int32, device=qa.obj.device)
+        ptr, shape, _ = _int32_array(cache_seqlens, "cache_seqlens", 1, dev)
+        if shape[0] != B:
+            raise ValueError(f"cache_seqlens has {shape[0]} entries; expected batch = {B}")
+        p.seqused_k = ptr
+        keep.append(cache_seqlens)
+    out, lse = _serving_call(qa, ka, va, p, (B, Sq, Hq, D), (B, Hq, Sq), D, softmax_scale, causal, window_size,
+                             softcap, alibi_slopes, return_softmax_lse, stream, keep)
+    return (out, lse) if return_softmax_lse else out
 
 
 def merge_attn_states(outs, lses, *, lse_base2=False, stream=None):

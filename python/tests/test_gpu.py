@@ -267,3 +267,144 @@ def test_merge_treats_infinite_lse_as_an_empty_part():
     assert torch.equal(out, out_two) and torch.equal(merged, merged_two)
     empty, empty_lse = flashattn.merge_attn_states(o[:1], torch.full_like(lse[:1], float("-inf")))
     assert torch.equal(empty, torch.zeros_like(empty)) and torch.isneginf(empty_lse).all()
+
+
+# ---- serving calls: flash_attn_varlen_func and flash_attn_with_kvcache ----------------------------------
+
+def check_sequence(out, lse, q, k, v, causal, **kw):
+    """One sequence's rows of a serving call against fp32 attention on that sequence alone."""
+    ref, ref_lse = reference(q[None], k[None], v[None], causal=causal, **kw)
+    low, _ = reference(q[None], k[None], v[None], causal=causal, upcast=False, **kw)
+    err = (out.float() - ref[0]).abs().max().item() if out.numel() else 0.0
+    err_low = (low.float() - ref).abs().max().item() if out.numel() else 0.0
+    assert not torch.isnan(out).any()
+    assert err <= 2 * err_low + 1e-5, (err, err_low)
+    finite = torch.isfinite(ref_lse[0])
+    assert torch.equal(finite, torch.isfinite(lse))
+    if finite.any():
+        assert (lse[finite] - ref_lse[0][finite]).abs().max().item() < 2e-3
+
+
+def paged(ks, vs, page, extra_pages=3):
+    """Page pools and a block table holding the sequences ks/vs ([S_b, Hkv, D] each), pages shuffled."""
+    Hkv, D = ks[0].shape[1], ks[0].shape[2]
+    width = max(1, max(-(-k.shape[0] // page) for k in ks))
+    n = len(ks) * width + extra_pages
+    perm = torch.randperm(n, device="cuda").to(torch.int32)
+    table = perm[: len(ks) * width].reshape(len(ks), width).contiguous()
+    kp = torch.randn(n, page, Hkv, D, device="cuda", dtype=ks[0].dtype)
+    vp = torch.randn(n, page, Hkv, D, device="cuda", dtype=ks[0].dtype)
+    for b, (k, v) in enumerate(zip(ks, vs)):
+        for j0 in range(0, k.shape[0], page):
+            pg = table[b, j0 // page].item()
+            m = min(page, k.shape[0] - j0)
+            kp[pg, :m], vp[pg, :m] = k[j0:j0 + m], v[j0:j0 + m]
+    return kp, vp, table
+
+
+@pytest.mark.parametrize("page", [None, 1, 16, 19])
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_matches_per_sequence_attention(page, causal):
+    lens_q, lens_k = [37, 0, 1, 129, 5], [300, 50, 1, 129, 0]
+    Hq, Hkv, D = 8, 2, 64
+    qs = [rand(n, Hq, D) for n in lens_q]
+    ks, vs = [rand(n, Hkv, D) for n in lens_k], [rand(n, Hkv, D) for n in lens_k]
+    cu = lambda lens: torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device="cuda")
+    q = torch.cat(qs)
+    kw = {}
+    if page is None:
+        k, v = torch.cat(ks), torch.cat(vs)
+    else:
+        k, v, kw["block_table"] = paged(ks, vs, page)
+    out, lse, _ = flashattn.flash_attn_varlen_func(q, k, v, cu(lens_q), cu(lens_k), max(lens_q), max(lens_k),
+                                                   causal=causal, return_attn_probs=True, **kw)
+    assert out.shape == q.shape and lse.shape == (Hq, q.shape[0])
+    o0 = 0
+    for b in range(len(lens_q)):
+        n = lens_q[b]
+        check_sequence(out[o0:o0 + n], lse[:, o0:o0 + n], qs[b], ks[b], vs[b], causal)
+        o0 += n
+
+
+def test_varlen_seqused_k_overrides_the_counts():
+    Hq, Hkv, D = 4, 4, 128
+    lens_q, cap_k, used = [3, 9], 200, [150, 7]
+    q = rand(sum(lens_q), Hq, D)
+    k, v = rand(2 * cap_k, Hkv, D), rand(2 * cap_k, Hkv, D)
+    cu_q = torch.tensor([0, 3, 12], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, cap_k, 2 * cap_k], dtype=torch.int32, device="cuda")
+    su = torch.tensor(used, dtype=torch.int32, device="cuda")
+    out, lse, _ = flashattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 9, cap_k, causal=True, seqused_k=su,
+                                                   return_attn_probs=True)
+    check_sequence(out[:3], lse[:, :3], q[:3], k[:150], v[:150], True)
+    check_sequence(out[3:], lse[:, 3:], q[3:], k[cap_k:cap_k + 7], v[cap_k:cap_k + 7], True)
+
+
+@pytest.mark.parametrize("layout", ["dense", "indexed", "paged"])
+def test_kvcache_decode(layout):
+    B, Hq, Hkv, D, cap = 4, 8, 2, 128, 600
+    lens = [600, 1, 0, 333]
+    q = rand(B, 1, Hq, D)
+    ks, vs = [rand(n, Hkv, D) for n in lens], [rand(n, Hkv, D) for n in lens]
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    kw = {}
+    if layout == "paged":
+        kc, vc, kw["block_table"] = paged(ks, vs, 16)
+    else:
+        rows = list(range(B)) if layout == "dense" else [5, 0, 2, 3]
+        kc, vc = rand(max(rows) + 1, cap, Hkv, D), rand(max(rows) + 1, cap, Hkv, D)
+        for b, r in enumerate(rows):
+            kc[r, :lens[b]], vc[r, :lens[b]] = ks[b], vs[b]
+        if layout == "indexed":
+            kw["cache_batch_idx"] = torch.tensor(rows, dtype=torch.int32, device="cuda")
+    out, lse = flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, causal=True,
+                                                 return_softmax_lse=True, **kw)
+    assert out.shape == q.shape and lse.shape == (B, Hq, 1)
+    for b in range(B):
+        check_sequence(out[b], lse[b], q[b], ks[b], vs[b], True)
+
+
+def test_kvcache_int_seqlens_and_unsupported_append():
+    q, kc, vc = rand(2, 2, 4, 64), rand(2, 100, 4, 64), rand(2, 100, 4, 64)
+    out = flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=40, causal=True)
+    for b in range(2):
+        ref, _ = reference(q[b:b + 1], kc[b:b + 1, :40], vc[b:b + 1, :40], causal=True)
+        assert (out[b].float() - ref[0]).abs().max().item() < 3e-2
+    with pytest.raises(NotImplementedError, match="k is not supported"):
+        flashattn.flash_attn_with_kvcache(q, kc, vc, k=rand(2, 1, 4, 64), v=rand(2, 1, 4, 64))
+
+
+def test_serving_metadata_must_be_int32_on_the_device():
+    q, k, v = rand(10, 4, 64), rand(10, 4, 64), rand(10, 4, 64)
+    cu64 = torch.tensor([0, 10], dtype=torch.int64, device="cuda")
+    cu32 = cu64.to(torch.int32)
+    with pytest.raises(TypeError, match="cu_seqlens_q must be an int32 CUDA tensor"):
+        flashattn.flash_attn_varlen_func(q, k, v, cu64, cu32, 10, 10)
+    with pytest.raises(TypeError, match="cu_seqlens_k must be an int32 CUDA tensor"):
+        flashattn.flash_attn_varlen_func(q, k, v, cu32, cu32.cpu(), 10, 10)
+
+
+def test_varlen_is_capturable_in_a_cuda_graph():
+    Hq, D, cap = 4, 64, 128
+    q, k, v = rand(2 * cap, Hq, D), rand(2 * cap, Hq, D), rand(2 * cap, Hq, D)
+    cu_q = torch.tensor([0, 50, 60], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 100, 228], dtype=torch.int32, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        flashattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, cap, cap, causal=True)  # warm-up
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = flashattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, cap, cap, causal=True)
+    for lens_q, lens_k in (([50, 10], [100, 128]), ([128, 3], [1, 127])):
+        cu_q.copy_(torch.tensor([0, lens_q[0], sum(lens_q)], dtype=torch.int32))
+        cu_k.copy_(torch.tensor([0, lens_k[0], sum(lens_k)], dtype=torch.int32))
+        q.normal_(), k.normal_(), v.normal_()
+        g.replay()
+        torch.cuda.synchronize()
+        for b in range(2):
+            q0, k0 = sum(lens_q[:b]), sum(lens_k[:b])
+            ref, _ = reference(q[None, q0:q0 + lens_q[b]], k[None, k0:k0 + lens_k[b]], v[None, k0:k0 + lens_k[b]],
+                               causal=True)
+            assert (out[q0:q0 + lens_q[b]].float() - ref[0]).abs().max().item() < 3e-2

@@ -47,6 +47,11 @@ FWD_PARAMS_0_1 = {
     "o_head_stride": (192, 8), "lse": (200, 8), "softmax_scale": (208, 4), "softcap": (212, 4),
     "window_left": (216, 8), "window_right": (224, 8), "alibi_slopes": (232, 8), "alibi_batch_stride": (240, 8),
 }
+FWD_PARAMS_0_3 = dict(FWD_PARAMS_0_1, **{
+    "cu_seqlens_q": (248, 8), "cu_seqlens_k": (256, 8), "seqused_k": (264, 8), "total_q": (272, 8),
+    "total_k": (280, 8), "block_table": (288, 8), "block_table_batch_stride": (296, 8), "pages_per_seq": (304, 8),
+    "page_size": (312, 8), "num_pages": (320, 8), "kv_batch_idx": (328, 8), "kv_batch": (336, 8),
+})
 PLAN_INFO_0_1 = {
     "struct_size": (0, 8), "backend": (8, 4), "block_m": (12, 4), "block_n": (16, 4), "num_warps": (20, 4),
     "grid_x": (24, 4), "grid_y": (28, 4), "grid_z": (32, 4), "num_splits": (36, 4), "kernel_head_dim": (40, 4),
@@ -55,6 +60,7 @@ PLAN_INFO_0_1 = {
 
 
 @pytest.mark.parametrize("cls,frozen,size", [(flashattn.FwdParams, FWD_PARAMS_0_1, 248),
+                                             (flashattn.FwdParams, FWD_PARAMS_0_3, 344),
                                              (flashattn.PlanInfo, PLAN_INFO_0_1, 320)])
 def test_every_field_matches_the_c_layout(cls, frozen, size):
     fields = [name for name, _ in cls._fields_]

@@ -102,7 +102,8 @@ static int names_an_argument(const char *m) {
         "struct_size", "reserved0", "dtype", "mask", "backend", "batch", "seqlen_q", "seqlen_k", "heads_q",
         "heads_kv", "head_dim", "stride", "q ", "k ", "v ", "o ", "q:", "k:", "v:", "o:", "q =", "k =", "v =",
         "o =", "lse", "softmax_scale", "softcap", "window_left", "window_right", "alibi", "handle", "params",
-        "info", "bytes", "device", "heads", "num_parts", "seqlen", "o_parts",
+        "info", "bytes", "device", "heads", "num_parts", "seqlen", "o_parts", "cu_seqlens", "total_q", "total_k",
+        "seqused_k", "block_table", "page_size", "num_pages", "pages_per_seq", "kv_batch",
     };
     for (size_t i = 0; i < sizeof words / sizeof words[0]; ++i)
         if (strstr(m, words[i])) return 1;
@@ -136,15 +137,31 @@ static void check_plan(const fa_device_caps *caps, const flashattn_fwd_params *p
     CHECK(isfinite(plan.kp.softcap_inv_scale) && isfinite(plan.kp.softcap * 1.4426950408889634), "softcap %g",
           plan.kp.softcap);
     const __int128 max = INT64_MAX;
-    CHECK(extent_bytes(full.batch, full.seqlen_q, full.heads_q, full.head_dim, full.q_batch_stride, full.q_seq_stride,
+    /* Serving layouts (flashattn.h, "Serving calls"): packed Q/O, packed K/V, page pools, a cache. */
+    const int64_t qo = full.cu_seqlens_q ? 1 : full.batch, qr = full.cu_seqlens_q ? full.total_q : full.seqlen_q;
+    int64_t ko = full.batch, kr = full.seqlen_k;
+    if (full.block_table) ko = full.num_pages, kr = full.page_size;
+    else if (full.cu_seqlens_k) ko = 1, kr = full.total_k;
+    else if (full.kv_batch_idx) ko = full.kv_batch;
+    CHECK(plan.kp.serving == (full.cu_seqlens_q || full.cu_seqlens_k || full.seqused_k || full.block_table ||
+                              full.kv_batch_idx), "serving flag");
+    CHECK(!plan.kp.serving || plan.backend == FLASHATTN_BACKEND_FUSED, "a serving call planned on backend %d",
+          plan.backend);
+    if (full.block_table) {
+        CHECK(full.page_size >= 1 && full.num_pages >= 1 && full.pages_per_seq >= 1 &&
+              full.seqlen_k <= full.pages_per_seq * full.page_size, "paged fields");
+        CHECK(((__int128)(full.batch - 1) * full.block_table_batch_stride + full.pages_per_seq) * 4 <= max,
+              "block table extent");
+    }
+    CHECK(extent_bytes(qo, qr, full.heads_q, full.head_dim, full.q_batch_stride, full.q_seq_stride,
                        full.q_head_stride, 2) <= max, "q extent");
-    CHECK(extent_bytes(full.batch, full.seqlen_k, full.heads_kv, full.head_dim, full.k_batch_stride,
+    CHECK(extent_bytes(ko, kr, full.heads_kv, full.head_dim, full.k_batch_stride,
                        full.k_seq_stride, full.k_head_stride, 2) <= max, "k extent");
-    CHECK(extent_bytes(full.batch, full.seqlen_k, full.heads_kv, full.head_dim, full.v_batch_stride,
+    CHECK(extent_bytes(ko, kr, full.heads_kv, full.head_dim, full.v_batch_stride,
                        full.v_seq_stride, full.v_head_stride, 2) <= max, "v extent");
-    CHECK(extent_bytes(full.batch, full.seqlen_q, full.heads_q, full.head_dim, full.o_batch_stride, full.o_seq_stride,
+    CHECK(extent_bytes(qo, qr, full.heads_q, full.head_dim, full.o_batch_stride, full.o_seq_stride,
                        full.o_head_stride, 2) <= max, "o extent");
-    if (full.lse) CHECK((__int128)full.batch * full.heads_q * full.seqlen_q * 4 <= max, "lse extent");
+    if (full.lse) CHECK((__int128)qo * full.heads_q * qr * 4 <= max, "lse extent");
     if (full.alibi_slopes)
         CHECK(((__int128)(full.batch - 1) * full.alibi_batch_stride + full.heads_q) * 4 <= max, "alibi extent");
     CHECK(plan.kp.seqlen_q == full.seqlen_q && plan.kp.seqlen_k == full.seqlen_k && plan.kp.batch == full.batch &&
@@ -197,6 +214,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     p.softcap = take(&in, 1) % 2 ? pick_float(&in) : 0.0f;
     p.window_left = take(&in, 1) % 2 ? pick_i64(&in) : -1;
     p.window_right = take(&in, 1) % 2 ? pick_i64(&in) : -1;
+    /* The serving fields, in about half the inputs: each array set, NULL or misaligned, the counts
+     * and the page geometry from the same edge values as the shapes. */
+    if (take(&in, 1) % 2) {
+        const uint64_t which = take(&in, 1);
+        if (which & 1) p.cu_seqlens_q = (const int32_t *)pick_ptr(&in, 0x70000000), p.total_q = pick_i64(&in);
+        if (which & 2) p.cu_seqlens_k = (const int32_t *)pick_ptr(&in, 0x71000000), p.total_k = pick_i64(&in);
+        if (which & 4) p.seqused_k = (const int32_t *)pick_ptr(&in, 0x72000000);
+        if (which & 8) {
+            p.block_table = (const int32_t *)pick_ptr(&in, 0x73000000);
+            p.page_size = pick_i64(&in), p.num_pages = pick_i64(&in), p.pages_per_seq = pick_i64(&in);
+            p.block_table_batch_stride = pick_i64(&in);
+        }
+        if (which & 16) p.kv_batch_idx = (const int32_t *)pick_ptr(&in, 0x74000000), p.kv_batch = pick_i64(&in);
+        if (which & 32) p.q_batch_stride = p.o_batch_stride = 0;
+        if (which & 64) p.k_batch_stride = p.v_batch_stride = 0;
+    }
     const uint64_t size_mode = take(&in, 1) % 16;
     if (size_mode == 0) p.struct_size = FLASHATTN_FWD_PARAMS_SIZE_0_1;
     else if (size_mode == 1) p.struct_size = (size_t)take(&in, 2);
@@ -209,7 +242,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const flashattn_status st = flashattn_fwd_plan(&h, &p, &info);
     CHECK(st_ws == st && st_sup == st, "statuses %d %d %d", st_ws, st_sup, st);
     ++status_counts[(unsigned)st % 32];
-    CHECK(st >= FLASHATTN_STATUS_SUCCESS && st <= FLASHATTN_STATUS_UNSUPPORTED || st == FLASHATTN_STATUS_DEVICE_TOO_OLD,
+    CHECK(st >= FLASHATTN_STATUS_SUCCESS && st <= FLASHATTN_STATUS_UNSUPPORTED || st == FLASHATTN_STATUS_DEVICE_TOO_OLD ||
+              st == FLASHATTN_STATUS_BAD_VARLEN || st == FLASHATTN_STATUS_BAD_PAGED_KV,
           "a planning query returned %s", flashattn_status_name(st));
     if (st != FLASHATTN_STATUS_SUCCESS) {
         const char *m = flashattn_last_error();

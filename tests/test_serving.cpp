@@ -1,0 +1,417 @@
+// test_serving.cpp - serving calls on the device: ragged batches (cu_seqlens_q/k), per-sequence key
+// counts (seqused_k), paged K/V (any page size, through a block table with its own row stride, K and
+// V as two halves of one pool), an indexed dense cache (kv_batch_idx), and CUDA-graph replay with new
+// lengths, page tables and contents. Each sequence is checked on its own against the fp64 CPU oracle
+// by FlashAttention's rule (the plain low-precision REFERENCE run on that sequence alone is the
+// baseline); rows no sequence owns must stay poisoned. Skips with a reason when there is no GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <numeric>
+
+#include "gpu_util.h"
+
+using namespace fatest;
+
+namespace {
+
+class Serving : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        REQUIRE_GPU();
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_handle_create(&h, 0)) << flashattn_last_error();
+    }
+    void TearDown() override {
+        if (h) EXPECT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_handle_destroy(h));
+    }
+    flashattn_handle *h = nullptr;
+};
+
+enum KvMode { kPackedKv, kPagedSeqused, kPagedCuLens, kIndexedCache, kDenseSeqused };
+
+struct Spec {
+    int dtype = FLASHATTN_DTYPE_BFLOAT16;
+    int64_t hq = 4, hkv = 2, d = 64;
+    int mask = FLASHATTN_MASK_NONE;
+    int64_t wl = -1, wr = -1;
+    float softcap = 0.0f;
+    bool alibi = false;
+    bool packed_q = true;       // cu_seqlens_q; else dense Q [B, cap_q] (every sequence cap_q queries)
+    KvMode kv = kPackedKv;
+    int64_t page_size = 16;
+    bool shared_pool = false;   // paged: K and V are the two halves of one [pages, 2, page, H, D] pool
+    int64_t cap_q = 0, cap_k = 0;  // capacities (0: the longest sequence)
+    std::vector<int64_t> sq, sk;
+    std::string str() const {
+        char buf[256];
+        snprintf(buf, sizeof buf, "%s hq=%lld hkv=%lld d=%lld mask=%d win=(%lld,%lld) softcap=%g alibi=%d packed_q=%d kv=%d page=%lld shared=%d B=%zu",
+                 dtype ? "bf16" : "fp16", (long long)hq, (long long)hkv, (long long)d, mask, (long long)wl,
+                 (long long)wr, softcap, (int)alibi, (int)packed_q, (int)kv, (long long)page_size, (int)shared_pool, sq.size());
+        std::string s = buf;
+        for (size_t b = 0; b < sq.size(); ++b) s += " (" + std::to_string(sq[b]) + "," + std::to_string(sk[b]) + ")";
+        return s;
+    }
+};
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// One serving call's inputs: each sequence as its own batch-1 Inputs (for the oracle and the
+// low-precision baseline), and the same numbers laid out in the call's device buffers.
+struct ServingRun {
+    Spec s;
+    int64_t B, cap_q, cap_k, total_q, total_k, width, row_stride, num_pages, kv_batch;
+    std::vector<std::unique_ptr<Inputs>> seqs;
+    std::vector<int32_t> cu_q, cu_k, used, table, kv_idx;
+    std::vector<uint16_t> q, k, v;  // k and v alias one buffer (pool) when shared_pool
+    std::vector<float> slopes;
+    int64_t q_rows, k_outer, k_rows, k_seq_stride, k_page_stride, v_offset;
+
+    Case seq_case(size_t b) const {
+        Case c;
+        c.dtype = s.dtype, c.b = 1, c.sq = s.sq[b], c.sk = s.sk[b], c.hq = s.hq, c.hkv = s.hkv, c.d = s.d;
+        c.mask = s.mask, c.wl = s.wl, c.wr = s.wr, c.softcap = s.softcap, c.alibi = s.alibi;
+        return c;
+    }
+
+    explicit ServingRun(const Spec &spec) : s(spec) {
+        B = (int64_t)s.sq.size();
+        cap_q = std::max(s.cap_q, *std::max_element(s.sq.begin(), s.sq.end()));
+        cap_k = std::max(s.cap_k, *std::max_element(s.sk.begin(), s.sk.end()));
+        for (size_t b = 0; b < s.sq.size(); ++b) seqs.emplace_back(new Inputs(seq_case(b)));
+        const int64_t hd = s.hkv * s.d;
+        // Q: packed rows in order in a buffer sized by the capacities (B x cap_q + 3 rows, the rows
+        // past the last sequence owned by none), so every call of one capacity has the same buffers;
+        // or dense [B, cap_q].
+        cu_q.assign(B + 1, 0);
+        for (int64_t b = 0; b < B; ++b) cu_q[b + 1] = cu_q[b] + (int32_t)s.sq[b];
+        total_q = s.packed_q ? B * cap_q + 3 : 0;
+        q_rows = s.packed_q ? total_q : B * cap_q;
+        q.assign(q_rows * s.hq * s.d, from_f32(s.dtype, 0.5f));
+        for (int64_t b = 0; b < B; ++b) {
+            const Inputs &in = *seqs[b];
+            const int64_t row0 = s.packed_q ? cu_q[b] : b * cap_q;
+            for (int64_t i = 0; i < s.sq[b]; ++i)
+                for (int64_t hh = 0; hh < s.hq; ++hh)
+                    for (int64_t dd = 0; dd < s.d; ++dd)
+                        q[((row0 + i) * s.hq + hh) * s.d + dd] = in.q[i * in.qs.s + hh * in.qs.h + dd];
+        }
+        // K/V rows: where key j of sequence b lives, in units of [hkv, d] rows of the buffer.
+        cu_k.assign(B + 1, 0);
+        for (int64_t b = 0; b < B; ++b) cu_k[b + 1] = cu_k[b] + (int32_t)s.sk[b];
+        used.assign(s.sk.begin(), s.sk.end());
+        std::vector<std::vector<int64_t>> row_of(B);
+        width = row_stride = num_pages = kv_batch = total_k = 0;
+        k_page_stride = 0, v_offset = 0;
+        const bool paged = s.kv == kPagedSeqused || s.kv == kPagedCuLens;
+        if (paged) {
+            width = std::max<int64_t>(1, ceil_div(cap_k, s.page_size));
+            row_stride = width + 3;
+            num_pages = B * width + 2;
+            std::vector<int32_t> perm(num_pages);
+            std::iota(perm.begin(), perm.end(), 0);
+            std::shuffle(perm.begin(), perm.end(), rng());
+            table.assign(B * row_stride, -7);  // entries past a sequence's pages are never read
+            for (int64_t b = 0; b < B; ++b)
+                for (int64_t pg = 0; pg < width; ++pg) table[b * row_stride + pg] = perm[b * width + pg];
+            const int64_t page_rows = s.page_size;  // [hkv, d] rows per page (per K or V)
+            k_outer = num_pages, k_rows = s.page_size, k_seq_stride = hd;
+            k_page_stride = (s.shared_pool ? 2 : 1) * page_rows * hd;
+            v_offset = s.shared_pool ? page_rows * hd : 0;
+            for (int64_t b = 0; b < B; ++b)
+                for (int64_t j = 0; j < s.sk[b]; ++j)
+                    row_of[b].push_back((int64_t)table[b * row_stride + j / s.page_size] * k_page_stride / hd + j % s.page_size);
+        } else if (s.kv == kPackedKv) {
+            total_k = B * cap_k + 2;
+            k_outer = 1, k_rows = total_k, k_seq_stride = hd;
+            for (int64_t b = 0; b < B; ++b)
+                for (int64_t j = 0; j < s.sk[b]; ++j) row_of[b].push_back(cu_k[b] + j);
+        } else {  // a dense cache [kv_batch, cap_k]; indexed: a permutation of B of its kv_batch entries
+            kv_batch = s.kv == kIndexedCache ? B + 2 : B;
+            std::vector<int32_t> perm(kv_batch);
+            std::iota(perm.begin(), perm.end(), 0);
+            if (s.kv == kIndexedCache) std::shuffle(perm.begin(), perm.end(), rng());
+            kv_idx.assign(perm.begin(), perm.begin() + B);
+            k_outer = kv_batch, k_rows = cap_k, k_seq_stride = hd;
+            for (int64_t b = 0; b < B; ++b)
+                for (int64_t j = 0; j < s.sk[b]; ++j) row_of[b].push_back((int64_t)kv_idx[b] * cap_k + j);
+        }
+        const int64_t k_elems = paged ? num_pages * k_page_stride : k_outer * k_rows * hd;
+        k.assign(k_elems, from_f32(s.dtype, -0.25f));
+        v.assign(s.shared_pool ? 0 : k_elems, from_f32(s.dtype, 0.75f));
+        std::vector<uint16_t> &vbuf = s.shared_pool ? k : v;
+        for (int64_t b = 0; b < B; ++b) {
+            const Inputs &in = *seqs[b];
+            for (int64_t j = 0; j < s.sk[b]; ++j)
+                for (int64_t hh = 0; hh < s.hkv; ++hh)
+                    for (int64_t dd = 0; dd < s.d; ++dd) {
+                        const int64_t src = j * in.ks.s + hh * in.ks.h + dd, dst = row_of[b][j] * hd + hh * s.d + dd;
+                        k[dst] = in.k[src];
+                        vbuf[dst + v_offset] = in.v[src];
+                    }
+        }
+        if (s.alibi)
+            for (int64_t b = 0; b < B; ++b) slopes.insert(slopes.end(), seqs[b]->slopes.begin(), seqs[b]->slopes.end());
+    }
+};
+
+// Device buffers of a ServingRun, and the params of its call.
+struct DeviceRun {
+    DevBuf<uint16_t> q, k, v, o;
+    DevBuf<float> lse, slopes;
+    DevBuf<int32_t> cu_q, cu_k, used, table, kv_idx;
+    explicit DeviceRun(const ServingRun &r)
+        : q(r.q.size()), k(r.k.size()), v(r.v.size()), o(r.q.size()), lse(r.s.hq * r.q_rows), slopes(r.slopes.size()),
+          cu_q(r.cu_q.size()), cu_k(r.cu_k.size()), used(r.used.size()), table(r.table.size()), kv_idx(r.kv_idx.size()) {
+        upload(r);
+    }
+    void upload(const ServingRun &r) {
+        q.upload(r.q), k.upload(r.k), v.upload(r.v), slopes.upload(r.slopes);
+        cu_q.upload(r.cu_q), cu_k.upload(r.cu_k), used.upload(r.used), table.upload(r.table), kv_idx.upload(r.kv_idx);
+    }
+    void poison(cudaStream_t st = 0) {
+        CUDA_CHECK(cudaMemsetAsync(o.p, 0xff, o.n * 2, st));
+        CUDA_CHECK(cudaMemsetAsync(lse.p, 0xff, lse.n * 4, st));
+    }
+    flashattn_fwd_params params(const ServingRun &r) const {
+        const Spec &s = r.s;
+        flashattn_fwd_params p;
+        flashattn_fwd_params_init(&p);
+        p.dtype = s.dtype, p.mask = s.mask, p.backend = FLASHATTN_BACKEND_AUTO;
+        p.batch = r.B, p.seqlen_q = r.cap_q, p.seqlen_k = r.cap_k, p.heads_q = s.hq, p.heads_kv = s.hkv, p.head_dim = s.d;
+        p.q = q.p, p.o = o.p, p.lse = lse.p;
+        p.q_seq_stride = p.o_seq_stride = s.hq * s.d, p.q_head_stride = p.o_head_stride = s.d;
+        p.q_batch_stride = p.o_batch_stride = s.packed_q ? 0 : r.cap_q * s.hq * s.d;
+        if (s.packed_q) p.cu_seqlens_q = cu_q.p, p.total_q = r.total_q;
+        p.k = k.p;
+        p.v = s.shared_pool ? (const void *)(k.p + r.v_offset) : v.p;
+        p.k_seq_stride = p.v_seq_stride = r.k_seq_stride;
+        p.k_head_stride = p.v_head_stride = s.d;
+        switch (s.kv) {
+        case kPackedKv: p.cu_seqlens_k = cu_k.p, p.total_k = r.total_k; break;
+        case kPagedSeqused:
+        case kPagedCuLens:
+            p.block_table = table.p, p.pages_per_seq = r.width, p.block_table_batch_stride = r.row_stride;
+            p.page_size = s.page_size, p.num_pages = r.num_pages;
+            p.k_batch_stride = p.v_batch_stride = r.k_page_stride;
+            if (s.kv == kPagedSeqused) p.seqused_k = used.p;
+            else p.cu_seqlens_k = cu_k.p;
+            break;
+        case kIndexedCache:
+            p.kv_batch_idx = kv_idx.p, p.kv_batch = r.kv_batch;
+            p.k_batch_stride = p.v_batch_stride = r.cap_k * s.hkv * s.d, p.seqused_k = used.p;
+            break;
+        case kDenseSeqused:
+            p.k_batch_stride = p.v_batch_stride = r.cap_k * s.hkv * s.d, p.seqused_k = used.p;
+            break;
+        }
+        p.softcap = s.softcap, p.window_left = s.wl, p.window_right = s.wr;
+        if (s.alibi) p.alibi_slopes = slopes.p, p.alibi_batch_stride = s.hq;
+        return p;
+    }
+};
+
+struct Stats { int seqs = 0; double worst_ratio = 0, max_err = 0, max_lse_err = 0; };
+
+// Each sequence's rows of O and LSE against its oracle, by FlashAttention's rule; unowned rows poisoned.
+void check_outputs(flashattn_handle *h, const ServingRun &r, const std::vector<uint16_t> &o,
+                   const std::vector<float> &lse, Stats &st) {
+    const Spec &s = r.s;
+    std::vector<char> owned(r.q_rows, 0);
+    for (int64_t b = 0; b < r.B; ++b) {
+        SCOPED_TRACE("sequence " + std::to_string(b) + " of " + s.str());
+        const Inputs &in = *r.seqs[b];
+        const int64_t row0 = s.packed_q ? r.cu_q[b] : b * r.cap_q;
+        const int64_t n = s.sq[b];
+        std::fill(owned.begin() + row0, owned.begin() + row0 + n, 1);
+        if (n == 0) continue;
+        std::vector<float> ob(n * s.hq * s.d), lb(s.hq * n);
+        for (int64_t i = 0; i < n; ++i)
+            for (int64_t x = 0; x < s.hq * s.d; ++x) ob[i * s.hq * s.d + x] = to_f32(s.dtype, o[(row0 + i) * s.hq * s.d + x]);
+        for (int64_t hh = 0; hh < s.hq; ++hh)
+            for (int64_t i = 0; i < n; ++i)
+                lb[hh * n + i] = s.packed_q ? lse[hh * r.total_q + row0 + i] : lse[(b * s.hq + hh) * r.cap_q + i];
+        const Oracle ora = oracle(in);
+        const Result low = run(h, in, FLASHATTN_BACKEND_REFERENCE, true);
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, low.status) << flashattn_last_error();
+        const double err_f = max_abs_diff(ob, ora.o), err_l = max_abs_diff(low.o, ora.o);
+        const double lse_err = max_abs_diff(lb, ora.lse);
+        constexpr double kAtol = 1e-5;
+        EXPECT_LE(err_f, 2 * err_l + kAtol) << "serving error " << err_f << " vs plain low-precision " << err_l;
+        EXPECT_LE(lse_err, 2e-3);
+        st.worst_ratio = std::max(st.worst_ratio, err_f / std::max(err_l, kAtol));
+        st.max_err = std::max(st.max_err, err_f), st.max_lse_err = std::max(st.max_lse_err, lse_err);
+        ++st.seqs;
+    }
+    size_t touched = 0;
+    for (int64_t row = 0; row < r.q_rows; ++row)
+        if (!owned[row])
+            for (int64_t x = 0; x < s.hq * s.d; ++x) touched += o[row * s.hq * s.d + x] != kPoison16;
+    EXPECT_EQ(0u, touched) << "rows that no sequence owns were written (" << s.str() << ")";
+}
+
+void run_and_check(flashattn_handle *h, const Spec &spec, Stats &st) {
+    SCOPED_TRACE(spec.str());
+    ServingRun r(spec);
+    DeviceRun dev(r);
+    dev.poison();
+    const flashattn_fwd_params p = dev.params(r);
+    flashattn_plan_info info;
+    flashattn_plan_info_init(&info);
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_plan(h, &p, &info)) << flashattn_last_error();
+    EXPECT_EQ(FLASHATTN_BACKEND_FUSED, info.backend);
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd(h, &p, nullptr, 0, 0)) << flashattn_last_error();
+    CUDA_CHECK(cudaDeviceSynchronize());
+    check_outputs(h, r, dev.o.download(), dev.lse.download(), st);
+}
+
+void print_stats(const char *name, const Stats &st) {
+    printf("[ serving ] %s: %d sequences, max |O err| %.3g, max |LSE err| %.3g, worst err/lowprec-err %.2f\n", name,
+           st.seqs, st.max_err, st.max_lse_err, st.worst_ratio);
+}
+
+// Lengths with the edge cases: an empty sequence, a sequence with queries but no keys, single-token
+// decode rows, lengths just past a tile, and a long one.
+const std::vector<int64_t> kSq = {37, 0, 1, 129, 5, 64};
+const std::vector<int64_t> kSk = {300, 50, 1, 129, 0, 700};
+
+TEST_F(Serving, RaggedQueriesAndKeysMatchTheOracle) {
+    Stats st;
+    for (int64_t d : {64, 128})
+        for (int mask : {FLASHATTN_MASK_NONE, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT})
+            for (int dtype : {FLASHATTN_DTYPE_BFLOAT16, FLASHATTN_DTYPE_FLOAT16}) {
+                Spec s;
+                s.d = d, s.mask = mask, s.dtype = dtype, s.sq = kSq, s.sk = kSk;
+                run_and_check(h, s, st);
+            }
+    print_stats("ragged (cu_seqlens_q, cu_seqlens_k)", st);
+}
+
+TEST_F(Serving, FeaturesPerSequence) {
+    Stats st;
+    Spec base;
+    base.sq = {40, 1, 200, 0, 17}, base.sk = {90, 333, 200, 12, 17};
+    Spec w = base;
+    w.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, w.wl = 32, w.wr = 0;
+    Spec sc = base;
+    sc.softcap = 30.0f, sc.alibi = true, sc.hq = 8, sc.hkv = 2;
+    Spec tl = base;
+    tl.mask = FLASHATTN_MASK_CAUSAL_TOP_LEFT, tl.wr = 5;
+    Spec mqa = base;
+    mqa.hq = 8, mqa.hkv = 1, mqa.d = 96, mqa.alibi = true;
+    for (Spec s : {w, sc, tl, mqa})
+        for (KvMode kv : {kPackedKv, kPagedSeqused}) {
+            s.kv = kv;
+            run_and_check(h, s, st);
+        }
+    print_stats("masks, windows, softcap, ALiBi, GQA/MQA per sequence", st);
+}
+
+TEST_F(Serving, PagedKvAnyPageSize) {
+    Stats st;
+    for (int64_t page : {1, 16, 19, 64, 256})
+        for (KvMode kv : {kPagedSeqused, kPagedCuLens}) {
+            Spec s;
+            s.sq = kSq, s.sk = kSk, s.kv = kv, s.page_size = page, s.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+            s.shared_pool = page == 16 || page == 19;
+            run_and_check(h, s, st);
+        }
+    print_stats("paged K/V, pages of 1, 16, 19, 64, 256 keys", st);
+}
+
+TEST_F(Serving, DecodeOverCaches) {
+    // Dense Q [B, 1] (one new token per sequence) over a paged, an indexed and a plain dense cache,
+    // with capacities above every length.
+    Stats st;
+    for (KvMode kv : {kPagedSeqused, kIndexedCache, kDenseSeqused})
+        for (int64_t sq : {1, 4}) {
+            Spec s;
+            s.packed_q = false, s.kv = kv, s.hq = 8, s.hkv = 2, s.d = 128, s.cap_k = 1100;
+            s.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+            s.sq = std::vector<int64_t>(5, sq), s.sk = {1000, 7, 0, 513, 64};
+            run_and_check(h, s, st);
+        }
+    print_stats("decode over paged, indexed and dense caches", st);
+}
+
+TEST_F(Serving, OutOfRangeContentsStayInsideTheTensors) {
+    // Lengths above the capacities, offsets past total_q/total_k, pages and cache indices outside
+    // the pools: clamped (meaningless numbers), but nothing outside the described tensors is touched.
+    Spec s;
+    s.sq = {10, 20, 30}, s.sk = {40, 50, 60};
+    ServingRun r(s);
+    DeviceRun dev(r);
+    std::vector<int32_t> bad_cu_q = {0, 500, -3, 1 << 30}, bad_cu_k = {-100, 1 << 29, 7, 9};
+    dev.cu_q.upload(bad_cu_q), dev.cu_k.upload(bad_cu_k);
+    dev.poison();
+    flashattn_fwd_params p = dev.params(r);
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd(h, &p, nullptr, 0, 0)) << flashattn_last_error();
+    CUDA_CHECK(cudaDeviceSynchronize());
+    Spec pg = s;
+    pg.kv = kPagedSeqused, pg.page_size = 16;
+    ServingRun rp(pg);
+    DeviceRun devp(rp);
+    std::vector<int32_t> bad_table(rp.table.size(), 1 << 30), bad_used = {100000, -5, 60};
+    devp.table.upload(bad_table), devp.used.upload(bad_used);
+    p = devp.params(rp);
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd(h, &p, nullptr, 0, 0)) << flashattn_last_error();
+    CUDA_CHECK(cudaDeviceSynchronize());
+    Spec ix = s;
+    ix.kv = kIndexedCache;
+    ServingRun ri(ix);
+    DeviceRun devi(ri);
+    std::vector<int32_t> bad_idx = {-1, 1 << 20, 2};
+    devi.kv_idx.upload(bad_idx);
+    p = devi.params(ri);
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd(h, &p, nullptr, 0, 0)) << flashattn_last_error();
+    CUDA_CHECK(cudaDeviceSynchronize());
+    // An out-of-range cache index reads zeros: that sequence sees zero keys' values, O = 0 exactly.
+    const std::vector<uint16_t> o = devi.o.download();
+    for (int64_t x = 0; x < 10 * s.hq * s.d; ++x) ASSERT_EQ(0.0f, to_f32(s.dtype, o[x])) << x;
+    CUDA_CHECK(cudaGetLastError());
+}
+
+TEST_F(Serving, GraphReplaysNewLengthsPagesAndContents) {
+    // Capture once with fixed capacities; replay after rewriting every device array in place.
+    Spec s;
+    s.kv = kPagedSeqused, s.page_size = 16, s.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+    s.cap_q = 150, s.cap_k = 400;
+    s.sq = {100, 3, 0, 150}, s.sk = {200, 400, 9, 160};
+    ServingRun first(s);
+    DeviceRun dev(first);
+    const flashattn_fwd_params p = dev.params(first);
+    cudaStream_t st;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    const flashattn_status status = flashattn_fwd(h, &p, nullptr, 0, st);
+    CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, status) << flashattn_last_error();
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    Stats stats;
+    const std::vector<std::vector<int64_t>> sqs = {{100, 3, 0, 150}, {1, 150, 77, 0}, {150, 150, 150, 150}};
+    const std::vector<std::vector<int64_t>> sks = {{200, 400, 9, 160}, {399, 1, 0, 300}, {400, 17, 250, 1}};
+    for (size_t rep = 0; rep < sqs.size(); ++rep) {
+        Spec next = s;
+        next.sq = sqs[rep], next.sk = sks[rep];
+        ServingRun r(next);
+        // Same capacities, so the same buffer sizes: rewrite the captured buffers' contents.
+        ASSERT_EQ(first.q.size(), r.q.size());
+        ASSERT_EQ(first.k.size(), r.k.size());
+        ASSERT_EQ(first.table.size(), r.table.size());
+        dev.upload(r);
+        dev.poison();
+        CUDA_CHECK(cudaDeviceSynchronize());
+        CUDA_CHECK(cudaGraphLaunch(exec, st));
+        CUDA_CHECK(cudaStreamSynchronize(st));
+        check_outputs(h, r, dev.o.download(), dev.lse.download(), stats);
+    }
+    print_stats("graph replays with new lengths, pages and contents", stats);
+    CUDA_CHECK(cudaGraphExecDestroy(exec));
+    CUDA_CHECK(cudaGraphDestroy(graph));
+    CUDA_CHECK(cudaStreamDestroy(st));
+}
+
+}  // namespace
