@@ -112,7 +112,9 @@ template <class Tr> struct smem_layout {
 template <class Tr> struct tile {
     int split, b, heads, rows_per_head, hk, h0, m0, row_last, tile_begin, n_tiles;
     bool partial;
-    __device__ __forceinline__ explicit tile(const fa_kernel_params &p) {
+    /* bnd: the sequence's counts and visibility offsets (the kernel parameters for a dense call,
+     * its fa_seq for a serving call). */
+    template <class Bounds> __device__ __forceinline__ tile(const fa_kernel_params &p, const Bounds &bnd) {
         split = (int)blockIdx.x % p.num_splits;
         const int m_block = p.num_m_blocks - 1 - (int)blockIdx.x / p.num_splits; /* heaviest tiles first */
         b = blockIdx.z;
@@ -121,10 +123,10 @@ template <class Tr> struct tile {
         hk = p.pack_gqa ? (int)blockIdx.y : (int)blockIdx.y / p.head_group;
         h0 = p.pack_gqa ? hk * p.head_group : (int)blockIdx.y;
         m0 = m_block * rows_per_head;
-        row_last = min(m0 + rows_per_head, p.seqlen_q) - 1;
+        row_last = min(m0 + rows_per_head, bnd.seqlen_q) - 1;
         partial = p.num_splits > 1;
-        const int key_lo = max(0, m0 + p.key_lo_off);
-        const int key_hi = min(p.seqlen_k, row_last + p.key_hi_off + 1);
+        const int key_lo = max(0, m0 + bnd.key_lo_off);
+        const int key_hi = min(bnd.seqlen_k, row_last + bnd.key_hi_off + 1);
         const int tile_first = key_lo / Tr::kBlockN;
         const int tiles_all = key_hi > key_lo ? (key_hi + Tr::kBlockN - 1) / Tr::kBlockN - tile_first : 0;
         const int tiles_per_split = (tiles_all + p.num_splits - 1) / p.num_splits;
@@ -132,49 +134,109 @@ template <class Tr> struct tile {
         n_tiles = max(0, min(tiles_per_split, tiles_all - split * tiles_per_split));
     }
     /* Where tile row r goes: false if it is padding (no such head or position). */
-    __device__ __forceinline__ bool row_target(const fa_kernel_params &p, int r, int &head, int &pos) const {
+    template <class Bounds>
+    __device__ __forceinline__ bool row_target(const Bounds &bnd, int r, int &head, int &pos) const {
         const int hg = r / rows_per_head;
         head = h0 + hg, pos = m0 + r % rows_per_head;
-        return hg < heads && pos < p.seqlen_q;
+        return hg < heads && pos < bnd.seqlen_q;
     }
-    /* Where row (head, pos) puts its LSE: this split's slot, the caller's LSE, or nowhere. */
-    __device__ __forceinline__ float *lse_slot(const fa_kernel_params &p, int head, int pos) const {
+    /* Where row (head, pos) puts its LSE: this split's slot, the caller's LSE, or nowhere. A
+     * ragged batch's LSE is [heads_q, total_q], its rows from the sequence's first row q_row0. */
+    __device__ __forceinline__ float *lse_slot(const fa_kernel_params &p, int head, int pos, int64_t q_row0 = -1) const {
         const int64_t bhq = (int64_t)b * p.heads_q + head;
         if (partial) return p.lse_accum + ((int64_t)split * p.batch * p.heads_q + bhq) * p.seqlen_q + pos;
+        if (q_row0 >= 0) return p.lse ? p.lse + (int64_t)head * p.total_q + q_row0 + pos : nullptr;
         return p.lse ? p.lse + bhq * p.seqlen_q + pos : nullptr;
     }
 };
 
+/* A serving call's sequence, for the kernel below: its fa_seq, and for a dense call nothing (the
+ * kernel parameters are the bounds). bounds() is what the block's code reads in both cases. */
+template <bool kServing> struct seq_view {
+    __device__ __forceinline__ explicit seq_view(const fa_kernel_params &) {}
+    __device__ __forceinline__ const fa_kernel_params &bounds(const fa_kernel_params &p) const { return p; }
+    static constexpr int64_t q_row0() { return 0; }
+    /* The LSE row offset for lse_slot: -1 selects the dense layout. */
+    static constexpr int64_t lse_row0() { return -1; }
+};
+template <> struct seq_view<true> {
+    fa_seq s;
+    bool packed_q;
+    __device__ __forceinline__ explicit seq_view(const fa_kernel_params &p)
+        : s(serving_seq(p, blockIdx.z)), packed_q(p.cu_seqlens_q != nullptr) {}
+    __device__ __forceinline__ const fa_seq &bounds(const fa_kernel_params &) const { return s; }
+    __device__ __forceinline__ int64_t q_row0() const { return s.q_row0; }
+    __device__ __forceinline__ int64_t lse_row0() const { return packed_q ? s.q_row0 : -1; }
+};
+
 /* No row sees a key in this split: O = 0, LSE = -inf (a split writes only its LSE). */
-template <class Tr> __device__ __forceinline__ void store_empty(const fa_kernel_params &p, const tile<Tr> &tl, int tid) {
+template <class Tr, class Seq>
+__device__ __forceinline__ void store_empty(const fa_kernel_params &p, const tile<Tr> &tl, const Seq &sq, int tid) {
+    const auto &bnd = sq.bounds(p);
     for (int i = tid; i < Tr::kBlockM * Tr::kChunks; i += Tr::kThreads) {
         const int r = i / Tr::kChunks, ch = i % Tr::kChunks;
         int head, pos;
-        if (!tl.partial && tl.row_target(p, r, head, pos) && ch * 8 < p.head_dim)
+        if (!tl.partial && tl.row_target(bnd, r, head, pos) && ch * 8 < p.head_dim)
             *reinterpret_cast<uint4 *>((typename Tr::T *)p.o + tl.b * p.o_batch_stride + head * p.o_head_stride +
-                                       (int64_t)pos * p.o_seq_stride + ch * 8) = make_uint4(0, 0, 0, 0);
+                                       ((int64_t)pos + sq.q_row0()) * p.o_seq_stride + ch * 8) = make_uint4(0, 0, 0, 0);
     }
     for (int r = tid; r < Tr::kBlockM; r += Tr::kThreads) {
         int head, pos;
-        if (tl.row_target(p, r, head, pos))
-            if (float *l = tl.lse_slot(p, head, pos)) *l = -INFINITY;
+        if (tl.row_target(bnd, r, head, pos))
+            if (float *l = tl.lse_slot(p, head, pos, sq.lse_row0())) *l = -INFINITY;
     }
 }
 
 /* The producer (one thread): TMA loads of Q once, then of K_j and V_j into two stages each as the
  * consumers hand the stages back. */
-template <class Tr>
+template <class Tr, bool kServing = false>
 __device__ __forceinline__ void produce(const tile<Tr> &tl, const smem_layout<Tr> &sm, const CUtensorMap *tm_q,
-                                        const CUtensorMap *tm_k, const CUtensorMap *tm_v) {
+                                        const CUtensorMap *tm_k, const CUtensorMap *tm_v,
+                                        const fa_kernel_params *sp = nullptr, const seq_view<kServing> *sq = nullptr) {
     constexpr int kCB = Tr::kChunks / 8; /* 64-column regions of a tile */
     mbar_expect_tx(sm.bar_q, (uint32_t)(kCB * 128 * tl.rows_per_head * tl.heads));
+    if constexpr (kServing) {
+        /* Packed Q: the tensor map is [total_q, ...] with one batch entry; rows from the sequence's
+         * first. Rows past the sequence read the next one's (never stored); past total_q, zeros. */
+        const int qb = sq->packed_q ? 0 : tl.b, q0 = (int)sq->s.q_row0 + tl.m0;
 #pragma unroll
-    for (int cb = 0; cb < kCB; ++cb) tma_load(sm.q + cb * Tr::kBlockM * 128, tm_q, cb * 64, tl.m0, tl.h0, tl.b, sm.bar_q);
+        for (int cb = 0; cb < kCB; ++cb) tma_load(sm.q + cb * Tr::kBlockM * 128, tm_q, cb * 64, q0, tl.h0, qb, sm.bar_q);
+    } else {
+#pragma unroll
+        for (int cb = 0; cb < kCB; ++cb) tma_load(sm.q + cb * Tr::kBlockM * 128, tm_q, cb * 64, tl.m0, tl.h0, tl.b, sm.bar_q);
+    }
     auto load_kv = [&](const CUtensorMap *map, uint32_t dst, uint32_t full, int tile) {
         mbar_expect_tx(full, Tr::kKVBytes);
+        const int n0 = (tl.tile_begin + tile) * Tr::kBlockN;
+        if constexpr (kServing) {
+            const fa_kernel_params &p = *sp;
+            if (p.block_table != nullptr) {
+                /* Paged: the tile in boxes of R = min(page_size, kBlockN) keys (the planner allows
+                 * page sizes that divide kBlockN, multiples of 8, or are multiples of it), each at
+                 * its page's row. A box past the sequence's keys, or a page outside the pool,
+                 * reads zeros (out-of-bounds coordinates): the mask hides those keys. */
+                const int R = min(p.page_size, Tr::kBlockN);
+                const int32_t *row = p.block_table + (int64_t)tl.b * p.block_table_stride;
+                for (int i = 0; i < Tr::kBlockN; i += R) {
+                    const int j = n0 + i;
+                    const int page = j < sq->s.seqlen_k && sq->s.kv_valid ? row[j / p.page_size] : -1;
 #pragma unroll
-        for (int cb = 0; cb < kCB; ++cb)
-            tma_load(dst + cb * Tr::kBlockN * 128, map, cb * 64, (tl.tile_begin + tile) * Tr::kBlockN, tl.hk, tl.b, full);
+                    for (int cb = 0; cb < kCB; ++cb)
+                        tma_load(dst + cb * Tr::kBlockN * 128 + i * 128, map, cb * 64, j % p.page_size, tl.hk, page, full);
+                }
+                return;
+            }
+            /* Packed K/V: one batch entry, rows from the sequence's first; a cache: entry kv_b (an
+             * index outside the cache reads zeros). */
+            const int kb = p.cu_seqlens_k != nullptr ? 0 : (sq->s.kv_valid ? sq->s.kv_b : -1);
+#pragma unroll
+            for (int cb = 0; cb < kCB; ++cb)
+                tma_load(dst + cb * Tr::kBlockN * 128, map, cb * 64, (int)sq->s.k_row0 + n0, tl.hk, kb, full);
+        } else {
+#pragma unroll
+            for (int cb = 0; cb < kCB; ++cb)
+                tma_load(dst + cb * Tr::kBlockN * 128, map, cb * 64, n0, tl.hk, tl.b, full);
+        }
     };
     load_kv(tm_k, sm.k, sm.full_k, 0);
     for (int j = 0; j < tl.n_tiles; ++j) {
@@ -208,37 +270,10 @@ __device__ __forceinline__ void store_split_partial(const fa_kernel_params &p, c
     }
 }
 
-/* Epilogue: normalise; stage O (swizzled, conflict-free) in this consumer's own 64 rows of the Q
- * tile, which only its finished S products read; store rows with 16-byte writes. */
-template <int kDtype, class Tr, int kON>
-__device__ __forceinline__ void store_o(const fa_kernel_params &p, const tile<Tr> &tl, const smem_layout<Tr> &sm,
-                                        const float (&o)[kON], const float (&inv_r)[2], int c, int trow, int tid, int t) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-#pragma unroll
-        for (int j = 0; j < kON / 4; ++j) {
-            const uint32_t v = pack_pair<kDtype>(o[4 * j + 2 * r] * inv_r[r], o[4 * j + 2 * r + 1] * inv_r[r]);
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sm.q + swz_off<Tr::kBlockM>(trow + 8 * r, j) + 4 * t),
-                         "r"(v)
-                         : "memory");
-        }
-    named_sync(epilogue_barrier(c, Tr::kConsumers), kWarpgroupThreads); /* this consumer's rows of O are staged */
-    for (int i = tid % kWarpgroupThreads; i < 64 * Tr::kChunks; i += kWarpgroupThreads) {
-        const int rl = c * 64 + i / Tr::kChunks, ch = i % Tr::kChunks;
-        int head, pos;
-        if (tl.row_target(p, rl, head, pos) && ch * 8 < p.head_dim) {
-            uint4 v;
-            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                         : "r"(sm.q + swz_off<Tr::kBlockM>(rl, ch))
-                         : "memory");
-            *reinterpret_cast<uint4 *>((typename Tr::T *)p.o + tl.b * p.o_batch_stride + head * p.o_head_stride +
-                                       (int64_t)pos * p.o_seq_stride + ch * 8) = v;
-        }
-    }
-}
-
-template <int kDtype, int kHeadDim, int kConsumers, bool kTransform>
+/* kTransform: softcap and/or ALiBi present. kServing: a serving call (fa_kernel_params.serving):
+ * the sequence's counts, offsets and rows from the device arrays (seq_view), ragged Q/K/V and page
+ * pools through the tensor maps; its own instantiation, so the dense kernels carry none of it. */
+template <int kDtype, int kHeadDim, int kConsumers, bool kTransform, bool kServing = false>
 __global__ void __launch_bounds__(kWarpgroupThreads * (kConsumers + 1), 1)
 fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_constant__ CUtensorMap tm_q,
                   const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
@@ -253,14 +288,18 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     const smem_layout<Tr> sm(smem_u32(smem_raw));
 
     const int tid = threadIdx.x, wg = tid / kWarpgroupThreads, lane = tid % 32;
-    const tile<Tr> tl(p);
+    const seq_view<kServing> sq(p);
+    const auto &bnd = sq.bounds(p);
+    const tile<Tr> tl(p, bnd);
     const int b = tl.b, m0 = tl.m0, row_last = tl.row_last, tile_begin = tl.tile_begin, n_tiles = tl.n_tiles;
     const bool partial = tl.partial;
-    auto row_target = [&](int r, int &head, int &pos) { return tl.row_target(p, r, head, pos); };
-    auto lse_slot = [&](int head, int pos) { return tl.lse_slot(p, head, pos); };
+    auto row_target = [&](int r, int &head, int &pos) { return tl.row_target(bnd, r, head, pos); };
+    auto lse_slot = [&](int head, int pos) { return tl.lse_slot(p, head, pos, sq.lse_row0()); };
 
+    if constexpr (kServing)
+        if (m0 >= bnd.seqlen_q) return; /* past this sequence's queries (the grid covers the capacity) */
     if (n_tiles == 0) {
-        store_empty(p, tl, tid);
+        store_empty(p, tl, sq, tid);
         return;
     }
 
@@ -269,7 +308,10 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
 
     if (wg == 0) { /* the producer warpgroup */
         release_registers<Tr::kProducerRegs>();
-        if (tid == 0) produce(tl, sm, &tm_q, &tm_k, &tm_v);
+        if (tid == 0) {
+            if constexpr (kServing) produce<Tr, true>(tl, sm, &tm_q, &tm_k, &tm_v, &p, &sq);
+            else produce(tl, sm, &tm_q, &tm_k, &tm_v);
+        }
         return;
     }
 
@@ -339,11 +381,11 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
 #pragma unroll
             for (int i = 0; i < kSN; ++i) {
                 const int r = (i % 4) / 2;
-                s[i] = kLog2e * transform_raw_score(p, s[i], slope_r[r], pos_r[r], n0 + 8 * (i / 4) + 2 * t + (i % 2));
+                s[i] = kLog2e * transform_raw_score(p, bnd, s[i], slope_r[r], pos_r[r], n0 + 8 * (i / 4) + 2 * t + (i % 2));
             }
         }
-        const bool need_mask = FA_TILE_NEEDS_MASK(p, n0, kBlockN, m0, row_last);
-        if (need_mask) mask_scores<kBlockN / 8>(s_at, p, [&pos_r](int r) { return pos_r[r]; }, n0, t);
+        const bool need_mask = FA_TILE_NEEDS_MASK(bnd, n0, kBlockN, m0, row_last);
+        if (need_mask) mask_scores<kBlockN / 8>(s_at, bnd, [&pos_r](int r) { return pos_r[r]; }, n0, t);
 
         float corr[2];
 #pragma unroll
@@ -419,7 +461,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                          : "r"(sm.q + swz_off<kBlockM>(rl, ch))
                          : "memory");
             *reinterpret_cast<uint4 *>((T *)p.o + b * p.o_batch_stride + head * p.o_head_stride +
-                                       (int64_t)pos * p.o_seq_stride + ch * 8) = v;
+                                       ((int64_t)pos + sq.q_row0()) * p.o_seq_stride + ch * 8) = v;
         }
     }
 #endif

@@ -59,18 +59,32 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
     CUtensorMap tq, tk, tv;
     /* Q in boxes of one head x kBlockM positions, or (pack_gqa) head_group heads x pack_rows positions. */
     const int q_rows = kp->pack_gqa ? kp->pack_rows : Tr::kBlockM, q_heads = kp->pack_gqa ? kp->head_group : 1;
-    if (!encode_map(&tq, kDtype, kp->q, kp->head_dim, kp->seqlen_q, kp->heads_q, kp->batch, kp->q_seq_stride,
+    /* The outer two extents of Q and of K/V: [batch, seqlen] for a dense call; for a serving call
+     * packed [1, total], page pools [num_pages, page_size] (boxes of min(page_size, kBlockN) keys)
+     * or a cache [kv_batch, seqlen_k] (flashattn.h, "Serving calls"). */
+    int64_t q_seq = kp->seqlen_q, q_batch = kp->batch, kv_seq = kp->seqlen_k, kv_batch = kp->batch;
+    int kv_box = Tr::kBlockN;
+    if (kp->serving) {
+        if (kp->cu_seqlens_q) q_seq = kp->total_q, q_batch = 1;
+        if (kp->block_table) kv_seq = kp->page_size, kv_batch = kp->num_pages, kv_box = kp->page_size < kv_box ? kp->page_size : kv_box;
+        else if (kp->cu_seqlens_k) kv_seq = kp->total_k, kv_batch = 1;
+        else if (kp->kv_batch_idx) kv_batch = kp->kv_batch;
+    }
+    if (!encode_map(&tq, kDtype, kp->q, kp->head_dim, q_seq, kp->heads_q, q_batch, kp->q_seq_stride,
                     kp->q_head_stride, kp->q_batch_stride, q_rows, q_heads) ||
-        !encode_map(&tk, kDtype, kp->k, kp->head_dim, kp->seqlen_k, kp->heads_kv, kp->batch, kp->k_seq_stride,
-                    kp->k_head_stride, kp->k_batch_stride, Tr::kBlockN, 1) ||
-        !encode_map(&tv, kDtype, kp->v, kp->head_dim, kp->seqlen_k, kp->heads_kv, kp->batch, kp->v_seq_stride,
-                    kp->v_head_stride, kp->v_batch_stride, Tr::kBlockN, 1))
+        !encode_map(&tk, kDtype, kp->k, kp->head_dim, kv_seq, kp->heads_kv, kv_batch, kp->k_seq_stride,
+                    kp->k_head_stride, kp->k_batch_stride, kv_box, 1) ||
+        !encode_map(&tv, kDtype, kp->v, kp->head_dim, kv_seq, kp->heads_kv, kv_batch, kp->v_seq_stride,
+                    kp->v_head_stride, kp->v_batch_stride, kv_box, 1))
         return (int)cudaErrorInvalidValue; /* the planner checked the limits; not expected */
     const bool transform = kp->softcap > 0.0f || kp->alibi_slopes != nullptr;
-    auto kernel = transform ? fused_sm90_kernel<kDtype, kHeadDim, kConsumers, true>
-                            : fused_sm90_kernel<kDtype, kHeadDim, kConsumers, false>;
-    static std::atomic<unsigned long long> configured[2]; /* per kernel above: devices configured */
-    cudaError_t err = set_smem_once(kernel, Tr::kSmemBytes, configured[transform ? 1 : 0]);
+    static std::atomic<unsigned long long> configured[4]; /* per kernel below: devices configured */
+    const int which = (kp->serving ? 2 : 0) + (transform ? 1 : 0);
+    auto kernel = kp->serving ? (transform ? fused_sm90_kernel<kDtype, kHeadDim, kConsumers, true, true>
+                                           : fused_sm90_kernel<kDtype, kHeadDim, kConsumers, false, true>)
+                              : (transform ? fused_sm90_kernel<kDtype, kHeadDim, kConsumers, true, false>
+                                           : fused_sm90_kernel<kDtype, kHeadDim, kConsumers, false, false>);
+    cudaError_t err = set_smem_once(kernel, Tr::kSmemBytes, configured[which]);
     if (err != cudaSuccess) return (int)err;
     kernel<<<dim3(l->grid_x, l->grid_y, l->grid_z), Tr::kThreads, Tr::kSmemBytes, (cudaStream_t)stream>>>(*kp, tq, tk,
                                                                                                          tv);

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One device call: build with all cores, run the whole test suite (GPU tests included), the
 # benchmark's default suite, and the side-by-side comparison with the peers; logs under $OUT, a
-# short table last.   Usage: scripts/gpu_check.sh [all|build|test|sanitize|bench|quick|hostcost|peers|ab|abtree]...
+# short table last.   Usage: scripts/gpu_check.sh [all|build|test|sanitize|bench|quick|hostcost|serving|peers|ab|abtree]...
 # (default: all; "quick" is the benchmark's quick suite, "hostcost" the Python host cost per call
-# beside SDPA's; "abtree" builds the source tree in $AB_OLD too and times both builds on the default
+# beside SDPA's; "serving" the serving paths' speed beside the dense path and the peers; "abtree" builds the source tree in $AB_OLD too and times both builds on the default
 # suite, alternating, for a refactor's before/after; AB_ARGS adds benchmark options to both, e.g.
 # "--backend fused"). "ab" times FUSED against FUSED_SM90 at every compiled head dim: the measurement
 # behind the AUTO ranges of FA_SM90_CONFIGS.
@@ -41,6 +41,11 @@ if want hostcost; then
     python3 benchmarks/python_host_cost.py --json "$OUT/hostcost.json" > "$OUT/hostcost.log" 2>&1
   summary+=("$(tail -1 "$OUT/hostcost.log")")
 fi
+if want serving; then
+  FLASHATTN_LIBRARY=$PWD/build/libflashattn.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 \
+    python3 benchmarks/serving_speed.py --json "$OUT/serving.json" > "$OUT/serving.log" 2>&1
+  summary+=("serving speed: see serving.log")
+fi
 if [[ " $steps " == *" quick "* ]]; then
   ./build/benchmarks/flashattn_bench --suite quick --json "$OUT/bench_quick.json" > "$OUT/bench.log" 2>&1
   summary+=("bench quick: rc=$? $(tail -1 "$OUT/bench.log")")
@@ -52,6 +57,10 @@ if want sanitize; then
       >> "$OUT/sanitizer.log" 2>&1
     summary+=("sanitizer $tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.log" | tail -1)")
   done
+  # The serving paths: clamped out-of-range contents and every page size, under memcheck.
+  compute-sanitizer --tool memcheck --error-exitcode 1 ./build/tests/test_serving \
+    --gtest_filter='Serving.OutOfRangeContentsStayInsideTheTensors:Serving.PagedKvAnyPageSize' >> "$OUT/sanitizer.log" 2>&1
+  summary+=("sanitizer memcheck (serving): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1)")
 fi
 if want bench; then
   ./build/benchmarks/flashattn_bench --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
@@ -94,5 +103,6 @@ fi
 [ -f "$OUT/bench.log" ] && grep -vE '^#|^\[' "$OUT/bench.log" | cut -c1-150
 [ -f "$OUT/peers.log" ] && tail -70 "$OUT/peers.log"
 [ -f "$OUT/hostcost.log" ] && cat "$OUT/hostcost.log"
+[ -f "$OUT/serving.log" ] && cat "$OUT/serving.log"
 [ -f "$OUT/ab_compare.txt" ] && cat "$OUT/ab_compare.txt"
 printf '%s\n' "${summary[@]}"

@@ -209,11 +209,6 @@ static const char *sm90_unsupported_reason(const fa_device_caps *caps, const fla
                  caps->device, caps->cc_major, caps->cc_minor);
         return buf;
     }
-    if (fa_is_serving(p)) {
-        snprintf(buf, n, "the fused_sm90 backend does not take serving calls (cu_seqlens_q/k, seqused_k, "
-                 "block_table, kv_batch_idx) in this release; the fused backend does");
-        return buf;
-    }
     const int khd = fa_sm90_kernel_head_dim(p->head_dim);
     const int compiled =
         khd != 0 && fa_sm90_variant_compiled(p->dtype, khd, fa_sm90_config_for(khd)->block_m / 64);
@@ -222,13 +217,19 @@ static const char *sm90_unsupported_reason(const fa_device_caps *caps, const fla
         return buf;
     if (fused_layout_reason("fused_sm90", p, buf, n)) return buf;
     /* The tensor memory accelerator takes strides of 16 bytes up to 2^40 bytes; a zero stride
-     * (a broadcast dimension) only where that dimension has one element. */
+     * (a broadcast dimension) only where that dimension has one element. A serving call's tensors
+     * have their own outer extents (packed, page pools, an indexed cache). */
+    const int64_t q_seq = p->cu_seqlens_q ? p->total_q : p->seqlen_q, q_batch = p->cu_seqlens_q ? 1 : p->batch;
+    int64_t kv_seq = p->seqlen_k, kv_batch = p->batch;
+    if (p->block_table) kv_seq = p->page_size, kv_batch = p->num_pages;
+    else if (p->cu_seqlens_k) kv_seq = p->total_k, kv_batch = 1;
+    else if (p->kv_batch_idx) kv_batch = p->kv_batch;
     const struct { const char *name; int64_t extent, stride; } tma[] = {
-        {"q_seq_stride", p->seqlen_q, p->q_seq_stride}, {"q_head_stride", p->heads_q, p->q_head_stride},
-        {"q_batch_stride", p->batch, p->q_batch_stride}, {"k_seq_stride", p->seqlen_k, p->k_seq_stride},
-        {"k_head_stride", p->heads_kv, p->k_head_stride}, {"k_batch_stride", p->batch, p->k_batch_stride},
-        {"v_seq_stride", p->seqlen_k, p->v_seq_stride}, {"v_head_stride", p->heads_kv, p->v_head_stride},
-        {"v_batch_stride", p->batch, p->v_batch_stride},
+        {"q_seq_stride", q_seq, p->q_seq_stride}, {"q_head_stride", p->heads_q, p->q_head_stride},
+        {"q_batch_stride", q_batch, p->q_batch_stride}, {"k_seq_stride", kv_seq, p->k_seq_stride},
+        {"k_head_stride", p->heads_kv, p->k_head_stride}, {"k_batch_stride", kv_batch, p->k_batch_stride},
+        {"v_seq_stride", kv_seq, p->v_seq_stride}, {"v_head_stride", p->heads_kv, p->v_head_stride},
+        {"v_batch_stride", kv_batch, p->v_batch_stride},
     };
     for (size_t i = 0; i < sizeof tma / sizeof tma[0]; ++i)
         if (tma[i].extent > 1 && (tma[i].stride <= 0 || tma[i].stride >= ((int64_t)1 << 39))) {
@@ -237,6 +238,15 @@ static const char *sm90_unsupported_reason(const fa_device_caps *caps, const fla
             return buf;
         }
     const fa_fused_config *cfg = fa_sm90_config_for_call(khd, p);
+    /* Pages are read by the tensor memory accelerator in boxes of min(page_size, block_n) keys that
+     * must tile a key tile and start on the 8-row swizzle atom. */
+    if (p->block_table && !(p->page_size % cfg->block_n == 0 ||
+                            (cfg->block_n % p->page_size == 0 && p->page_size % 8 == 0))) {
+        snprintf(buf, n, "the fused_sm90 backend reads K/V pages with the tensor memory accelerator: page_size "
+                 "must be a multiple of %d, or a multiple of 8 that divides it (got %lld); the fused backend "
+                 "takes any page size", cfg->block_n, (ll)p->page_size);
+        return buf;
+    }
     const int64_t smem = fa_sm90_smem_bytes(cfg->head_dim, cfg->block_m, cfg->block_n);
     if (smem > caps->smem_per_block_optin) {
         snprintf(buf, n, "the fused_sm90 kernel for head_dim %lld (kernel head dim %d) needs %lld bytes "
@@ -357,7 +367,8 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
     plan->grid_z = (int32_t)p->batch;
     const int64_t ctas = mblocks * plan->grid_y * p->batch;
     const int64_t key_tiles = (p->seqlen_k + plan->cfg.block_n - 1) / plan->cfg.block_n;
-    const int64_t splits = fa_num_splits(sm90, caps->sm_count, ctas, key_tiles);
+    /* A ragged Q's rows are not [batch, seqlen_q]: the split combine does not take them. */
+    const int64_t splits = p->cu_seqlens_q ? 1 : fa_num_splits(sm90, caps->sm_count, ctas, key_tiles);
     plan->kp.num_splits = (int32_t)splits;
     plan->grid_x = (int32_t)(mblocks * splits);
     return splits > 1 ? split_workspace(p, splits, plan) : 1;

@@ -291,19 +291,19 @@ flashattn_fwd_params valid_indexed_cache() {
     return p;
 }
 
-TEST(Serving, ValidServingParamsPassAndPlanOnFused) {
+TEST(Serving, ValidServingParamsPassAndPlanAsDenseCallsDo) {
+    for (const fa_device_caps &caps : {h200_caps(), a100_caps()})
+        for (const flashattn_fwd_params &p : {valid_varlen_paged(), valid_varlen_packed(), valid_indexed_cache()}) {
+            EXPECT_EQ(FLASHATTN_STATUS_SUCCESS, fa_validate(&p)) << flashattn_last_error();
+            fa_plan plan;
+            ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, fa_plan_make(&caps, &p, 0, &plan)) << flashattn_last_error();
+            // AUTO: FUSED_SM90 on Hopper (head dim 128, pages of 16 keys), FUSED elsewhere.
+            EXPECT_EQ(caps.cc_major == 9 ? FLASHATTN_BACKEND_FUSED_SM90 : FLASHATTN_BACKEND_FUSED, plan.backend);
+            EXPECT_EQ(1, plan.kp.serving);
+            EXPECT_EQ(0, plan.workspace_bytes);  // packed Q (or enough tiles): no split
+            EXPECT_EQ(p.batch, plan.grid_z);
+        }
     const fa_device_caps caps = h200_caps();
-    for (const flashattn_fwd_params &p : {valid_varlen_paged(), valid_varlen_packed(), valid_indexed_cache()}) {
-        EXPECT_EQ(FLASHATTN_STATUS_SUCCESS, fa_validate(&p)) << flashattn_last_error();
-        fa_plan plan;
-        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, fa_plan_make(&caps, &p, 0, &plan)) << flashattn_last_error();
-        EXPECT_EQ(FLASHATTN_BACKEND_FUSED, plan.backend);  // AUTO: the backend that takes serving calls
-        EXPECT_EQ(1, plan.kp.serving);
-        EXPECT_EQ(0, plan.workspace_bytes);
-        // The grid covers the capacity (seqlen_q): each sequence's blocks past its queries exit.
-        EXPECT_EQ((100 + plan.cfg.block_m - 1) / plan.cfg.block_m, plan.grid_x);
-        EXPECT_EQ(p.batch, plan.grid_z);
-    }
     const flashattn_fwd_params p = valid_varlen_paged();
     fa_plan plan;
     ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, fa_plan_make(&caps, &p, 0, &plan));
@@ -328,15 +328,52 @@ TEST(Serving, WindowsAreClampedForTheKernel) {
     EXPECT_EQ(3, plan.kp.window_right);
 }
 
-TEST(Serving, ForcedReferenceAndSm90SayTheyDoNotTakeServingCalls) {
+TEST(Serving, ForcedReferenceSaysItDoesNotTakeServingCalls) {
     const fa_device_caps caps = h200_caps();
-    for (int backend : {FLASHATTN_BACKEND_REFERENCE, FLASHATTN_BACKEND_FUSED_SM90}) {
+    flashattn_fwd_params p = valid_varlen_paged();
+    p.backend = FLASHATTN_BACKEND_REFERENCE;
+    fa_plan plan;
+    EXPECT_EQ(FLASHATTN_STATUS_UNSUPPORTED, fa_plan_make(&caps, &p, 0, &plan));
+    EXPECT_NE(std::string(flashattn_last_error()).find("serving calls"), std::string::npos) << flashattn_last_error();
+}
+
+TEST(Serving, Sm90PageSizesAreThoseItsTmaBoxesTile) {
+    // Head dim 128: key tiles of 128. Pages of 8..128 that divide it, or multiples of it, run on
+    // FUSED_SM90; others on FUSED under AUTO, and a forced FUSED_SM90 says why.
+    const fa_device_caps caps = h200_caps();
+    for (int64_t page : {8, 16, 32, 64, 128, 256, 384, 1, 4, 19, 48, 100, 200}) {
         flashattn_fwd_params p = valid_varlen_paged();
-        p.backend = backend;
+        p.page_size = page, p.pages_per_seq = (200 + page - 1) / page, p.block_table_batch_stride = p.pages_per_seq;
+        p.k_batch_stride = p.v_batch_stride = page * p.k_seq_stride;
+        const bool tma = page % 128 == 0 || (128 % page == 0 && page % 8 == 0);
         fa_plan plan;
-        EXPECT_EQ(FLASHATTN_STATUS_UNSUPPORTED, fa_plan_make(&caps, &p, 0, &plan));
-        EXPECT_NE(std::string(flashattn_last_error()).find("serving calls"), std::string::npos) << flashattn_last_error();
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, fa_plan_make(&caps, &p, 0, &plan)) << page << ": " << flashattn_last_error();
+        EXPECT_EQ(tma ? FLASHATTN_BACKEND_FUSED_SM90 : FLASHATTN_BACKEND_FUSED, plan.backend) << page;
+        p.backend = FLASHATTN_BACKEND_FUSED_SM90;
+        EXPECT_EQ(tma ? FLASHATTN_STATUS_SUCCESS : FLASHATTN_STATUS_UNSUPPORTED, fa_plan_make(&caps, &p, 0, &plan)) << page;
+        if (!tma) EXPECT_NE(std::string(flashattn_last_error()).find("page_size"), std::string::npos);
     }
+}
+
+TEST(Serving, Sm90SplitsDecodeOnlyWithDenseQ) {
+    // Decode over a paged cache: one query per sequence, few tiles, long keys.
+    const fa_device_caps caps = h200_caps();
+    flashattn_fwd_params p = valid_varlen_paged();
+    p.batch = 1, p.seqlen_q = 1, p.seqlen_k = 8192, p.heads_q = 32, p.heads_kv = 8;
+    p.page_size = 64, p.pages_per_seq = 128, p.block_table_batch_stride = 128, p.num_pages = 200;
+    p.cu_seqlens_q = nullptr, p.total_q = 0;
+    p.q_seq_stride = p.o_seq_stride = 32 * 128, p.q_batch_stride = p.o_batch_stride = 32 * 128;
+    p.k_seq_stride = p.v_seq_stride = 8 * 128, p.k_batch_stride = p.v_batch_stride = 64 * 8 * 128;
+    fa_plan plan;
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, fa_plan_make(&caps, &p, 0, &plan)) << flashattn_last_error();
+    EXPECT_EQ(FLASHATTN_BACKEND_FUSED_SM90, plan.backend);
+    EXPECT_EQ(1, plan.kp.pack_gqa);
+    EXPECT_GT(plan.kp.num_splits, 1);
+    EXPECT_GT(plan.workspace_bytes, 0);
+    p.cu_seqlens_q = (const int32_t *)0x700000, p.total_q = 1, p.q_batch_stride = p.o_batch_stride = 0;
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, fa_plan_make(&caps, &p, 0, &plan)) << flashattn_last_error();
+    EXPECT_EQ(1, plan.kp.num_splits);
+    EXPECT_EQ(0, plan.workspace_bytes);
 }
 
 TEST(Serving, EveryBadServingInputHasItsStatusAndMessage) {

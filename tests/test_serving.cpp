@@ -212,7 +212,38 @@ struct DeviceRun {
     }
 };
 
-struct Stats { int seqs = 0; double worst_ratio = 0, max_err = 0, max_lse_err = 0; };
+struct Stats { int seqs = 0, calls[4] = {0, 0, 0, 0}; double worst_ratio = 0, max_err = 0, max_lse_err = 0; };
+
+// The backends that run serving calls on this device: FUSED, and FUSED_SM90 on Hopper builds.
+std::vector<int> serving_backends() {
+    std::vector<int> b = {FLASHATTN_BACKEND_FUSED};
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess && major == 9 &&
+        minor == 0 && fa_sm90_compiled(FLASHATTN_DTYPE_BFLOAT16, 128))
+        b.push_back(FLASHATTN_BACKEND_FUSED_SM90);
+    return b;
+}
+
+// Whether FUSED_SM90's tensor-map page reads take this page size at this head dim (flashattn.h).
+bool sm90_takes_pages(const Spec &s) {
+    if (s.kv != kPagedSeqused && s.kv != kPagedCuLens) return true;
+    const int64_t block_n = s.d <= 128 ? 128 : 64;
+    return s.page_size % block_n == 0 || (block_n % s.page_size == 0 && s.page_size % 8 == 0);
+}
+
+// Runs the call on `backend` (workspace as planned) into dev's poisoned outputs.
+flashattn_status call(flashattn_handle *h, flashattn_fwd_params p, int backend, cudaStream_t st = 0) {
+    p.backend = backend;
+    size_t need = 0;
+    flashattn_status status = flashattn_fwd_workspace_size(h, &p, &need);
+    if (status != FLASHATTN_STATUS_SUCCESS) return status;
+    DevBuf<char> ws(need);
+    status = flashattn_fwd(h, &p, ws.p, need, st);
+    CUDA_CHECK(cudaStreamSynchronize(st));  // before ws is freed
+    return status;
+}
 
 // Each sequence's rows of O and LSE against its oracle, by FlashAttention's rule; unowned rows poisoned.
 void check_outputs(flashattn_handle *h, const ServingRun &r, const std::vector<uint16_t> &o,
@@ -251,24 +282,34 @@ void check_outputs(flashattn_handle *h, const ServingRun &r, const std::vector<u
     EXPECT_EQ(0u, touched) << "rows that no sequence owns were written (" << s.str() << ")";
 }
 
+// The call on every backend that takes it (FUSED_SM90 refuses only page sizes its boxes cannot tile),
+// each checked sequence by sequence.
 void run_and_check(flashattn_handle *h, const Spec &spec, Stats &st) {
     SCOPED_TRACE(spec.str());
     ServingRun r(spec);
     DeviceRun dev(r);
-    dev.poison();
     const flashattn_fwd_params p = dev.params(r);
-    flashattn_plan_info info;
-    flashattn_plan_info_init(&info);
-    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_plan(h, &p, &info)) << flashattn_last_error();
-    EXPECT_EQ(FLASHATTN_BACKEND_FUSED, info.backend);
-    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd(h, &p, nullptr, 0, 0)) << flashattn_last_error();
-    CUDA_CHECK(cudaDeviceSynchronize());
-    check_outputs(h, r, dev.o.download(), dev.lse.download(), st);
+    for (int backend : serving_backends()) {
+        SCOPED_TRACE("backend " + std::to_string(backend));
+        flashattn_fwd_params pb = p;
+        pb.backend = backend;
+        const flashattn_status sup = flashattn_fwd_supported(h, &pb);
+        if (backend == FLASHATTN_BACKEND_FUSED_SM90 && !sm90_takes_pages(spec)) {
+            EXPECT_EQ(FLASHATTN_STATUS_UNSUPPORTED, sup);
+            continue;
+        }
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, sup) << flashattn_last_error();
+        dev.poison();
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, call(h, p, backend)) << flashattn_last_error();
+        check_outputs(h, r, dev.o.download(), dev.lse.download(), st);
+        ++st.calls[backend];
+    }
 }
 
 void print_stats(const char *name, const Stats &st) {
-    printf("[ serving ] %s: %d sequences, max |O err| %.3g, max |LSE err| %.3g, worst err/lowprec-err %.2f\n", name,
-           st.seqs, st.max_err, st.max_lse_err, st.worst_ratio);
+    printf("[ serving ] %s: %d sequences (%d fused calls, %d fused_sm90 calls), max |O err| %.3g, max |LSE err| %.3g, "
+           "worst err/lowprec-err %.2f\n", name, st.seqs, st.calls[FLASHATTN_BACKEND_FUSED],
+           st.calls[FLASHATTN_BACKEND_FUSED_SM90], st.max_err, st.max_lse_err, st.worst_ratio);
 }
 
 // Lengths with the edge cases: an empty sequence, a sequence with queries but no keys, single-token
@@ -337,81 +378,93 @@ TEST_F(Serving, DecodeOverCaches) {
 
 TEST_F(Serving, OutOfRangeContentsStayInsideTheTensors) {
     // Lengths above the capacities, offsets past total_q/total_k, pages and cache indices outside
-    // the pools: clamped (meaningless numbers), but nothing outside the described tensors is touched.
-    Spec s;
-    s.sq = {10, 20, 30}, s.sk = {40, 50, 60};
-    ServingRun r(s);
-    DeviceRun dev(r);
-    std::vector<int32_t> bad_cu_q = {0, 500, -3, 1 << 30}, bad_cu_k = {-100, 1 << 29, 7, 9};
-    dev.cu_q.upload(bad_cu_q), dev.cu_k.upload(bad_cu_k);
-    dev.poison();
-    flashattn_fwd_params p = dev.params(r);
-    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd(h, &p, nullptr, 0, 0)) << flashattn_last_error();
-    CUDA_CHECK(cudaDeviceSynchronize());
-    Spec pg = s;
-    pg.kv = kPagedSeqused, pg.page_size = 16;
-    ServingRun rp(pg);
-    DeviceRun devp(rp);
-    std::vector<int32_t> bad_table(rp.table.size(), 1 << 30), bad_used = {100000, -5, 60};
-    devp.table.upload(bad_table), devp.used.upload(bad_used);
-    p = devp.params(rp);
-    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd(h, &p, nullptr, 0, 0)) << flashattn_last_error();
-    CUDA_CHECK(cudaDeviceSynchronize());
-    Spec ix = s;
-    ix.kv = kIndexedCache;
-    ServingRun ri(ix);
-    DeviceRun devi(ri);
-    std::vector<int32_t> bad_idx = {-1, 1 << 20, 2};
-    devi.kv_idx.upload(bad_idx);
-    p = devi.params(ri);
-    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd(h, &p, nullptr, 0, 0)) << flashattn_last_error();
-    CUDA_CHECK(cudaDeviceSynchronize());
-    // An out-of-range cache index reads zeros: that sequence sees zero keys' values, O = 0 exactly.
-    const std::vector<uint16_t> o = devi.o.download();
-    for (int64_t x = 0; x < 10 * s.hq * s.d; ++x) ASSERT_EQ(0.0f, to_f32(s.dtype, o[x])) << x;
-    CUDA_CHECK(cudaGetLastError());
+    // the pools: clamped (meaningless numbers), but nothing outside the described tensors is touched
+    // (run under compute-sanitizer by scripts/gpu_check.sh's sanitize step).
+    for (int backend : serving_backends()) {
+        SCOPED_TRACE("backend " + std::to_string(backend));
+        Spec s;
+        s.sq = {10, 20, 30}, s.sk = {40, 50, 60};
+        ServingRun r(s);
+        DeviceRun dev(r);
+        std::vector<int32_t> bad_cu_q = {0, 500, -3, 1 << 30}, bad_cu_k = {-100, 1 << 29, 7, 9};
+        dev.cu_q.upload(bad_cu_q), dev.cu_k.upload(bad_cu_k);
+        dev.poison();
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, call(h, dev.params(r), backend)) << flashattn_last_error();
+        Spec pg = s;
+        pg.kv = kPagedSeqused, pg.page_size = 16;
+        ServingRun rp(pg);
+        DeviceRun devp(rp);
+        std::vector<int32_t> bad_table(rp.table.size(), 1 << 30), bad_used = {100000, -5, 60};
+        devp.table.upload(bad_table), devp.used.upload(bad_used);
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, call(h, devp.params(rp), backend)) << flashattn_last_error();
+        Spec ix = s;
+        ix.kv = kIndexedCache;
+        ServingRun ri(ix);
+        DeviceRun devi(ri);
+        std::vector<int32_t> bad_idx = {-1, 1 << 20, 2};
+        devi.kv_idx.upload(bad_idx);
+        devi.poison();
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, call(h, devi.params(ri), backend)) << flashattn_last_error();
+        // An out-of-range cache index reads zeros: that sequence's values are zeros, O = 0 exactly.
+        const std::vector<uint16_t> o = devi.o.download();
+        for (int64_t x = 0; x < 10 * s.hq * s.d; ++x) ASSERT_EQ(0.0f, to_f32(s.dtype, o[x])) << x;
+        CUDA_CHECK(cudaGetLastError());
+    }
 }
 
 TEST_F(Serving, GraphReplaysNewLengthsPagesAndContents) {
-    // Capture once with fixed capacities; replay after rewriting every device array in place.
-    Spec s;
-    s.kv = kPagedSeqused, s.page_size = 16, s.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
-    s.cap_q = 150, s.cap_k = 400;
-    s.sq = {100, 3, 0, 150}, s.sk = {200, 400, 9, 160};
-    ServingRun first(s);
-    DeviceRun dev(first);
-    const flashattn_fwd_params p = dev.params(first);
-    cudaStream_t st;
-    CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-    const flashattn_status status = flashattn_fwd(h, &p, nullptr, 0, st);
-    CUDA_CHECK(cudaStreamEndCapture(st, &graph));
-    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, status) << flashattn_last_error();
-    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    Stats stats;
-    const std::vector<std::vector<int64_t>> sqs = {{100, 3, 0, 150}, {1, 150, 77, 0}, {150, 150, 150, 150}};
-    const std::vector<std::vector<int64_t>> sks = {{200, 400, 9, 160}, {399, 1, 0, 300}, {400, 17, 250, 1}};
-    for (size_t rep = 0; rep < sqs.size(); ++rep) {
-        Spec next = s;
-        next.sq = sqs[rep], next.sk = sks[rep];
-        ServingRun r(next);
-        // Same capacities, so the same buffer sizes: rewrite the captured buffers' contents.
-        ASSERT_EQ(first.q.size(), r.q.size());
-        ASSERT_EQ(first.k.size(), r.k.size());
-        ASSERT_EQ(first.table.size(), r.table.size());
-        dev.upload(r);
-        dev.poison();
-        CUDA_CHECK(cudaDeviceSynchronize());
-        CUDA_CHECK(cudaGraphLaunch(exec, st));
-        CUDA_CHECK(cudaStreamSynchronize(st));
-        check_outputs(h, r, dev.o.download(), dev.lse.download(), stats);
-    }
-    print_stats("graph replays with new lengths, pages and contents", stats);
-    CUDA_CHECK(cudaGraphExecDestroy(exec));
-    CUDA_CHECK(cudaGraphDestroy(graph));
-    CUDA_CHECK(cudaStreamDestroy(st));
+    // Capture once with fixed capacities; replay after rewriting every device array in place. Dense
+    // Q over a paged cache (FUSED_SM90 may split it: a workspace), then ragged Q and K.
+    for (int backend : serving_backends())
+        for (KvMode kv : {kPagedSeqused, kPackedKv}) {
+            SCOPED_TRACE("backend " + std::to_string(backend) + " kv " + std::to_string(kv));
+            Spec s;
+            s.kv = kv, s.page_size = 16, s.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, s.hq = 8, s.hkv = 2, s.d = 128;
+            s.packed_q = kv == kPackedKv;
+            s.cap_q = s.packed_q ? 150 : 2, s.cap_k = 1200;
+            s.sq = s.packed_q ? std::vector<int64_t>{100, 3, 0, 150} : std::vector<int64_t>{2, 2, 2, 2};
+            s.sk = {200, 1200, 9, 160};
+            ServingRun first(s);
+            DeviceRun dev(first);
+            flashattn_fwd_params p = dev.params(first);
+            p.backend = backend;
+            size_t need = 0;
+            ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_workspace_size(h, &p, &need)) << flashattn_last_error();
+            DevBuf<char> ws(need);
+            cudaStream_t st;
+            CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+            cudaGraph_t graph;
+            cudaGraphExec_t exec;
+            CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+            const flashattn_status status = flashattn_fwd(h, &p, ws.p, need, st);
+            CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+            ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, status) << flashattn_last_error();
+            CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+            Stats stats;
+            const std::vector<std::vector<int64_t>> sqs = {{100, 3, 0, 150}, {1, 150, 77, 0}, {150, 150, 150, 150}};
+            const std::vector<std::vector<int64_t>> sks = {{200, 1200, 9, 160}, {1199, 1, 0, 300}, {1200, 17, 250, 1}};
+            for (size_t rep = 0; rep < sqs.size(); ++rep) {
+                Spec next = s;
+                if (s.packed_q) next.sq = sqs[rep];
+                next.sk = sks[rep];
+                ServingRun r(next);
+                // Same capacities, so the same buffer sizes: rewrite the captured buffers' contents.
+                ASSERT_EQ(first.q.size(), r.q.size());
+                ASSERT_EQ(first.k.size(), r.k.size());
+                ASSERT_EQ(first.table.size(), r.table.size());
+                dev.upload(r);
+                dev.poison();
+                CUDA_CHECK(cudaDeviceSynchronize());
+                CUDA_CHECK(cudaGraphLaunch(exec, st));
+                CUDA_CHECK(cudaStreamSynchronize(st));
+                check_outputs(h, r, dev.o.download(), dev.lse.download(), stats);
+            }
+            stats.calls[backend] = (int)sqs.size();
+            print_stats("graph replays with new lengths, pages and contents", stats);
+            CUDA_CHECK(cudaGraphExecDestroy(exec));
+            CUDA_CHECK(cudaGraphDestroy(graph));
+            CUDA_CHECK(cudaStreamDestroy(st));
+        }
 }
 
 }  // namespace
