@@ -5,9 +5,9 @@ batch of equal lengths (flash_attn_varlen_func: AUTO and FUSED forced), as a den
 per-sequence lengths (flash_attn_with_kvcache), and with K/V in pages of several sizes (varlen with
 a block table for prefill, flash_attn_with_kvcache for decode); AUTO picks FUSED_SM90 on Hopper
 except for pages its tensor-map reads cannot tile (1 key), which run on FUSED; cuDNN's and FlashAttention-2's fused
-attention (PyTorch SDPA) on the dense tensors are the peers. CUDA-event timing, median of `iters`
-after warm-up, inputs drawn once per shape; TFLOP/s for prefill (causal counts half), GB/s of K/V
-read for decode.
+attention (PyTorch SDPA) on the dense tensors are the peers. CUDA-event timing of 10 calls back to
+back (GPU time: the host's enqueue cost is not counted), median of `iters` after warm-up, inputs
+drawn once per shape; TFLOP/s for prefill (causal counts half), GB/s of K/V read for decode.
 
     FLASHATTN_LIBRARY=build/libflashattn.so PYTHONPATH=python python3 benchmarks/serving_speed.py
 """
@@ -31,17 +31,20 @@ SHAPES = [  # (label, B, Sq, Sk, Hq, Hkv, D, causal)
 PAGES = (1, 16, 256)
 
 
-def time_ms(fn, iters, warm=5):
+def time_ms(fn, iters, warm=5, calls=10):
+    """GPU milliseconds per call: `calls` calls back to back between two events (the host runs ahead
+    after the first, so the host's enqueue cost is not counted), median over `iters` samples."""
     for _ in range(warm):
         fn()
     ts = []
     for _ in range(iters):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        fn()
+        for _ in range(calls):
+            fn()
         b.record()
         b.synchronize()
-        ts.append(a.elapsed_time(b))
+        ts.append(a.elapsed_time(b) / calls)
     return statistics.median(ts)
 
 

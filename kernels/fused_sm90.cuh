@@ -212,18 +212,25 @@ __device__ __forceinline__ void produce(const tile<Tr> &tl, const smem_layout<Tr
             const fa_kernel_params &p = *sp;
             if (p.block_table != nullptr) {
                 /* Paged: the tile in boxes of R = min(page_size, kBlockN) keys (the planner allows
-                 * page sizes that divide kBlockN, multiples of 8, or are multiples of it), each at
-                 * its page's row. A box past the sequence's keys, or a page outside the pool,
-                 * reads zeros (out-of-bounds coordinates): the mask hides those keys. */
+                 * page sizes that divide kBlockN, multiples of 8, or are multiples of it): box i is
+                 * page table[n0 / page_size + i], from row n0 % page_size (0 unless R = kBlockN).
+                 * The tile's page numbers are read first, all at once (one memory latency per
+                 * tile, not one per box). A box past the sequence's keys, or a page outside the
+                 * pool, reads zeros (out-of-bounds coordinates): the mask hides those keys. */
+                constexpr int kMaxBoxes = Tr::kBlockN / 8;
                 const int R = min(p.page_size, Tr::kBlockN);
-                const int32_t *row = p.block_table + (int64_t)tl.b * p.block_table_stride;
-                for (int i = 0; i < Tr::kBlockN; i += R) {
-                    const int j = n0 + i;
-                    const int page = j < sq->s.seqlen_k && sq->s.kv_valid ? row[j / p.page_size] : -1;
+                const int first = n0 / p.page_size, row0 = n0 - first * p.page_size;
+                const int32_t *row = p.block_table + (int64_t)tl.b * p.block_table_stride + first;
+                int pages[kMaxBoxes];
 #pragma unroll
-                    for (int cb = 0; cb < kCB; ++cb)
-                        tma_load(dst + cb * Tr::kBlockN * 128 + i * 128, map, cb * 64, j % p.page_size, tl.hk, page, full);
-                }
+                for (int i = 0; i < kMaxBoxes; ++i)
+                    pages[i] = i * R < Tr::kBlockN && n0 + i * R < sq->s.seqlen_k && sq->s.kv_valid ? row[i] : -1;
+#pragma unroll
+                for (int i = 0; i < kMaxBoxes; ++i)
+                    if (i * R < Tr::kBlockN)
+#pragma unroll
+                        for (int cb = 0; cb < kCB; ++cb)
+                            tma_load(dst + cb * Tr::kBlockN * 128 + i * R * 128, map, cb * 64, row0, tl.hk, pages[i], full);
                 return;
             }
             /* Packed K/V: one batch entry, rows from the sequence's first; a cache: entry kv_b (an
