@@ -103,7 +103,28 @@ template <class Tr> struct smem_layout {
         }
         mbar_init_fence();
     }
+    /* A serving call's: the K/V stages filled by `full_arrivals` producer threads (1 with TMA, the
+     * whole producer warpgroup when it gathers pages with cp.async). */
+    __device__ __forceinline__ void init_barriers(int full_arrivals) const {
+        mbar_init(bar_q, 1);
+#pragma unroll
+        for (int st = 0; st < 2; ++st) {
+            mbar_init(full_k + 8 * st, full_arrivals);
+            mbar_init(full_v + 8 * st, full_arrivals);
+            mbar_init(empty_k + 8 * st, 4 * Tr::kConsumers);
+            mbar_init(empty_v + 8 * st, 4 * Tr::kConsumers);
+        }
+        mbar_init_fence();
+    }
 };
+
+/* Whether a serving call's pages are read with the tensor memory accelerator (boxes of
+ * min(page_size, block_n) keys that tile a key tile on the 8-row swizzle atom) or gathered row by
+ * row with cp.async (any other page size). plan.c's rule is the same. */
+template <class Tr> __device__ __forceinline__ bool gathers_pages(const fa_kernel_params &p) {
+    return p.block_table != nullptr &&
+           !(p.page_size % Tr::kBlockN == 0 || (Tr::kBlockN % p.page_size == 0 && p.page_size % 8 == 0));
+}
 
 /* The block's work: query positions [m0, m0 + rows_per_head) of `heads` query heads starting at h0
  * (one head, or with pack_gqa the head_group heads of KV head hk); tile row r is head
@@ -189,61 +210,18 @@ __device__ __forceinline__ void store_empty(const fa_kernel_params &p, const til
 
 /* The producer (one thread): TMA loads of Q once, then of K_j and V_j into two stages each as the
  * consumers hand the stages back. */
-template <class Tr, bool kServing = false>
+template <class Tr>
 __device__ __forceinline__ void produce(const tile<Tr> &tl, const smem_layout<Tr> &sm, const CUtensorMap *tm_q,
-                                        const CUtensorMap *tm_k, const CUtensorMap *tm_v,
-                                        const fa_kernel_params *sp = nullptr, const seq_view<kServing> *sq = nullptr) {
+                                        const CUtensorMap *tm_k, const CUtensorMap *tm_v) {
     constexpr int kCB = Tr::kChunks / 8; /* 64-column regions of a tile */
     mbar_expect_tx(sm.bar_q, (uint32_t)(kCB * 128 * tl.rows_per_head * tl.heads));
-    if constexpr (kServing) {
-        /* Packed Q: the tensor map is [total_q, ...] with one batch entry; rows from the sequence's
-         * first. Rows past the sequence read the next one's (never stored); past total_q, zeros. */
-        const int qb = sq->packed_q ? 0 : tl.b, q0 = (int)sq->s.q_row0 + tl.m0;
 #pragma unroll
-        for (int cb = 0; cb < kCB; ++cb) tma_load(sm.q + cb * Tr::kBlockM * 128, tm_q, cb * 64, q0, tl.h0, qb, sm.bar_q);
-    } else {
-#pragma unroll
-        for (int cb = 0; cb < kCB; ++cb) tma_load(sm.q + cb * Tr::kBlockM * 128, tm_q, cb * 64, tl.m0, tl.h0, tl.b, sm.bar_q);
-    }
+    for (int cb = 0; cb < kCB; ++cb) tma_load(sm.q + cb * Tr::kBlockM * 128, tm_q, cb * 64, tl.m0, tl.h0, tl.b, sm.bar_q);
     auto load_kv = [&](const CUtensorMap *map, uint32_t dst, uint32_t full, int tile) {
         mbar_expect_tx(full, Tr::kKVBytes);
-        const int n0 = (tl.tile_begin + tile) * Tr::kBlockN;
-        if constexpr (kServing) {
-            const fa_kernel_params &p = *sp;
-            if (p.block_table != nullptr) {
-                /* Paged: the tile in boxes of R = min(page_size, kBlockN) keys (the planner allows
-                 * page sizes that divide kBlockN, multiples of 8, or are multiples of it): box i is
-                 * page table[n0 / page_size + i], from row n0 % page_size (0 unless R = kBlockN).
-                 * The tile's page numbers are read first, all at once (one memory latency per
-                 * tile, not one per box). A box past the sequence's keys, or a page outside the
-                 * pool, reads zeros (out-of-bounds coordinates): the mask hides those keys. */
-                constexpr int kMaxBoxes = Tr::kBlockN / 8;
-                const int R = min(p.page_size, Tr::kBlockN);
-                const int first = n0 / p.page_size, row0 = n0 - first * p.page_size;
-                const int32_t *row = p.block_table + (int64_t)tl.b * p.block_table_stride + first;
-                int pages[kMaxBoxes];
 #pragma unroll
-                for (int i = 0; i < kMaxBoxes; ++i)
-                    pages[i] = i * R < Tr::kBlockN && n0 + i * R < sq->s.seqlen_k && sq->s.kv_valid ? row[i] : -1;
-#pragma unroll
-                for (int i = 0; i < kMaxBoxes; ++i)
-                    if (i * R < Tr::kBlockN)
-#pragma unroll
-                        for (int cb = 0; cb < kCB; ++cb)
-                            tma_load(dst + cb * Tr::kBlockN * 128 + i * R * 128, map, cb * 64, row0, tl.hk, pages[i], full);
-                return;
-            }
-            /* Packed K/V: one batch entry, rows from the sequence's first; a cache: entry kv_b (an
-             * index outside the cache reads zeros). */
-            const int kb = p.cu_seqlens_k != nullptr ? 0 : (sq->s.kv_valid ? sq->s.kv_b : -1);
-#pragma unroll
-            for (int cb = 0; cb < kCB; ++cb)
-                tma_load(dst + cb * Tr::kBlockN * 128, map, cb * 64, (int)sq->s.k_row0 + n0, tl.hk, kb, full);
-        } else {
-#pragma unroll
-            for (int cb = 0; cb < kCB; ++cb)
-                tma_load(dst + cb * Tr::kBlockN * 128, map, cb * 64, n0, tl.hk, tl.b, full);
-        }
+        for (int cb = 0; cb < kCB; ++cb)
+            tma_load(dst + cb * Tr::kBlockN * 128, map, cb * 64, (tl.tile_begin + tile) * Tr::kBlockN, tl.hk, tl.b, full);
     };
     load_kv(tm_k, sm.k, sm.full_k, 0);
     for (int j = 0; j < tl.n_tiles; ++j) {
@@ -256,6 +234,128 @@ __device__ __forceinline__ void produce(const tile<Tr> &tl, const smem_layout<Tr
         const int st = j & 1;
         if (j >= 2) mbar_wait(sm.empty_v + 8 * st, ((j - 2) >> 1) & 1);
         load_kv(tm_v, sm.v + st * Tr::kKVBytes, sm.full_v + 8 * st, j);
+    }
+}
+
+/* The producer of a serving call whose page size the tensor-map boxes cannot tile (1, 19, ...): the
+ * whole producer warpgroup copies each K/V tile row by row with cp.async into the same swizzled
+ * layout the tensor memory accelerator writes (row r's 16-byte chunk c at (c ^ r % 8) * 16 of its
+ * 128-byte row), key j of the sequence at row j % page_size of page table[j / page_size]; rows past
+ * the sequence's keys and pages outside the pool are zero-filled. Each thread waits for its copies,
+ * fences them for the tensor cores' proxy and arrives on the stage's full barrier (one arrival per
+ * producer thread). Q still comes by TMA. ptid: the thread's index in the producer warpgroup. */
+template <class Tr>
+__device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, const seq_view<true> &sq, const tile<Tr> &tl,
+                                                 const smem_layout<Tr> &sm, const CUtensorMap *tm_q, int ptid) {
+    using T = typename Tr::T;
+    constexpr int kCB = Tr::kChunks / 8;
+    if (ptid == 0) {
+        mbar_expect_tx(sm.bar_q, (uint32_t)(kCB * 128 * tl.rows_per_head * tl.heads));
+        const int qb = sq.packed_q ? 0 : tl.b, q0 = (int)sq.s.q_row0 + tl.m0;
+#pragma unroll
+        for (int cb = 0; cb < kCB; ++cb) tma_load(sm.q + cb * Tr::kBlockM * 128, tm_q, cb * 64, q0, tl.h0, qb, sm.bar_q);
+    }
+    const int32_t *table = p.block_table + (int64_t)tl.b * p.block_table_stride;
+    const int rows_valid = sq.s.kv_valid ? sq.s.seqlen_k : 0;
+    auto load_kv = [&](const T *base, int64_t page_stride, int64_t row_stride, uint32_t dst, uint32_t full, int tile) {
+        const int n0 = (tl.tile_begin + tile) * Tr::kBlockN;
+#pragma unroll 1
+        for (int c = ptid; c < Tr::kBlockN * Tr::kChunks; c += kWarpgroupThreads) {
+            const int r = c / Tr::kChunks, ch = c % Tr::kChunks, j = n0 + r;
+            bool valid = j < rows_valid && ch * 8 < p.head_dim;
+            const T *src = base;
+            if (valid) {
+                const int pi = j / p.page_size, page = table[pi];
+                valid = page >= 0 && page < p.num_pages;
+                src = base + (int64_t)page * page_stride + (int64_t)(j - pi * p.page_size) * row_stride + ch * 8;
+            }
+            cp_async_16(dst + swz_off<Tr::kBlockN>(r, ch), valid ? src : base, valid);
+        }
+        cp_async_commit_wait_all();
+        fence_proxy_async_shared();
+        mbar_arrive(full);
+    };
+    const T *k = (const T *)p.k + (int64_t)tl.hk * p.k_head_stride, *v = (const T *)p.v + (int64_t)tl.hk * p.v_head_stride;
+    load_kv(k, p.k_batch_stride, p.k_seq_stride, sm.k, sm.full_k, 0);
+    for (int j = 0; j < tl.n_tiles; ++j) {
+        if (j + 1 < tl.n_tiles) {
+            const int st = (j + 1) & 1;
+            if (j + 1 >= 2) mbar_wait(sm.empty_k + 8 * st, ((j - 1) >> 1) & 1);
+            load_kv(k, p.k_batch_stride, p.k_seq_stride, sm.k + st * Tr::kKVBytes, sm.full_k + 8 * st, j + 1);
+        }
+        const int st = j & 1;
+        if (j >= 2) mbar_wait(sm.empty_v + 8 * st, ((j - 2) >> 1) & 1);
+        load_kv(v, p.v_batch_stride, p.v_seq_stride, sm.v + st * Tr::kKVBytes, sm.full_v + 8 * st, j);
+    }
+}
+
+/* The producer of a serving call (the producer warpgroup's first warp; lane 0 issues): the same
+ * schedule as produce, with the sequence's rows. Packed Q or K/V: the tensor map has one batch entry
+ * and the rows start at the sequence's first (rows past the sequence belong to the next one: masked,
+ * never stored; past the tensor: zeros). A cache: entry kv_b (outside the cache: -1, zeros). Pages:
+ * a tile is kBlockN / R boxes of R = min(page_size, kBlockN) keys (the planner allows page sizes
+ * that tile a key tile on the 8-row swizzle atom); box i is page table[n0 / page_size + i] from row
+ * n0 % page_size. Lane i reads box i's page number one tile ahead, so each tile costs the table's
+ * latency once and hidden behind the wait for a free stage. A box past the sequence's keys, or a
+ * page outside the pool, reads zeros (an out-of-bounds coordinate); the mask hides those keys. */
+template <class Tr>
+__device__ __forceinline__ void produce_serving(const fa_kernel_params &p, const seq_view<true> &sq, const tile<Tr> &tl,
+                                                const smem_layout<Tr> &sm, const CUtensorMap *tm_q,
+                                                const CUtensorMap *tm_k, const CUtensorMap *tm_v, int lane) {
+    constexpr int kCB = Tr::kChunks / 8; /* 64-column regions of a tile */
+    const bool leader = lane == 0;
+    if (gathers_pages<Tr>(p)) {
+        produce_gathered(p, sq, tl, sm, tm_q, lane);
+        return;
+    }
+    if (leader) {
+        mbar_expect_tx(sm.bar_q, (uint32_t)(kCB * 128 * tl.rows_per_head * tl.heads));
+        const int qb = sq.packed_q ? 0 : tl.b, q0 = (int)sq.s.q_row0 + tl.m0;
+#pragma unroll
+        for (int cb = 0; cb < kCB; ++cb) tma_load(sm.q + cb * Tr::kBlockM * 128, tm_q, cb * 64, q0, tl.h0, qb, sm.bar_q);
+    }
+    const bool paged = p.block_table != nullptr;
+    const int box = paged ? min(p.page_size, Tr::kBlockN) : Tr::kBlockN, boxes = Tr::kBlockN / box;
+    const int32_t *table = paged ? p.block_table + (int64_t)tl.b * p.block_table_stride : nullptr;
+    const int kv_b = p.cu_seqlens_k != nullptr ? 0 : (sq.s.kv_valid ? sq.s.kv_b : -1);
+    auto page_of = [&](int tile) -> int { /* this lane's box of `tile` */
+        const int n0 = (tl.tile_begin + tile) * Tr::kBlockN;
+        if (!paged || tile >= tl.n_tiles || lane >= boxes || n0 + lane * box >= sq.s.seqlen_k || !sq.s.kv_valid)
+            return -1;
+        return table[n0 / p.page_size + lane];
+    };
+    auto load_kv = [&](const CUtensorMap *map, uint32_t dst, uint32_t full, int tile, int my_page) {
+        const int n0 = (tl.tile_begin + tile) * Tr::kBlockN;
+        if (leader) mbar_expect_tx(full, Tr::kKVBytes);
+        if (!paged) {
+            if (leader)
+#pragma unroll
+                for (int cb = 0; cb < kCB; ++cb)
+                    tma_load(dst + cb * Tr::kBlockN * 128, map, cb * 64, (int)sq.s.k_row0 + n0, tl.hk, kv_b, full);
+            return;
+        }
+        const int row0 = n0 % p.page_size;
+        for (int i = 0; i < boxes; ++i) {
+            const int page = __shfl_sync(0xffffffffu, my_page, i);
+            if (leader)
+#pragma unroll
+                for (int cb = 0; cb < kCB; ++cb)
+                    tma_load(dst + cb * Tr::kBlockN * 128 + i * box * 128, map, cb * 64, row0, tl.hk, page, full);
+        }
+    };
+    int page_j = page_of(0), page_next = page_of(1); /* tile j's pages (for V_j), tile j + 1's (for K_{j+1}) */
+    load_kv(tm_k, sm.k, sm.full_k, 0, page_j);
+    for (int j = 0; j < tl.n_tiles; ++j) {
+        const int page_after = page_of(j + 2); /* read now, used next iteration */
+        if (j + 1 < tl.n_tiles) {
+            const int st = (j + 1) & 1;
+            if (j + 1 >= 2) mbar_wait(sm.empty_k + 8 * st, ((j - 1) >> 1) & 1);
+            load_kv(tm_k, sm.k + st * Tr::kKVBytes, sm.full_k + 8 * st, j + 1, page_next);
+        }
+        const int st = j & 1;
+        if (j >= 2) mbar_wait(sm.empty_v + 8 * st, ((j - 2) >> 1) & 1);
+        load_kv(tm_v, sm.v + st * Tr::kKVBytes, sm.full_v + 8 * st, j, page_j);
+        page_j = page_next, page_next = page_after;
     }
 }
 
@@ -310,14 +410,18 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         return;
     }
 
-    if (tid == 0) sm.init_barriers();
+    if (tid == 0) {
+        if constexpr (kServing) sm.init_barriers(gathers_pages<Tr>(p) ? kWarpgroupThreads : 1);
+        else sm.init_barriers();
+    }
     __syncthreads();
 
     if (wg == 0) { /* the producer warpgroup */
         release_registers<Tr::kProducerRegs>();
-        if (tid == 0) {
-            if constexpr (kServing) produce<Tr, true>(tl, sm, &tm_q, &tm_k, &tm_v, &p, &sq);
-            else produce(tl, sm, &tm_q, &tm_k, &tm_v);
+        if constexpr (kServing) {
+            if (tid < 32 || gathers_pages<Tr>(p)) produce_serving(p, sq, tl, sm, &tm_q, &tm_k, &tm_v, tid);
+        } else if (tid == 0) {
+            produce(tl, sm, &tm_q, &tm_k, &tm_v);
         }
         return;
     }

@@ -99,6 +99,20 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint3
 }
 
 /* Byte offset of 16-byte chunk `ch` of row r in a swizzled tile of kRows rows. */
+/* 16-byte asynchronous copy global -> shared (zero-filled when !valid, src not read), its group
+ * commit and wait, and the proxy fence that orders such generic-proxy writes before the tensor
+ * cores (async proxy) read them. */
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit_wait_all() {
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void fence_proxy_async_shared() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
 template <int kRows> __device__ __forceinline__ uint32_t swz_off(int r, int ch) {
     return (uint32_t)((ch / 8) * (kRows * 128) + r * 128 + (((ch % 8) ^ (r % 8)) << 4));
 }

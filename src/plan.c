@@ -238,15 +238,6 @@ static const char *sm90_unsupported_reason(const fa_device_caps *caps, const fla
             return buf;
         }
     const fa_fused_config *cfg = fa_sm90_config_for_call(khd, p);
-    /* Pages are read by the tensor memory accelerator in boxes of min(page_size, block_n) keys that
-     * must tile a key tile and start on the 8-row swizzle atom. */
-    if (p->block_table && !(p->page_size % cfg->block_n == 0 ||
-                            (cfg->block_n % p->page_size == 0 && p->page_size % 8 == 0))) {
-        snprintf(buf, n, "the fused_sm90 backend reads K/V pages with the tensor memory accelerator: page_size "
-                 "must be a multiple of %d, or a multiple of 8 that divides it (got %lld); the fused backend "
-                 "takes any page size", cfg->block_n, (ll)p->page_size);
-        return buf;
-    }
     const int64_t smem = fa_sm90_smem_bytes(cfg->head_dim, cfg->block_m, cfg->block_n);
     if (smem > caps->smem_per_block_optin) {
         snprintf(buf, n, "the fused_sm90 kernel for head_dim %lld (kernel head dim %d) needs %lld bytes "
