@@ -243,7 +243,8 @@ __device__ __forceinline__ void produce(const tile<Tr> &tl, const smem_layout<Tr
  * 128-byte row), key j of the sequence at row j % page_size of page table[j / page_size]; rows past
  * the sequence's keys and pages outside the pool are zero-filled. Each thread waits for its copies,
  * fences them for the tensor cores' proxy and arrives on the stage's full barrier (one arrival per
- * producer thread). Q still comes by TMA. ptid: the thread's index in the producer warpgroup. */
+ * producer thread), one tile late. Q still comes by TMA. ptid: the thread's index in the producer
+ * warpgroup. */
 template <class Tr>
 __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, const seq_view<true> &sq, const tile<Tr> &tl,
                                                  const smem_layout<Tr> &sm, const CUtensorMap *tm_q, int ptid) {
@@ -257,6 +258,10 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
     }
     const int32_t *table = p.block_table + (int64_t)tl.b * p.block_table_stride;
     const int rows_valid = sq.s.kv_valid ? sq.s.seqlen_k : 0;
+    /* One tile's copies are announced (full barrier) once the next tile's are issued, so their
+     * latencies overlap; never more than one tile late, which no stage wait below depends on (the
+     * consumers free a stage using only tiles announced before it). */
+    uint32_t pending = 0;
     auto load_kv = [&](const T *base, int64_t page_stride, int64_t row_stride, uint32_t dst, uint32_t full, int tile) {
         const int n0 = (tl.tile_begin + tile) * Tr::kBlockN;
 #pragma unroll 1
@@ -271,9 +276,14 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
             }
             cp_async_16(dst + swz_off<Tr::kBlockN>(r, ch), valid ? src : base, valid);
         }
-        cp_async_commit_wait_all();
-        fence_proxy_async_shared();
-        mbar_arrive(full);
+        cp_async_commit();
+        /* The previous tile's copies have had this tile's issue time to land: announce them now. */
+        if (pending != 0) {
+            cp_async_wait<1>();
+            fence_proxy_async_shared();
+            mbar_arrive(pending);
+        }
+        pending = full;
     };
     const T *k = (const T *)p.k + (int64_t)tl.hk * p.k_head_stride, *v = (const T *)p.v + (int64_t)tl.hk * p.v_head_stride;
     load_kv(k, p.k_batch_stride, p.k_seq_stride, sm.k, sm.full_k, 0);
@@ -287,6 +297,9 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
         if (j >= 2) mbar_wait(sm.empty_v + 8 * st, ((j - 2) >> 1) & 1);
         load_kv(v, p.v_batch_stride, p.v_seq_stride, sm.v + st * Tr::kKVBytes, sm.full_v + 8 * st, j);
     }
+    cp_async_wait<0>();
+    fence_proxy_async_shared();
+    mbar_arrive(pending);
 }
 
 /* The producer of a serving call (the producer warpgroup's first warp; lane 0 issues): the same
@@ -295,9 +308,10 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
  * never stored; past the tensor: zeros). A cache: entry kv_b (outside the cache: -1, zeros). Pages:
  * a tile is kBlockN / R boxes of R = min(page_size, kBlockN) keys (the planner allows page sizes
  * that tile a key tile on the 8-row swizzle atom); box i is page table[n0 / page_size + i] from row
- * n0 % page_size. Lane i reads box i's page number one tile ahead, so each tile costs the table's
- * latency once and hidden behind the wait for a free stage. A box past the sequence's keys, or a
- * page outside the pool, reads zeros (an out-of-bounds coordinate); the mask hides those keys. */
+ * n0 % page_size. Lane i reads box i's page number one tile ahead (so each tile costs the table's
+ * latency once, hidden behind the wait for a free stage) and issues box i. A box past the sequence's
+ * keys, or a page outside the pool, reads zeros (an out-of-bounds coordinate); the mask hides those
+ * keys. */
 template <class Tr>
 __device__ __forceinline__ void produce_serving(const fa_kernel_params &p, const seq_view<true> &sq, const tile<Tr> &tl,
                                                 const smem_layout<Tr> &sm, const CUtensorMap *tm_q,
@@ -334,14 +348,13 @@ __device__ __forceinline__ void produce_serving(const fa_kernel_params &p, const
                     tma_load(dst + cb * Tr::kBlockN * 128, map, cb * 64, (int)sq.s.k_row0 + n0, tl.hk, kv_b, full);
             return;
         }
+        /* Lane i issues box i (after the leader has announced the tile's bytes). */
         const int row0 = n0 % p.page_size;
-        for (int i = 0; i < boxes; ++i) {
-            const int page = __shfl_sync(0xffffffffu, my_page, i);
-            if (leader)
+        __syncwarp();
+        if (lane < boxes)
 #pragma unroll
-                for (int cb = 0; cb < kCB; ++cb)
-                    tma_load(dst + cb * Tr::kBlockN * 128 + i * box * 128, map, cb * 64, row0, tl.hk, page, full);
-        }
+            for (int cb = 0; cb < kCB; ++cb)
+                tma_load(dst + cb * Tr::kBlockN * 128 + lane * box * 128, map, cb * 64, row0, tl.hk, my_page, full);
     };
     int page_j = page_of(0), page_next = page_of(1); /* tile j's pages (for V_j), tile j + 1's (for K_{j+1}) */
     load_kv(tm_k, sm.k, sm.full_k, 0, page_j);
