@@ -262,19 +262,25 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
      * latencies overlap; never more than one tile late, which no stage wait below depends on (the
      * consumers free a stage using only tiles announced before it). */
     uint32_t pending = 0;
+    /* Thread ptid copies chunks [part * kPer, (part + 1) * kPer) of tile row r: one page lookup per
+     * thread and tile, its row's chunks in flight together. */
+    constexpr int kTPR = kWarpgroupThreads / Tr::kBlockN, kPer = Tr::kChunks / kTPR; /* threads per row */
+    static_assert(kWarpgroupThreads % Tr::kBlockN == 0 && Tr::kChunks % kTPR == 0, "rows split evenly");
+    const int r = ptid / kTPR, part = ptid % kTPR;
     auto load_kv = [&](const T *base, int64_t page_stride, int64_t row_stride, uint32_t dst, uint32_t full, int tile) {
-        const int n0 = (tl.tile_begin + tile) * Tr::kBlockN;
-#pragma unroll 1
-        for (int c = ptid; c < Tr::kBlockN * Tr::kChunks; c += kWarpgroupThreads) {
-            const int r = c / Tr::kChunks, ch = c % Tr::kChunks, j = n0 + r;
-            bool valid = j < rows_valid && ch * 8 < p.head_dim;
-            const T *src = base;
-            if (valid) {
-                const int pi = j / p.page_size, page = table[pi];
-                valid = page >= 0 && page < p.num_pages;
-                src = base + (int64_t)page * page_stride + (int64_t)(j - pi * p.page_size) * row_stride + ch * 8;
-            }
-            cp_async_16(dst + swz_off<Tr::kBlockN>(r, ch), valid ? src : base, valid);
+        const int j = (tl.tile_begin + tile) * Tr::kBlockN + r;
+        bool valid = j < rows_valid;
+        const T *src = base;
+        if (valid) {
+            const int pi = j / p.page_size, page = table[pi];
+            valid = page >= 0 && page < p.num_pages;
+            src = base + (int64_t)page * page_stride + (int64_t)(j - pi * p.page_size) * row_stride;
+        }
+#pragma unroll
+        for (int i = 0; i < kPer; ++i) {
+            const int ch = part * kPer + i;
+            const bool v = valid && ch * 8 < p.head_dim;
+            cp_async_16(dst + swz_off<Tr::kBlockN>(r, ch), v ? src + ch * 8 : base, v);
         }
         cp_async_commit();
         /* The previous tile's copies have had this tile's issue time to land: announce them now. */
