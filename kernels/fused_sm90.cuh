@@ -276,7 +276,7 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
             valid = page >= 0 && page < p.num_pages;
             src = base + (int64_t)page * page_stride + (int64_t)(j - pi * p.page_size) * row_stride;
         }
-#pragma unroll
+#pragma unroll 1 /* cp.async does not wait: a rolled loop costs nothing, and spares the producer's registers */
         for (int i = 0; i < kPer; ++i) {
             const int ch = part * kPer + i;
             const bool v = valid && ch * 8 < p.head_dim;
