@@ -1,0 +1,537 @@
+"""The Python API: a handle and the forward call mirroring the C ABI, and flash_attn_func, a drop-in
+for FlashAttention-2's function of the same name, taking any CUDA array (PyTorch, CuPy,
+__cuda_array_interface__, DLPack)."""
+import contextlib
+import ctypes
+import math
+import sys
+import threading
+
+from ._lib import Backend, Dtype, FlashAttnError, FwdParams, LseBase, Mask, MergeParams, PlanInfo, _check, lib
+
+__all__ = ["Handle", "get_handle", "workspace_size", "supported", "plan", "fwd", "flash_attn_func",
+           "merge_attn_states"]
+
+
+class Handle:
+    """A libflashattn handle bound to one CUDA device (-1: the current one). Thread-safe."""
+
+    def __init__(self, device=-1):
+        h = ctypes.c_void_p()
+        _check(lib().flashattn_handle_create(ctypes.byref(h), int(device)), "flashattn_handle_create")
+        self._h = h
+        dev = ctypes.c_int()
+        _check(lib().flashattn_handle_device(h, ctypes.byref(dev)), "flashattn_handle_device")
+        self.device = dev.value
+
+    @property
+    def ptr(self):
+        return self._h
+
+    def close(self):
+        if self._h:
+            lib().flashattn_handle_destroy(self._h)
+            self._h = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+_handles = {}
+_handles_lock = threading.Lock()
+
+
+def get_handle(device):
+    """The process-wide cached handle for a device ordinal."""
+    with _handles_lock:
+        h = _handles.get(device)
+        if h is None:
+            h = _handles[device] = Handle(device)
+        return h
+
+
+def workspace_size(handle, params):
+    n = ctypes.c_size_t()
+    _check(lib().flashattn_fwd_workspace_size(handle.ptr, ctypes.byref(params), ctypes.byref(n)),
+           "flashattn_fwd_workspace_size")
+    return n.value
+
+
+def supported(handle, params):
+    """(True, None) or (False, FlashAttnError) for what flashattn_fwd would return."""
+    st = lib().flashattn_fwd_supported(handle.ptr, ctypes.byref(params))
+    if st == 0:
+        return True, None
+    return False, FlashAttnError(st, lib().flashattn_status_name(st).decode(), lib().flashattn_last_error().decode())
+
+
+def plan(handle, params):
+    info = PlanInfo.new()
+    _check(lib().flashattn_fwd_plan(handle.ptr, ctypes.byref(params), ctypes.byref(info)), "flashattn_fwd_plan")
+    return info
+
+
+def fwd(handle, params, workspace=0, workspace_bytes=0, stream=0):
+    """flashattn_fwd: enqueue on `stream` (an int cudaStream_t, 0 = legacy default)."""
+    _check(lib().flashattn_fwd(handle.ptr, ctypes.byref(params), ctypes.c_void_p(workspace or None),
+                               ctypes.c_size_t(workspace_bytes), ctypes.c_void_p(stream or None)), "flashattn_fwd")
+
+
+# ---- arrays from any CUDA library ---------------------------------------------------------------
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+def _contiguous(shape):
+    st, acc = [], 1
+    for n in reversed(shape):
+        st.append(acc)
+        acc *= n
+    return tuple(reversed(st))
+
+
+class _ArrayLibrary:
+    """What flash_attn_func needs from the library that owns an array: describe it (pointer, shape,
+    strides in elements, dtype code, device), allocate outputs next to it, name its current stream,
+    pad its head dim, and make its device current. One subclass per library; the base class is for
+    arrays known only through a protocol (no allocation, no padding, the legacy default stream)."""
+
+    @staticmethod
+    def describe(a, obj, name):
+        raise NotImplementedError
+
+    @staticmethod
+    def empty(a, shape, dtype):
+        raise TypeError(f"cannot allocate an output for a {type(a.obj).__name__}; pass out= (and, for "
+                        f"return_attn_probs, a torch or CuPy input)")
+
+    @staticmethod
+    def current_stream(a):
+        return 0
+
+    @staticmethod
+    def pad_head_dim(a, to):
+        raise ValueError(f"head dim {a.shape[-1]} is not a multiple of 8 and a {type(a.obj).__name__} cannot be "
+                         f"padded here; pad it to {to} yourself")
+
+    @staticmethod
+    def device_scope(a):
+        return contextlib.nullcontext()
+
+
+class _Torch(_ArrayLibrary):
+    @staticmethod
+    def describe(a, obj, name):
+        import torch
+        if not obj.is_cuda:
+            raise ValueError(f"{name} is on {obj.device}; libflashattn needs CUDA tensors")
+        codes = {torch.float16: Dtype.FLOAT16, torch.bfloat16: Dtype.BFLOAT16, torch.float32: "f32"}
+        if obj.dtype not in codes:
+            raise TypeError(f"{name} has dtype {obj.dtype}; expected torch.float16 or torch.bfloat16")
+        a.ptr, a.shape, a.strides = obj.data_ptr(), tuple(obj.shape), tuple(obj.stride())
+        a.dtype, a.device = codes[obj.dtype], obj.device.index
+
+    @staticmethod
+    def empty(a, shape, dtype):
+        import torch
+        dt = {"same": a.obj.dtype, "f32": torch.float32, "u8": torch.uint8}[dtype]
+        return torch.empty(shape, dtype=dt, device=a.obj.device)
+
+    @staticmethod
+    def current_stream(a):
+        import torch
+        return torch.cuda.current_stream(a.obj.device).cuda_stream
+
+    @staticmethod
+    def pad_head_dim(a, to):
+        import torch.nn.functional as F
+        return F.pad(a.obj, (0, to - a.shape[-1]))
+
+    @staticmethod
+    def device_scope(a):
+        import torch
+        return torch.cuda.device(a.obj.device)
+
+
+class _CuPy(_ArrayLibrary):
+    @staticmethod
+    def describe(a, obj, name):
+        import cupy
+        codes = {cupy.dtype("float16"): Dtype.FLOAT16, cupy.dtype("float32"): "f32"}
+        if obj.dtype not in codes:
+            raise TypeError(f"{name} has dtype {obj.dtype}; CuPy inputs must be float16")
+        a.ptr, a.shape = obj.data.ptr, tuple(obj.shape)
+        a.strides = tuple(s // obj.itemsize for s in obj.strides)
+        a.dtype, a.device = codes[obj.dtype], obj.device.id
+
+    @staticmethod
+    def empty(a, shape, dtype):
+        import cupy
+        dt = {"same": a.obj.dtype, "f32": cupy.float32, "u8": cupy.uint8}[dtype]
+        with cupy.cuda.Device(a.device):
+            return cupy.empty(shape, dtype=dt)
+
+    @staticmethod
+    def current_stream(a):
+        import cupy
+        return cupy.cuda.get_current_stream().ptr
+
+    @staticmethod
+    def pad_head_dim(a, to):
+        import cupy
+        return cupy.pad(a.obj, [(0, 0)] * (len(a.shape) - 1) + [(0, to - a.shape[-1])])
+
+    @staticmethod
+    def device_scope(a):
+        import cupy
+        return cupy.cuda.Device(a.device)
+
+
+class _CudaArrayInterface(_ArrayLibrary):
+    @staticmethod
+    def describe(a, obj, name):
+        cai = obj.__cuda_array_interface__
+        codes = {"<f2": (Dtype.FLOAT16, 2), "<f4": ("f32", 4)}
+        if cai["typestr"] not in codes:
+            raise TypeError(f"{name} has typestr {cai['typestr']}; expected '<f2' (bfloat16 arrays: use DLPack)")
+        a.dtype, item = codes[cai["typestr"]]
+        a.ptr, a.shape = cai["data"][0], tuple(cai["shape"])
+        st = cai.get("strides")
+        a.strides = tuple(s // item for s in st) if st else _contiguous(a.shape)
+        a.device = None
+
+
+class _DLPack(_ArrayLibrary):
+    @staticmethod
+    def describe(a, obj, name):
+        cap = obj.__dlpack__()
+        get = ctypes.pythonapi.PyCapsule_GetPointer
+        get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+        t = _DLTensor.from_address(get(cap, b"dltensor"))  # DLManagedTensor starts with its DLTensor
+        if t.device.device_type != 2:  # kDLCUDA
+            raise ValueError(f"{name} is not on a CUDA device (DLPack device type {t.device.device_type})")
+        code = {(2, 16): Dtype.FLOAT16, (4, 16): Dtype.BFLOAT16, (2, 32): "f32"}.get((t.dtype.code, t.dtype.bits))
+        if code is None:
+            raise TypeError(f"{name} has DLPack dtype code {t.dtype.code} bits {t.dtype.bits}; expected fp16/bf16")
+        a.keepalive, a.dtype, a.device = cap, code, t.device.device_id
+        a.shape = tuple(t.shape[i] for i in range(t.ndim))
+        a.strides = tuple(t.strides[i] for i in range(t.ndim)) if t.strides else _contiguous(a.shape)
+        a.ptr = t.data + t.byte_offset
+
+
+def _library_of(obj):
+    mod = type(obj).__module__.split(".")[0]
+    if mod == "torch":
+        return _Torch
+    if mod == "cupy":
+        return _CuPy
+    if hasattr(obj, "__cuda_array_interface__"):
+        return _CudaArrayInterface
+    if hasattr(obj, "__dlpack__"):
+        return _DLPack
+    return None
+
+
+class _Array:
+    """What the library needs of an array: pointer, shape, strides (elements), dtype code, device,
+    and the _ArrayLibrary that owns it (to allocate outputs and find the current stream)."""
+
+    def __init__(self, obj, name):
+        self.obj, self.name, self.keepalive = obj, name, None
+        self.lib = _library_of(obj)
+        if self.lib is None:
+            raise TypeError(f"{name}: {type(obj).__name__} is not a CUDA array (torch, cupy, "
+                            f"__cuda_array_interface__ or __dlpack__)")
+        self.lib.describe(self, obj, name)
+
+
+def _empty(like, shape, dtype):
+    """A new array from the same library and device as `like`. dtype: 'same', 'f32' or 'u8'."""
+    return like.lib.empty(like, shape, dtype)
+
+
+def _ptr(x):
+    """Device address of an array this module allocated (torch or CuPy)."""
+    return x.data_ptr() if hasattr(x, "data_ptr") else x.data.ptr
+
+
+def _set_params(p, qa, ka, va, o_ptr, o_strides, lse_ptr, D, padded, softmax_scale, causal, window_size, softcap,
+                slopes, backend):
+    """Fills a FwdParams for flash_attn_func from validated arrays."""
+    B, Sq, Hq, _ = qa.shape
+    p.dtype, p.backend = qa.dtype, backend
+    p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv, p.head_dim = B, Sq, ka.shape[1], Hq, ka.shape[2], padded
+    p.q, (p.q_batch_stride, p.q_seq_stride, p.q_head_stride) = qa.ptr, qa.strides[:3]
+    p.k, (p.k_batch_stride, p.k_seq_stride, p.k_head_stride) = ka.ptr, ka.strides[:3]
+    p.v, (p.v_batch_stride, p.v_seq_stride, p.v_head_stride) = va.ptr, va.strides[:3]
+    p.o, (p.o_batch_stride, p.o_seq_stride, p.o_head_stride) = o_ptr, o_strides[:3]
+    p.lse = lse_ptr
+    p.softmax_scale = 0.0 if softmax_scale is None else float(softmax_scale)
+    if softmax_scale is None and padded != D:
+        p.softmax_scale = 1.0 / math.sqrt(D)  # the scale of the real head dim, not the padded one
+    p.softcap = float(softcap)
+    p.mask = Mask.CAUSAL_BOTTOM_RIGHT if causal else Mask.NONE
+    p.window_left, p.window_right = int(window_size[0]), int(window_size[1])
+    if slopes is not None:
+        p.alibi_slopes = slopes.ptr
+        p.alibi_batch_stride = slopes.strides[0] if len(slopes.shape) == 2 else 0
+
+
+def _check_qkv(q, k, v):
+    """_Arrays for q, k, v after every check flash_attn_func makes of them (ValueError/TypeError)."""
+    qa, ka, va = _Array(q, "q"), _Array(k, "k"), _Array(v, "v")
+    for a in (qa, ka, va):
+        if len(a.shape) != 4:
+            raise ValueError(f"{a.name} has shape {a.shape}; expected (batch, seqlen, nheads, headdim)")
+        if a.dtype not in (Dtype.FLOAT16, Dtype.BFLOAT16):
+            raise TypeError(f"{a.name} must be float16 or bfloat16")
+    if not (qa.dtype == ka.dtype == va.dtype):
+        raise TypeError("q, k and v must have the same dtype")
+    B, Sq, Hq, D = qa.shape
+    if ka.shape != va.shape:
+        raise ValueError(f"k has shape {ka.shape} but v has shape {va.shape}")
+    if ka.shape[0] != B or ka.shape[3] != D:
+        raise ValueError(f"k has shape {ka.shape}; batch and headdim must match q's {qa.shape}")
+    if len({a.device for a in (qa, ka, va) if a.device is not None}) > 1:
+        raise ValueError("q, k and v are on different devices")
+    return qa, ka, va
+
+
+# ---- the PyTorch fast path: per-shape state cached, so a call costs a few attribute reads ------------
+
+class _FastEntry:
+    """What a torch call of one shape/stride/dtype/option combination reuses: the filled params
+    (pointers set per call), the workspace size, the handle and the library entry point."""
+    __slots__ = ("params", "addr", "ws_bytes", "handle", "fwd", "out_shape", "lse_shape", "out_like_q")
+
+
+_tls = threading.local()   # per thread: a FwdParams is mutated per call
+_torch_state = None        # (torch module, Tensor type, get_device, set_device, raw_stream), once torch is imported
+_FAST_CACHE_MAX = 512
+
+
+def _torch():
+    global _torch_state
+    if _torch_state is None:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return None
+        c = torch._C
+        get_dev = getattr(c, "_cuda_getDevice", None) or torch.cuda.current_device
+        raw = getattr(c, "_cuda_getCurrentRawStream", None) or (lambda d: torch.cuda.current_stream(d).cuda_stream)
+        _torch_state = (torch, torch.Tensor, get_dev, torch.cuda.set_device, raw)
+    return _torch_state
+
+
+def _fast_entry(q, k, v, softmax_scale, causal, window_size, softcap, return_lse, backend):
+    """A _FastEntry for these torch tensors, or None when the general path must run (head dim padding)."""
+    qa, ka, va = _check_qkv(q, k, v)
+    B, Sq, Hq, D = qa.shape
+    if D % 8 != 0 or any(a.strides[-1] != 1 for a in (qa, ka, va)):
+        return None
+    e = _FastEntry()
+    e.out_shape, e.lse_shape = (B, Sq, Hq, D), (B, Hq, Sq)
+    e.out_like_q = qa.strides == _contiguous(qa.shape)  # then empty_like(q) is the output, and cheaper
+    p = FwdParams.new()
+    # O and LSE are allocated per call (PyTorch's allocator aligns them to 512 bytes): a 256-aligned
+    # stand-in plans the same; the real pointers are set before every call.
+    _set_params(p, qa, ka, va, 256, _contiguous(e.out_shape), 256 if return_lse else None, D, D, softmax_scale,
+                causal, window_size, softcap, None, backend)
+    handle = get_handle(qa.device)
+    e.params, e.addr = p, ctypes.addressof(p)
+    e.ws_bytes = workspace_size(handle, p)
+    e.handle, e.fwd = handle.ptr, lib().flashattn_fwd
+    return e
+
+
+def _fast_call(state, q, k, v, softmax_scale, causal, window_size, softcap, return_lse, backend):
+    qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
+    dev = q.get_device()
+    # Pointer alignment is in the key: it decides which backend (and workspace) a call gets. What the
+    # key leaves out (k's and v's dtype and device) is compared below, on every call.
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, dev, (qp | kp | vp) & 15,
+           softmax_scale, causal, window_size, softcap, return_lse, backend)
+    try:
+        cache = _tls.cache
+    except AttributeError:
+        cache = _tls.cache = {}
+    try:
+        e = cache.get(key)
+    except TypeError:  # an unhashable argument (e.g. a list window_size): the general path takes it
+        return None
+    if e is None or k.dtype is not q.dtype or v.dtype is not q.dtype or k.get_device() != dev or v.get_device() != dev:
+        e = _fast_entry(q, k, v, softmax_scale, causal, window_size, softcap, return_lse, backend)  # raises if bad
+        if e is None:
+            return None
+        if len(cache) >= _FAST_CACHE_MAX:
+            cache.clear()
+        cache[key] = e
+    o = state[0].empty_like(q) if e.out_like_q else q.new_empty(e.out_shape)
+    p = e.params
+    p.q, p.k, p.v, p.o = qp, kp, vp, o.data_ptr()
+    lse = None
+    if return_lse:
+        lse = q.new_empty(e.lse_shape, dtype=state[0].float32)
+        p.lse = lse.data_ptr()
+    # The workspace tensor lives until the call is enqueued; freed after, PyTorch's allocator reuses
+    # it only for work ordered after ours on this stream.
+    ws = q.new_empty((e.ws_bytes,), dtype=state[0].uint8) if e.ws_bytes else None
+    prev = state[2]()
+    if prev != dev:
+        state[3](dev)
+    try:
+        st = e.fwd(e.handle, e.addr, ws.data_ptr() if ws is not None else None, e.ws_bytes, state[4](dev))
+    finally:
+        if prev != dev:
+            state[3](prev)
+    if st != 0:
+        _check(st, "flashattn_fwd")
+    return (o, lse, None) if return_lse else o
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                    softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False,
+                    *, out=None, stream=None, backend=Backend.AUTO):
+    """FlashAttention-2's flash_attn_func on libflashattn.
+
+    q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim), fp16/bf16,
+    on one CUDA device, last dimension contiguous, any other strides. nheads % nheads_k == 0.
+    causal: bottom-right aligned (FlashAttention >= 2.1). window_size: (left, right), -1 unbounded.
+    softcap: 0 disables. alibi_slopes: fp32 (nheads,) or (batch, nheads). deterministic: always true.
+    Returns out (batch, seqlen_q, nheads, headdim); with return_attn_probs, (out, softmax_lse
+    (batch, nheads, seqlen_q) fp32, None): the probabilities are never materialised.
+    Extensions: out= writes into a given array; stream= an int cudaStream_t (default: the input
+    library's current stream); backend= a flashattn.Backend value.
+    Raises ValueError/TypeError for inputs it cannot take (naming the argument), FlashAttnError for
+    anything the library refuses.
+    PyTorch calls without out=, stream= or alibi_slopes reuse per-shape state (a thread-local cache),
+    so their host cost is a few attribute reads, two allocations and the library call.
+    """
+    if dropout_p != 0.0:
+        raise ValueError(f"dropout_p={dropout_p}: libflashattn computes exact attention; dropout is not supported")
+    del deterministic  # every call is deterministic
+    state = _torch_state or _torch()
+    if (state is not None and out is None and stream is None and alibi_slopes is None and type(q) is state[1]
+            and type(k) is state[1] and type(v) is state[1] and q.is_cuda):
+        r = _fast_call(state, q, k, v, softmax_scale, causal, window_size, softcap, return_attn_probs, backend)
+        if r is not None:
+            return r
+    qa, ka, va = _check_qkv(q, k, v)
+    B, Sq, Hq, D = qa.shape
+    padded = (D + 7) // 8 * 8
+    if padded != D:
+        q, k, v = (a.lib.pad_head_dim(a, padded) for a in (qa, ka, va))
+        qa, ka, va = _Array(q, "q"), _Array(k, "k"), _Array(v, "v")
+    for a in (qa, ka, va):
+        if a.strides[-1] != 1:
+            raise ValueError(f"{a.name} must be contiguous in its last dimension (stride {a.strides[-1]})")
+
+    write_into = None
+    if out is not None and padded == D:
+        oa = _Array(out, "out")
+        if oa.shape != (B, Sq, Hq, D) or oa.dtype != qa.dtype or oa.strides[-1] != 1:
+            raise ValueError(f"out must be a {(B, Sq, Hq, D)} array of q's dtype, contiguous in its last dimension")
+        result = out
+    else:
+        if out is not None:
+            write_into = out
+        result = _empty(qa, (B, Sq, Hq, padded), "same")
+        oa = _Array(result, "out")
+    lse = None
+    if return_attn_probs:
+        lse = _empty(qa, (B, Hq, Sq), "f32")
+    slopes = None
+    if alibi_slopes is not None:
+        slopes = _Array(alibi_slopes, "alibi_slopes")
+        if slopes.dtype != "f32":
+            raise TypeError("alibi_slopes must be float32")
+        if slopes.shape not in ((Hq,), (B, Hq)) or slopes.strides[-1] != 1:
+            raise ValueError(f"alibi_slopes has shape {slopes.shape}; expected ({Hq},) or ({B}, {Hq}), contiguous")
+
+    p = FwdParams.new()
+    _set_params(p, qa, ka, va, oa.ptr, oa.strides, _ptr(lse) if lse is not None else None, D, padded, softmax_scale,
+                causal, window_size, softcap, slopes, backend)
+    with qa.lib.device_scope(qa):
+        handle = get_handle(qa.device if qa.device is not None else -1)
+        nbytes = workspace_size(handle, p)
+        ws = _empty(qa, (nbytes,), "u8") if nbytes else None
+        s = qa.lib.current_stream(qa) if stream is None else int(stream)
+        fwd(handle, p, _ptr(ws) if ws is not None else 0, nbytes, s)
+    if padded != D:
+        result = result[..., :D]
+        if write_into is not None:
+            write_into[...] = result
+            result = write_into
+    return (result, lse, None) if return_attn_probs else result
+
+
+def merge_attn_states(outs, lses, *, lse_base2=False, stream=None):
+    """Merges partial attention results over disjoint key sets into the result over their union.
+
+    outs: (S, batch, seqlen, nheads, headdim) or, packed (varlen), (S, total, nheads, headdim): float16,
+    bfloat16 or float32, head dim contiguous. lses: (S, batch, nheads, seqlen) or (S, nheads, total),
+    float32 (natural log; base 2 with lse_base2=True, FlashInfer's convention). Parts are added in
+    order (deterministic); a part whose LSE is -inf or +inf (FlashAttention-2's empty row) counts for
+    nothing; a row no part covers gets out 0 and lse -inf. Returns (out, lse): out like one part, in
+    outs' dtype; lse float32 like one part of lses.
+    """
+    oa, la = _Array(outs, "outs"), _Array(lses, "lses")
+    varlen = len(oa.shape) == 4
+    if len(oa.shape) not in (4, 5):
+        raise ValueError(f"outs has shape {oa.shape}; expected (S, batch, seqlen, nheads, headdim) or "
+                         f"(S, total, nheads, headdim)")
+    if la.dtype != "f32":
+        raise TypeError("lses must be float32")
+    S, D = oa.shape[0], oa.shape[-1]
+    if varlen:
+        _, T, H, _ = oa.shape
+        B, Sq = 1, T
+        want_lse = (S, H, T)
+        o_st = (oa.strides[0], 0, oa.strides[1], oa.strides[2])
+        l_st = (la.strides[0], 0, la.strides[1], la.strides[2]) if la.shape == want_lse else None
+    else:
+        _, B, Sq, H, _ = oa.shape
+        want_lse = (S, B, H, Sq)
+        o_st = tuple(oa.strides[:4])
+        l_st = tuple(la.strides) if la.shape == want_lse else None
+    if l_st is None:
+        raise ValueError(f"lses has shape {la.shape}; expected {want_lse} for outs of shape {oa.shape}")
+    if oa.strides[-1] != 1:
+        raise ValueError(f"outs must be contiguous in its last dimension (stride {oa.strides[-1]})")
+    dtypes = {Dtype.FLOAT16: Dtype.FLOAT16, Dtype.BFLOAT16: Dtype.BFLOAT16, "f32": Dtype.FLOAT32}
+    out = _empty(oa, oa.shape[1:], "same")
+    lse = _empty(oa, want_lse[1:], "f32")
+    ob, lb = _ptr(out), _ptr(lse)
+    m = MergeParams.new()
+    m.dtype_parts = m.dtype_out = dtypes[oa.dtype]
+    m.lse_base = LseBase.BASE2 if lse_base2 else LseBase.NATURAL
+    m.num_parts, m.batch, m.seqlen, m.heads, m.head_dim = S, B, Sq, H, D
+    m.o_parts, (m.o_part_stride, m.o_batch_stride, m.o_seq_stride, m.o_head_stride) = oa.ptr, o_st
+    m.lse_parts, (m.lse_part_stride, m.lse_batch_stride, m.lse_head_stride, m.lse_seq_stride) = la.ptr, l_st
+    m.o, m.out_head_stride, m.out_seq_stride, m.out_batch_stride = ob, D, H * D, Sq * H * D
+    m.lse, m.lse_out_seq_stride, m.lse_out_head_stride, m.lse_out_batch_stride = lb, 1, Sq, H * Sq
+    with oa.lib.device_scope(oa):
+        handle = get_handle(oa.device if oa.device is not None else -1)
+        s = oa.lib.current_stream(oa) if stream is None else int(stream)
+        _check(lib().flashattn_merge(handle.ptr, ctypes.byref(m), ctypes.c_void_p(s or None)), "flashattn_merge")
+    return out, lse

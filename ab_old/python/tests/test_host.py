@@ -1,0 +1,146 @@
+"""Host-only tests of the Python package: loading, version check, ABI layout, errors, and behaviour
+without a GPU. They need libflashattn.so (FLASHATTN_LIBRARY) but no GPU."""
+import ctypes
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+import flashattn
+from flashattn import _lib
+
+
+def has_gpu():
+    try:
+        flashattn.Handle(0).close()
+        return True
+    except flashattn.FlashAttnError as e:
+        assert e.name == "FLASHATTN_STATUS_NO_DEVICE"
+        return False
+
+
+def _header_version():
+    header = os.path.join(os.path.dirname(__file__), "..", "..", "include", "flashattn.h")
+    text = open(header).read()
+    return tuple(int(re.search(rf"#define FLASHATTN_VERSION_{p} (\d+)", text).group(1)) for p in ("MAJOR", "MINOR", "PATCH"))
+
+
+def test_library_loads_and_versions_match_the_header():
+    lib = flashattn.load_library()
+    major, minor, patch = _header_version()
+    assert flashattn.__version__ == f"{major}.{minor}.{patch}"
+    assert flashattn.library_version() == flashattn.__version__
+    assert lib.flashattn_version() == major * 10000 + minor * 100 + patch
+    assert "fused=" in flashattn.build_info()
+
+
+# Every field's (offset, size) in the C header (frozen by tests/test_host.cpp, which compiles it).
+FWD_PARAMS_0_1 = {
+    "struct_size": (0, 8), "dtype": (8, 4), "mask": (12, 4), "backend": (16, 4), "reserved0": (20, 4),
+    "batch": (24, 8), "seqlen_q": (32, 8), "seqlen_k": (40, 8), "heads_q": (48, 8), "heads_kv": (56, 8),
+    "head_dim": (64, 8), "q": (72, 8), "q_batch_stride": (80, 8), "q_seq_stride": (88, 8),
+    "q_head_stride": (96, 8), "k": (104, 8), "k_batch_stride": (112, 8), "k_seq_stride": (120, 8),
+    "k_head_stride": (128, 8), "v": (136, 8), "v_batch_stride": (144, 8), "v_seq_stride": (152, 8),
+    "v_head_stride": (160, 8), "o": (168, 8), "o_batch_stride": (176, 8), "o_seq_stride": (184, 8),
+    "o_head_stride": (192, 8), "lse": (200, 8), "softmax_scale": (208, 4), "softcap": (212, 4),
+    "window_left": (216, 8), "window_right": (224, 8), "alibi_slopes": (232, 8), "alibi_batch_stride": (240, 8),
+}
+PLAN_INFO_0_1 = {
+    "struct_size": (0, 8), "backend": (8, 4), "block_m": (12, 4), "block_n": (16, 4), "num_warps": (20, 4),
+    "grid_x": (24, 4), "grid_y": (28, 4), "grid_z": (32, 4), "num_splits": (36, 4), "kernel_head_dim": (40, 4),
+    "workspace_bytes": (48, 8), "shared_mem_bytes": (56, 8), "kernel_name": (64, 64), "description": (128, 192),
+}
+
+
+@pytest.mark.parametrize("cls,frozen,size", [(flashattn.FwdParams, FWD_PARAMS_0_1, 248),
+                                             (flashattn.PlanInfo, PLAN_INFO_0_1, 320)])
+def test_every_field_matches_the_c_layout(cls, frozen, size):
+    fields = [name for name, _ in cls._fields_]
+    assert fields[:len(frozen)] == list(frozen)  # the 0.1.0 fields, in order; new ones only after them
+    for name, (offset, nbytes) in frozen.items():
+        f = getattr(cls, name)
+        assert (f.offset, f.size) == (offset, nbytes), name
+    assert ctypes.sizeof(cls) >= size
+
+
+def test_params_defaults_come_from_the_library():
+    p = flashattn.FwdParams.new()
+    assert p.struct_size == ctypes.sizeof(flashattn.FwdParams)
+    assert (p.window_left, p.window_right) == (-1, -1)
+    assert p.backend == flashattn.Backend.AUTO
+
+
+def test_status_constants_match_library_names():
+    lib = flashattn.load_library()
+    for name, value in vars(flashattn.Status).items():
+        if name.isupper():
+            assert lib.flashattn_status_name(value).decode() == "FLASHATTN_STATUS_" + name
+
+
+def test_handle_without_gpu_raises_no_device():
+    if has_gpu():
+        pytest.skip("a GPU is present: NO_DEVICE cannot be provoked")
+    with pytest.raises(flashattn.FlashAttnError) as e:
+        flashattn.Handle(0)
+    assert e.value.name == "FLASHATTN_STATUS_NO_DEVICE"
+    assert e.value.status == flashattn.Status.NO_DEVICE
+    assert "device" in str(e.value)
+
+
+def test_handle_with_bad_ordinal_raises():
+    with pytest.raises(flashattn.FlashAttnError) as e:
+        flashattn.Handle(4096)
+    assert e.value.name == "FLASHATTN_STATUS_NO_DEVICE"
+
+
+def test_dropout_is_refused_by_name():
+    with pytest.raises(ValueError, match="dropout_p"):
+        flashattn.flash_attn_func(None, None, None, dropout_p=0.1)
+
+
+def test_non_cuda_inputs_are_refused():
+    with pytest.raises(TypeError, match="q: list is not a CUDA array"):
+        flashattn.flash_attn_func([1.0], [1.0], [1.0])
+
+
+def test_version_mismatch_is_refused(monkeypatch):
+    monkeypatch.setattr(_lib, "EXPECTED_VERSION", (9, 9, 0))
+    with pytest.raises(ImportError, match=f"version {flashattn.__version__}; this package needs 9.x with x >= 9"):
+        _lib.load_library(os.environ.get("FLASHATTN_LIBRARY") or "libflashattn.so.0")
+
+
+def test_an_older_library_of_the_same_major_version_is_refused_a_newer_accepted(monkeypatch):
+    major, minor, _ = _header_version()
+    monkeypatch.setattr(_lib, "EXPECTED_VERSION", (major, minor + 1, 0))
+    with pytest.raises(ImportError, match="this package needs"):
+        _lib.load_library(os.environ.get("FLASHATTN_LIBRARY") or "libflashattn.so.0")
+    if minor > 0:
+        monkeypatch.setattr(_lib, "EXPECTED_VERSION", (major, minor - 1, 0))
+        assert _lib.load_library(os.environ.get("FLASHATTN_LIBRARY") or "libflashattn.so.0")
+
+
+def test_a_library_missing_symbols_is_named(monkeypatch):
+    monkeypatch.setattr(_lib, "_signatures", lambda: {"flashattn_version": ([], ctypes.c_int),
+                                                      "flashattn_from_the_future": ([], ctypes.c_int)})
+    monkeypatch.setattr(_lib, "_LIB", None)
+    with pytest.raises(ImportError, match="lacks flashattn_from_the_future: it is older than this package"):
+        _lib.load_library()
+
+
+def test_python_m_flashattn_describes_the_installation():
+    out = subprocess.run([sys.executable, "-m", "flashattn"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f"flashattn (Python package) {flashattn.__version__}" in out.stdout
+    assert "library: " in out.stdout and "build:   commit=" in out.stdout
+    assert "device 0: " in out.stdout
+    if not has_gpu():
+        assert "FLASHATTN_STATUS_NO_DEVICE" in out.stdout
+
+
+def test_missing_library_says_where_it_looked(monkeypatch):
+    monkeypatch.setenv("FLASHATTN_LIBRARY", "/nonexistent/libflashattn.so")
+    monkeypatch.setattr(_lib, "_LIB", None)
+    with pytest.raises(OSError, match="/nonexistent/libflashattn.so"):
+        _lib.load_library()
