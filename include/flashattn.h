@@ -103,10 +103,17 @@ typedef enum flashattn_status {
                                                    total_k without its cu_seqlens array, a packed
                                                    tensor with a batch stride, kv_batch_idx with
                                                    packed or paged K/V (added in 0.3.0) */
-    FLASHATTN_STATUS_BAD_PAGED_KV = 25          /* the paged-KV fields disagree: page_size,
+    FLASHATTN_STATUS_BAD_PAGED_KV = 25,         /* the paged-KV fields disagree: page_size,
                                                    num_pages, pages_per_seq or the block table's
                                                    row stride out of range, or seqlen_k above
                                                    pages_per_seq x page_size (added in 0.3.0) */
+    FLASHATTN_STATUS_BAD_APPEND = 26,           /* the KV-append fields disagree: k_new without
+                                                   v_new or seqused_k, a packed Q or K/V, or
+                                                   seqlen_new without k_new (added in 0.3.0) */
+    FLASHATTN_STATUS_BAD_ROTARY = 27            /* the rotary fields disagree: one table without
+                                                   the other, no k_new, rotary_dim odd or above
+                                                   head_dim, seqlen_ro < 1, a flag not 0 or 1
+                                                   (added in 0.3.0) */
 } flashattn_status;
 
 /* The enumerator's name, e.g. "FLASHATTN_STATUS_BAD_SHAPE"; "FLASHATTN_STATUS_UNKNOWN" for a value
@@ -263,12 +270,27 @@ typedef struct flashattn_fwd_params {
                                       kv_batch_idx[b] of a dense cache (FlashAttention's
                                       cache_batch_idx) */
     int64_t kv_batch;              /* entries of that dense cache (with kv_batch_idx), else 0 */
+
+    /* ---- Added in 0.3.0: appending new keys to the cache, rotary embedding (see "Serving calls"). */
+    const void *k_new;             /* device [batch, seqlen_new, heads_kv, head_dim], or NULL */
+    int64_t k_new_batch_stride, k_new_seq_stride, k_new_head_stride;
+    const void *v_new;             /* device, like k_new; set with k_new */
+    int64_t v_new_batch_stride, v_new_seq_stride, v_new_head_stride;
+    int64_t seqlen_new;            /* keys appended per sequence (with k_new), else 0 */
+    const void *rotary_cos;        /* device [seqlen_ro, rotary_dim / 2] in dtype, contiguous, or NULL */
+    const void *rotary_sin;        /* likewise; set with rotary_cos */
+    int64_t rotary_dim;            /* columns rotated: even, 2..head_dim (with the tables), else 0 */
+    int64_t seqlen_ro;             /* rows of the tables (positions), >= 1 with the tables, else 0 */
+    int32_t rotary_interleaved;    /* 1: GPT-J pairs (x[2i], x[2i+1]); 0 (default): GPT-NeoX halves
+                                      (x[i], x[i + rotary_dim/2]) */
+    int32_t rotary_q_at_cache_len; /* 0 (default): query row i at position seqused_k[b] + i; 1: every
+                                      query row at seqused_k[b] */
 } flashattn_fwd_params;
 
 /* The struct's size in release 0.1.0, the first layout. A library accepts every released size. */
 #define FLASHATTN_FWD_PARAMS_SIZE_0_1 248
-/* The struct's size in release 0.3.0 (the serving fields appended). */
-#define FLASHATTN_FWD_PARAMS_SIZE_0_3 344
+/* The struct's size in release 0.3.0 (the serving, append and rotary fields appended). */
+#define FLASHATTN_FWD_PARAMS_SIZE_0_3 456
 
 /*
  * Serving calls (0.3.0): a batch of sequences of different lengths, a KV cache in pages, or both.
@@ -295,6 +317,18 @@ typedef struct flashattn_fwd_params {
  *    only the key counts.
  *  - Indexed dense cache (kv_batch_idx set, K/V neither packed nor paged): K and V are
  *    [kv_batch, seqlen_k, heads_kv, head_dim] and batch entry b reads entry kv_batch_idx[b].
+ *  - Appending (k_new set; needs seqused_k, dense Q, and a dense, indexed or paged cache): before
+ *    attending, new key i of sequence b (k_new, rotated when the tables are set) and its value
+ *    (v_new) are written into the cache at position seqused_k[b] + i (skipped where that is at or
+ *    past seqlen_k); the sequence then has seqused_k[b] + seqlen_new keys. K and V are written: the
+ *    cache is an output too. Two batch entries appending to one cache row (duplicate kv_batch_idx
+ *    or block-table pages) is a race, and the result undefined.
+ *  - Rotary embedding (rotary_cos/rotary_sin set; needs k_new): columns [0, rotary_dim) of the new
+ *    keys and of Q are rotated, in float32 and rounded once, by the table row of their position
+ *    (new key i: seqused_k[b] + i; query row i: seqused_k[b] + i, or seqused_k[b] for every row with
+ *    rotary_q_at_cache_len), GPT-J interleaved pairs or GPT-NeoX halves. Q itself is not modified:
+ *    the rotated copy lives in the workspace (flashattn_fwd_workspace_size counts it). A position
+ *    at or past seqlen_ro uses the table's last row (give tables that cover every position).
  *  - Contents the host cannot check are clamped, never trusted: a count is clamped to
  *    [0, capacity], rows to the extents total_q / total_k, a page or cache index outside the pools
  *    reads zeros. Such contents give meaningless numbers, but nothing outside the tensors described
@@ -408,8 +442,8 @@ FLASHATTN_API flashattn_status flashattn_fwd_plan(const flashattn_handle *handle
  * Returns: SUCCESS; NULL_POINTER (handle, params, a tensor pointer, or workspace when one is needed);
  * MISALIGNED_POINTER; BAD_STRUCT_SIZE; BAD_SHAPE; BAD_STRIDE; INDEX_OVERFLOW; BAD_HEAD_GROUPING;
  * UNSUPPORTED_HEAD_DIM; BAD_DTYPE;
- * BAD_SCALE; BAD_MASK; BAD_WINDOW; BAD_SOFTCAP; BAD_BACKEND; BAD_VARLEN; BAD_PAGED_KV (the serving
- * fields, see "Serving calls"); UNSUPPORTED (the forced backend cannot
+ * BAD_SCALE; BAD_MASK; BAD_WINDOW; BAD_SOFTCAP; BAD_BACKEND; BAD_VARLEN; BAD_PAGED_KV; BAD_APPEND;
+ * BAD_ROTARY (the serving fields, see "Serving calls"); UNSUPPORTED (the forced backend cannot
  * run these params; under AUTO, no backend can: the fused kernels take batch and heads_q up to 65535
  * and head dims that are multiples of 8, REFERENCE takes batch x heads_q and the Q/K seq strides up
  * to 2^31 - 1; the message names the limit each backend hit); WORKSPACE_TOO_SMALL; WRONG_DEVICE; CUDA_ERROR (a launch

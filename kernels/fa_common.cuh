@@ -117,7 +117,7 @@ __device__ __forceinline__ fa_seq serving_seq(const fa_kernel_params &p, int b) 
         sk = (int64_t)p.cu_seqlens_k[b + 1] - a;
         if (!paged) k0 = clamp64(a, 0, p.total_k);
     }
-    if (p.seqused_k != nullptr) sk = p.seqused_k[b];
+    if (p.seqused_k != nullptr) sk = (int64_t)p.seqused_k[b] + p.seqused_add; /* + the keys this call appends */
     sk = clamp64(sk, 0, p.seqlen_k);
     if (p.cu_seqlens_k != nullptr && !paged) sk = min(sk, p.total_k - k0);
     s.kv_b = b;

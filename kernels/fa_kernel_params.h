@@ -68,6 +68,7 @@ typedef struct fa_kernel_params {
     int32_t serving, page_size, num_pages, pages_per_seq, total_q, total_k, kv_batch;
     int32_t mask_kind;          /* flashattn_mask */
     int32_t window_left, window_right;  /* -1 unbounded; else clamped to <= 2^30 */
+    int32_t seqused_add;        /* keys appended by this call: sequence b has seqused_k[b] + seqused_add */
 } fa_kernel_params;
 
 /* Launch shape decided by the planner; a launcher refuses one that its kernel was not built for. */
@@ -146,6 +147,25 @@ typedef struct fa_merge_args {
     int32_t num_parts, batch, seqlen, heads, head_dim;
     int32_t dtype_parts, dtype_out, base2;
 } fa_merge_args;
+
+/* Appending new keys to a cache and rotary embedding (kernels/append.cu), before the attention of a
+ * serving call: key i of sequence b (k_new, rotated) and its value go to cache position
+ * seqused_k[b] + i (dense entry b, cache entry kv_batch_idx[b], or through the block table); when
+ * q_out is set, Q rotated into it ([batch, seqlen_q, heads_q, head_dim], contiguous). Strides in
+ * elements: [0] batch (pages, for a paged cache), [1] sequence, [2] head. */
+typedef struct fa_append_args {
+    const void *k_new, *v_new, *q, *cos, *sin;
+    void *k_cache, *v_cache, *q_out;
+    const int32_t *seqused_k, *block_table, *kv_batch_idx;
+    int64_t k_new_stride[3], v_new_stride[3], k_stride[3], v_stride[3], q_stride[3];
+    int64_t block_table_stride;
+    int32_t batch, seqlen_new, seqlen_q, heads_q, heads_kv, head_dim;
+    int32_t seqlen_cap, page_size, num_pages, kv_batch;
+    int32_t rotary_dim, seqlen_ro, interleaved, q_at_cache_len, dtype;
+} fa_append_args;
+
+/* Enqueues the append (and the rotation of Q); returns a cudaError_t value. */
+int fa_append_launch(const fa_append_args *a, void *stream);
 
 /* Enqueues the merge; returns a cudaError_t value. */
 int fa_merge_launch(const fa_merge_args *a, void *stream);

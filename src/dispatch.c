@@ -59,6 +59,21 @@ flashattn_status fa_dispatch(const flashattn_handle *h, const fa_plan *plan, voi
     const fa_launch l = {plan->grid_x, plan->grid_y, plan->grid_z, plan->threads,
                          (int32_t)plan->smem_bytes};
     fa_kernel_params kp = plan->kp;
+    if (plan->append) { /* new keys into the cache (and Q rotated into the workspace) first */
+        fa_append_args app = plan->app;
+        if (app.cos != NULL && kp.seqlen_q > 0) {
+            app.q_out = (char *)workspace + plan->q_rot_off;
+            kp.q = app.q_out; /* attention reads the rotated copy, contiguous */
+            kp.q_head_stride = kp.head_dim;
+            kp.q_seq_stride = (int64_t)kp.heads_q * kp.head_dim;
+            kp.q_batch_stride = kp.q_seq_stride * kp.seqlen_q;
+        }
+        const int err = fa_append_launch(&app, stream);
+        if (err != 0)
+            return fa_fail(FLASHATTN_STATUS_CUDA_ERROR, "launching the KV append kernel failed: %s",
+                           cudaGetErrorString((cudaError_t)err));
+        if (kp.seqlen_q == 0) return FLASHATTN_STATUS_SUCCESS; /* no queries: the append was all */
+    }
     if (kp.num_splits > 1) { /* the splits' partial results live in the caller's workspace */
         kp.o_accum = (float *)((char *)workspace + plan->o_accum_off);
         kp.lse_accum = (float *)((char *)workspace + plan->lse_accum_off);

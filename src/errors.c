@@ -97,6 +97,12 @@ static const status_text fa_status_texts[] = {
     [FLASHATTN_STATUS_BAD_PAGED_KV] = {"FLASHATTN_STATUS_BAD_PAGED_KV",
                                        "The paged-KV fields (block_table, page_size, num_pages, "
                                        "pages_per_seq) are out of range or disagree with seqlen_k."},
+    [FLASHATTN_STATUS_BAD_APPEND] = {"FLASHATTN_STATUS_BAD_APPEND",
+                                     "The KV-append fields (k_new, v_new, seqlen_new) disagree with each "
+                                     "other or with the cache's layout."},
+    [FLASHATTN_STATUS_BAD_ROTARY] = {"FLASHATTN_STATUS_BAD_ROTARY",
+                                     "The rotary fields (rotary_cos/sin, rotary_dim, seqlen_ro, the flags) "
+                                     "are out of range or lack k_new."},
 };
 
 #define FA_NUM_STATUS ((int)(sizeof fa_status_texts / sizeof fa_status_texts[0]))

@@ -65,6 +65,10 @@ typedef struct fa_plan {
     int64_t workspace_bytes;
     fa_ref_layout ref;    /* REFERENCE */
     int64_t o_accum_off, lse_accum_off; /* FUSED_SM90 with kp.num_splits > 1: workspace offsets */
+    int32_t append;       /* k_new set: the append kernel runs first (app; its q_out, when Q is
+                             rotated, at workspace offset q_rot_off) */
+    fa_append_args app;
+    int64_t q_rot_off;
 } fa_plan;
 
 /* errors.c */

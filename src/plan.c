@@ -126,7 +126,36 @@ static void fill_kernel_params(const flashattn_fwd_params *p, fa_kernel_params *
         /* A window wider than any sequence pair (2^30 + 2^30 keys) is unbounded in effect. */
         kp->window_left = (int32_t)min64(p->window_left, FA_MAX_SEQLEN);
         kp->window_right = (int32_t)min64(p->window_right, FA_MAX_SEQLEN);
+        kp->seqused_add = (int32_t)p->seqlen_new;
     }
+}
+
+/* The append kernel's arguments (k_new set): the cache is the call's K and V. */
+static void fill_append_args(const flashattn_fwd_params *p, fa_append_args *a) {
+    memset(a, 0, sizeof *a);
+    a->k_new = p->k_new, a->v_new = p->v_new, a->q = p->q, a->cos = p->rotary_cos, a->sin = p->rotary_sin;
+    a->k_cache = (void *)(uintptr_t)p->k, a->v_cache = (void *)(uintptr_t)p->v; /* the cache is written */
+    a->seqused_k = p->seqused_k, a->block_table = p->block_table, a->kv_batch_idx = p->kv_batch_idx;
+    const int64_t strides[5][3] = {
+        {p->k_new_batch_stride, p->k_new_seq_stride, p->k_new_head_stride},
+        {p->v_new_batch_stride, p->v_new_seq_stride, p->v_new_head_stride},
+        {p->k_batch_stride, p->k_seq_stride, p->k_head_stride},
+        {p->v_batch_stride, p->v_seq_stride, p->v_head_stride},
+        {p->q_batch_stride, p->q_seq_stride, p->q_head_stride},
+    };
+    memcpy(a->k_new_stride, strides[0], sizeof strides[0]);
+    memcpy(a->v_new_stride, strides[1], sizeof strides[1]);
+    memcpy(a->k_stride, strides[2], sizeof strides[2]);
+    memcpy(a->v_stride, strides[3], sizeof strides[3]);
+    memcpy(a->q_stride, strides[4], sizeof strides[4]);
+    a->block_table_stride = p->block_table_batch_stride;
+    a->batch = (int32_t)p->batch, a->seqlen_new = (int32_t)p->seqlen_new, a->seqlen_q = (int32_t)p->seqlen_q;
+    a->heads_q = (int32_t)p->heads_q, a->heads_kv = (int32_t)p->heads_kv, a->head_dim = (int32_t)p->head_dim;
+    a->seqlen_cap = (int32_t)p->seqlen_k, a->page_size = (int32_t)p->page_size;
+    a->num_pages = (int32_t)p->num_pages, a->kv_batch = (int32_t)p->kv_batch;
+    a->rotary_dim = (int32_t)p->rotary_dim, a->seqlen_ro = (int32_t)p->seqlen_ro;
+    a->interleaved = p->rotary_interleaved, a->q_at_cache_len = p->rotary_q_at_cache_len;
+    a->dtype = p->dtype;
 }
 
 static const char *fused_layout_reason(const char *backend, const flashattn_fwd_params *p, char *buf,
@@ -407,7 +436,8 @@ flashattn_status fa_plan_make(const fa_device_caps *caps, const flashattn_fwd_pa
         return fa_fail(FLASHATTN_STATUS_UNSUPPORTED, "%s", no_ref);
     }
     plan.backend = backend;
-    plan.noop = (p->seqlen_q == 0);
+    /* No queries: nothing to do, unless keys are appended (the cache is still written). */
+    plan.noop = (p->seqlen_q == 0 && p->k_new == NULL);
 
     if (backend == FLASHATTN_BACKEND_FUSED || backend == FLASHATTN_BACKEND_FUSED_SM90) {
         const int sm90 = backend == FLASHATTN_BACKEND_FUSED_SM90;
@@ -431,6 +461,21 @@ flashattn_status fa_plan_make(const fa_device_caps *caps, const flashattn_fwd_pa
         plan.workspace_bytes = plan.noop ? 0 : plan.ref.total;
     }
     if (plan.noop) plan.workspace_bytes = 0;
+    if (p->k_new != NULL) {
+        plan.append = 1;
+        fill_append_args(p, &plan.app);
+        /* Rotated Q, [batch, seqlen_q, heads_q, head_dim] in dtype, after the split regions. */
+        int64_t at = align_up(plan.workspace_bytes, FA_WORKSPACE_ALIGN), q_elems;
+        if (p->rotary_cos != NULL && p->seqlen_q > 0) {
+            if (!mul_ok(p->batch * p->heads_q, p->seqlen_q, &q_elems) || !mul_ok(q_elems, p->head_dim, &q_elems) ||
+                !add_region(&at, q_elems, 2, &plan.q_rot_off))
+                return fa_fail(FLASHATTN_STATUS_INDEX_OVERFLOW,
+                               "the rotated copy of q (batch x seqlen_q x heads_q x head_dim = %lld x %lld x %lld "
+                               "x %lld) overflows int64 bytes in the workspace",
+                               (ll)p->batch, (ll)p->seqlen_q, (ll)p->heads_q, (ll)p->head_dim);
+            plan.workspace_bytes = at;
+        }
+    }
     *out = plan;
     return FLASHATTN_STATUS_SUCCESS;
 }

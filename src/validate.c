@@ -88,7 +88,77 @@ static flashattn_status check_no_self_overlap(const tensor_desc *t) {
 
 int fa_is_serving(const flashattn_fwd_params *p) {
     return p->cu_seqlens_q != NULL || p->cu_seqlens_k != NULL || p->seqused_k != NULL ||
-           p->block_table != NULL || p->kv_batch_idx != NULL;
+           p->block_table != NULL || p->kv_batch_idx != NULL || p->k_new != NULL;
+}
+
+/* Appending new keys and the rotary tables (flashattn.h, "Serving calls"). */
+static flashattn_status check_append(const flashattn_fwd_params *p) {
+    if ((p->k_new == NULL) != (p->v_new == NULL))
+        return fa_fail(FLASHATTN_STATUS_BAD_APPEND, "%s is NULL but %s is set; set both to append, or neither",
+                       p->k_new ? "v_new" : "k_new", p->k_new ? "k_new" : "v_new");
+    if (p->k_new == NULL) {
+        if (p->seqlen_new != 0)
+            return fa_fail(FLASHATTN_STATUS_BAD_APPEND, "seqlen_new is %lld but k_new is NULL; it must be 0",
+                           (ll)p->seqlen_new);
+    } else {
+        if (p->seqused_k == NULL)
+            return fa_fail(FLASHATTN_STATUS_BAD_APPEND,
+                           "k_new is set but seqused_k is NULL; appending needs each cache's length before "
+                           "the append (seqused_k)");
+        if (p->cu_seqlens_q != NULL || p->cu_seqlens_k != NULL)
+            return fa_fail(FLASHATTN_STATUS_BAD_APPEND,
+                           "k_new is set with %s; appending takes dense Q and a dense, indexed or paged cache",
+                           p->cu_seqlens_q ? "cu_seqlens_q (packed Q)" : "cu_seqlens_k (packed K/V)");
+        if (p->seqlen_new < 0 || p->seqlen_new > FA_MAX_SEQLEN)
+            return fa_fail(FLASHATTN_STATUS_BAD_SHAPE, "seqlen_new is %lld; it must be in 0..%lld",
+                           (ll)p->seqlen_new, (ll)FA_MAX_SEQLEN);
+        const tensor_desc news[2] = {
+            {"k_new", p->k_new, {p->batch, p->seqlen_new, p->heads_kv, p->head_dim},
+             {p->k_new_batch_stride, p->k_new_seq_stride, p->k_new_head_stride, 1}},
+            {"v_new", p->v_new, {p->batch, p->seqlen_new, p->heads_kv, p->head_dim},
+             {p->v_new_batch_stride, p->v_new_seq_stride, p->v_new_head_stride, 1}},
+        };
+        for (int i = 0; i < 2; ++i) {
+            const flashattn_status st = check_tensor(&news[i]);
+            if (st != FLASHATTN_STATUS_SUCCESS) return st;
+        }
+    }
+    if ((p->rotary_cos == NULL) != (p->rotary_sin == NULL))
+        return fa_fail(FLASHATTN_STATUS_BAD_ROTARY, "%s is NULL but %s is set; set both tables, or neither",
+                       p->rotary_cos ? "rotary_sin" : "rotary_cos", p->rotary_cos ? "rotary_cos" : "rotary_sin");
+    if (p->rotary_interleaved != 0 && p->rotary_interleaved != 1)
+        return fa_fail(FLASHATTN_STATUS_BAD_ROTARY, "rotary_interleaved is %d; expected 0 or 1",
+                       (int)p->rotary_interleaved);
+    if (p->rotary_q_at_cache_len != 0 && p->rotary_q_at_cache_len != 1)
+        return fa_fail(FLASHATTN_STATUS_BAD_ROTARY, "rotary_q_at_cache_len is %d; expected 0 or 1",
+                       (int)p->rotary_q_at_cache_len);
+    if (p->rotary_cos == NULL) {
+        if (p->rotary_dim != 0 || p->seqlen_ro != 0)
+            return fa_fail(FLASHATTN_STATUS_BAD_ROTARY, "%s is %lld but rotary_cos is NULL; it must be 0",
+                           p->rotary_dim != 0 ? "rotary_dim" : "seqlen_ro",
+                           (ll)(p->rotary_dim != 0 ? p->rotary_dim : p->seqlen_ro));
+        return FLASHATTN_STATUS_SUCCESS;
+    }
+    if (p->k_new == NULL)
+        return fa_fail(FLASHATTN_STATUS_BAD_ROTARY,
+                       "rotary_cos is set but k_new is NULL; rotary embedding applies to appended keys "
+                       "(and Q) only");
+    if (p->rotary_dim < 2 || p->rotary_dim % 2 != 0 || p->rotary_dim > p->head_dim)
+        return fa_fail(FLASHATTN_STATUS_BAD_ROTARY, "rotary_dim is %lld; it must be even and in 2..head_dim (%lld)",
+                       (ll)p->rotary_dim, (ll)p->head_dim);
+    if (p->seqlen_ro < 1 || p->seqlen_ro > INT32_MAX)
+        return fa_fail(FLASHATTN_STATUS_BAD_ROTARY, "seqlen_ro is %lld; it must be in 1..%d", (ll)p->seqlen_ro,
+                       INT32_MAX);
+    const struct { const char *name; const void *ptr; } tables[2] = {{"rotary_cos", p->rotary_cos},
+                                                                     {"rotary_sin", p->rotary_sin}};
+    for (int i = 0; i < 2; ++i)
+        if (((uintptr_t)tables[i].ptr) % 2 != 0)
+            return fa_fail(FLASHATTN_STATUS_MISALIGNED_POINTER, "%s = %p is not aligned to its 2-byte element size",
+                           tables[i].name, tables[i].ptr);
+    if (p->seqlen_ro > INT64_MAX / p->rotary_dim) /* rotary_dim / 2 x 2 bytes per row */
+        return fa_fail(FLASHATTN_STATUS_INDEX_OVERFLOW, "rotary tables: seqlen_ro x rotary_dim (%lld x %lld) "
+                       "bytes overflow int64", (ll)p->seqlen_ro, (ll)p->rotary_dim);
+    return FLASHATTN_STATUS_SUCCESS;
 }
 
 /* The serving fields (see "Serving calls" in flashattn.h): each bad combination named. */
@@ -237,6 +307,8 @@ flashattn_status fa_validate_load(const flashattn_fwd_params *caller, flashattn_
                        FA_MAX_HEAD_DIM);
 
     st = check_serving(p);
+    if (st != FLASHATTN_STATUS_SUCCESS) return st;
+    st = check_append(p);
     if (st != FLASHATTN_STATUS_SUCCESS) return st;
     /* Extents of Q/O ([batch, seqlen_q] or packed [1, total_q]) and of K/V ([batch, seqlen_k],
      * packed [1, total_k], pools [num_pages, page_size] or a cache [kv_batch, seqlen_k]). */

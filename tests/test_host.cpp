@@ -32,7 +32,7 @@ TEST(Status, EveryCodeHasANameAndASentence) {
                            "BAD_SOFTCAP", "BAD_BACKEND", "UNSUPPORTED", "WORKSPACE_TOO_SMALL",
                            "DEVICE_TOO_OLD", "WRONG_DEVICE", "NO_DEVICE", "CUDA_ERROR",
                            "CUBLAS_ERROR", "OUT_OF_HOST_MEMORY", "BAD_LSE_BASE", "BAD_VARLEN",
-                           "BAD_PAGED_KV"};
+                           "BAD_PAGED_KV", "BAD_APPEND", "BAD_ROTARY"};
     for (int s = 0; s < (int)(sizeof names / sizeof names[0]); ++s) {
         EXPECT_EQ(std::string("FLASHATTN_STATUS_") + names[s],
                   flashattn_status_name((flashattn_status)s));
@@ -40,7 +40,7 @@ TEST(Status, EveryCodeHasANameAndASentence) {
         EXPECT_GT(sentence.size(), 8u) << names[s];
         EXPECT_EQ(sentence.back(), '.') << names[s];
     }
-    EXPECT_STREQ("FLASHATTN_STATUS_UNKNOWN", flashattn_status_name((flashattn_status)26));
+    EXPECT_STREQ("FLASHATTN_STATUS_UNKNOWN", flashattn_status_name((flashattn_status)28));
     EXPECT_STREQ("FLASHATTN_STATUS_UNKNOWN", flashattn_status_name((flashattn_status)-1));
     EXPECT_NE(nullptr, flashattn_status_string((flashattn_status)1000));
 }
@@ -55,6 +55,8 @@ TEST(Status, ValuesAreFrozen) {
     EXPECT_EQ(23, FLASHATTN_STATUS_BAD_LSE_BASE);
     EXPECT_EQ(24, FLASHATTN_STATUS_BAD_VARLEN);
     EXPECT_EQ(25, FLASHATTN_STATUS_BAD_PAGED_KV);
+    EXPECT_EQ(26, FLASHATTN_STATUS_BAD_APPEND);
+    EXPECT_EQ(27, FLASHATTN_STATUS_BAD_ROTARY);
     EXPECT_EQ(2, FLASHATTN_DTYPE_FLOAT32);
 }
 
@@ -100,7 +102,18 @@ TEST(Abi, ParamsLayoutIsFrozen) {
     EXPECT_EQ(320u, offsetof(flashattn_fwd_params, num_pages));
     EXPECT_EQ(328u, offsetof(flashattn_fwd_params, kv_batch_idx));
     EXPECT_EQ(336u, offsetof(flashattn_fwd_params, kv_batch));
-    EXPECT_EQ(344u, sizeof(flashattn_fwd_params));
+    EXPECT_EQ(344u, offsetof(flashattn_fwd_params, k_new));
+    EXPECT_EQ(352u, offsetof(flashattn_fwd_params, k_new_batch_stride));
+    EXPECT_EQ(376u, offsetof(flashattn_fwd_params, v_new));
+    EXPECT_EQ(384u, offsetof(flashattn_fwd_params, v_new_batch_stride));
+    EXPECT_EQ(408u, offsetof(flashattn_fwd_params, seqlen_new));
+    EXPECT_EQ(416u, offsetof(flashattn_fwd_params, rotary_cos));
+    EXPECT_EQ(424u, offsetof(flashattn_fwd_params, rotary_sin));
+    EXPECT_EQ(432u, offsetof(flashattn_fwd_params, rotary_dim));
+    EXPECT_EQ(440u, offsetof(flashattn_fwd_params, seqlen_ro));
+    EXPECT_EQ(448u, offsetof(flashattn_fwd_params, rotary_interleaved));
+    EXPECT_EQ(452u, offsetof(flashattn_fwd_params, rotary_q_at_cache_len));
+    EXPECT_EQ(456u, sizeof(flashattn_fwd_params));
     EXPECT_EQ((size_t)FLASHATTN_FWD_PARAMS_SIZE_0_3, sizeof(flashattn_fwd_params));
 }
 
@@ -291,6 +304,43 @@ flashattn_fwd_params valid_indexed_cache() {
     return p;
 }
 
+// Decode with append and rotary over the paged cache: 2 new keys per sequence, GPT-J tables.
+flashattn_fwd_params valid_append() {
+    flashattn_fwd_params p = valid_varlen_paged();
+    p.cu_seqlens_q = nullptr, p.total_q = 0;
+    p.seqlen_q = 2, p.q_seq_stride = p.o_seq_stride = 8 * 128, p.q_batch_stride = p.o_batch_stride = 2 * 8 * 128;
+    p.k_new = (const void *)0x740000, p.v_new = (const void *)0x750000, p.seqlen_new = 2;
+    p.k_new_head_stride = p.v_new_head_stride = 128, p.k_new_seq_stride = p.v_new_seq_stride = 2 * 128;
+    p.k_new_batch_stride = p.v_new_batch_stride = 2 * 2 * 128;
+    p.rotary_cos = (const void *)0x760000, p.rotary_sin = (const void *)0x770000;
+    p.rotary_dim = 64, p.seqlen_ro = 4096, p.rotary_interleaved = 1;
+    return p;
+}
+
+TEST(Serving, AppendPlansTheRotatedQueryInTheWorkspace) {
+    for (const fa_device_caps &caps : {h200_caps(), a100_caps()}) {
+        flashattn_fwd_params p = valid_append();
+        EXPECT_EQ(FLASHATTN_STATUS_SUCCESS, fa_validate(&p)) << flashattn_last_error();
+        fa_plan plan;
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, fa_plan_make(&caps, &p, 0, &plan)) << flashattn_last_error();
+        EXPECT_EQ(1, plan.append);
+        EXPECT_EQ(2, plan.kp.seqused_add);
+        EXPECT_EQ(0, plan.q_rot_off % 256);
+        EXPECT_GE(plan.workspace_bytes, plan.q_rot_off + 3 * 2 * 8 * 128 * 2);  // batch 3 x 2 rows x 8 heads x 128
+        if (plan.kp.num_splits > 1) EXPECT_GE(plan.q_rot_off, plan.lse_accum_off);  // after the split regions
+        EXPECT_EQ(64, plan.app.rotary_dim);
+        EXPECT_EQ(200, plan.app.seqlen_cap);
+        // Without the tables, no workspace for Q; no queries, still not a no-op (the cache is written).
+        p.rotary_cos = p.rotary_sin = nullptr, p.rotary_dim = 0, p.seqlen_ro = 0;
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, fa_plan_make(&caps, &p, 0, &plan)) << flashattn_last_error();
+        EXPECT_EQ(plan.kp.num_splits > 1 ? plan.workspace_bytes : 0, plan.workspace_bytes);
+        p.seqlen_q = 0;
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, fa_plan_make(&caps, &p, 0, &plan)) << flashattn_last_error();
+        EXPECT_EQ(0, plan.noop);
+        EXPECT_EQ(1, plan.append);
+    }
+}
+
 TEST(Serving, ValidServingParamsPassAndPlanAsDenseCallsDo) {
     for (const fa_device_caps &caps : {h200_caps(), a100_caps()})
         for (const flashattn_fwd_params &p : {valid_varlen_paged(), valid_varlen_packed(), valid_indexed_cache()}) {
@@ -408,6 +458,25 @@ TEST(Serving, EveryBadServingInputHasItsStatusAndMessage) {
         {"pool extent overflows", valid_varlen_paged, [](auto &p) { p.k_batch_stride = INT64_MAX / 32; }, FLASHATTN_STATUS_INDEX_OVERFLOW, "k"},
         {"packed q extent overflows", valid_varlen_paged, [](auto &p) { p.q_seq_stride = INT64_MAX / 200; }, FLASHATTN_STATUS_INDEX_OVERFLOW, "q"},
         {"packed o overlaps itself", valid_varlen_packed, [](auto &p) { p.o_seq_stride = 64; }, FLASHATTN_STATUS_BAD_STRIDE, "o strides"},
+        {"k_new without v_new", valid_append, [](auto &p) { p.v_new = nullptr; }, FLASHATTN_STATUS_BAD_APPEND, "v_new"},
+        {"v_new without k_new", valid_append, [](auto &p) { p.k_new = nullptr; p.rotary_cos = p.rotary_sin = nullptr; p.rotary_dim = p.seqlen_ro = 0; }, FLASHATTN_STATUS_BAD_APPEND, "k_new"},
+        {"seqlen_new without k_new", valid_params, [](auto &p) { p.seqlen_new = 3; }, FLASHATTN_STATUS_BAD_APPEND, "seqlen_new"},
+        {"append without seqused_k", valid_append, [](auto &p) { p.seqused_k = nullptr; }, FLASHATTN_STATUS_BAD_APPEND, "seqused_k"},
+        {"append to packed K/V", valid_varlen_packed, [](auto &p) { p.cu_seqlens_q = nullptr; p.total_q = 0; p.q_batch_stride = p.o_batch_stride = 100 * 8 * 128; p.seqused_k = (const int32_t *)0x710000; p.k_new = p.v_new = (const void *)0x740000; }, FLASHATTN_STATUS_BAD_APPEND, "cu_seqlens_k"},
+        {"append with packed Q", valid_varlen_paged, [](auto &p) { p.k_new = p.v_new = (const void *)0x740000; }, FLASHATTN_STATUS_BAD_APPEND, "cu_seqlens_q"},
+        {"seqlen_new negative", valid_append, [](auto &p) { p.seqlen_new = -1; }, FLASHATTN_STATUS_BAD_SHAPE, "seqlen_new"},
+        {"k_new misaligned", valid_append, [](auto &p) { p.k_new = (const void *)0x740001; }, FLASHATTN_STATUS_MISALIGNED_POINTER, "k_new"},
+        {"v_new stride negative", valid_append, [](auto &p) { p.v_new_seq_stride = -1; }, FLASHATTN_STATUS_BAD_STRIDE, "v_new"},
+        {"k_new extent overflows", valid_append, [](auto &p) { p.k_new_batch_stride = INT64_MAX / 2; }, FLASHATTN_STATUS_INDEX_OVERFLOW, "k_new"},
+        {"cos without sin", valid_append, [](auto &p) { p.rotary_sin = nullptr; }, FLASHATTN_STATUS_BAD_ROTARY, "rotary_sin"},
+        {"rotary without k_new", valid_indexed_cache, [](auto &p) { p.rotary_cos = p.rotary_sin = (const void *)0x760000; p.rotary_dim = 64; p.seqlen_ro = 10; }, FLASHATTN_STATUS_BAD_ROTARY, "k_new"},
+        {"rotary_dim odd", valid_append, [](auto &p) { p.rotary_dim = 63; }, FLASHATTN_STATUS_BAD_ROTARY, "rotary_dim"},
+        {"rotary_dim above head_dim", valid_append, [](auto &p) { p.rotary_dim = 130; }, FLASHATTN_STATUS_BAD_ROTARY, "rotary_dim"},
+        {"seqlen_ro zero", valid_append, [](auto &p) { p.seqlen_ro = 0; }, FLASHATTN_STATUS_BAD_ROTARY, "seqlen_ro"},
+        {"rotary_dim without tables", valid_params, [](auto &p) { p.rotary_dim = 64; }, FLASHATTN_STATUS_BAD_ROTARY, "rotary_dim"},
+        {"interleaved flag 2", valid_append, [](auto &p) { p.rotary_interleaved = 2; }, FLASHATTN_STATUS_BAD_ROTARY, "rotary_interleaved"},
+        {"q position flag -1", valid_append, [](auto &p) { p.rotary_q_at_cache_len = -1; }, FLASHATTN_STATUS_BAD_ROTARY, "rotary_q_at_cache_len"},
+        {"rotary table misaligned", valid_append, [](auto &p) { p.rotary_cos = (const void *)0x760001; }, FLASHATTN_STATUS_MISALIGNED_POINTER, "rotary_cos"},
     };
     for (const S &c : cases) {
         flashattn_fwd_params p = c.base();

@@ -57,6 +57,13 @@ struct Spec {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// One rounding step of the dtype at magnitude |x| (its ulp; the smallest normal's below it).
+float dtype_ulp_of(int dtype, float x) {
+    const int mant = dtype == FLASHATTN_DTYPE_BFLOAT16 ? 7 : 10;
+    const float ax = std::max(std::fabs(x), dtype == FLASHATTN_DTYPE_BFLOAT16 ? 1.2e-38f : 6.1e-5f);
+    return std::ldexp(1.0f, std::ilogb(ax) - mant);
+}
+
 // One serving call's inputs: each sequence as its own batch-1 Inputs (for the oracle and the
 // low-precision baseline), and the same numbers laid out in the call's device buffers.
 struct ServingRun {
@@ -67,6 +74,15 @@ struct ServingRun {
     std::vector<uint16_t> q, k, v;  // k and v alias one buffer (pool) when shared_pool
     std::vector<float> slopes;
     int64_t q_rows, k_outer, k_rows, k_seq_stride, k_page_stride, v_offset;
+
+    // Where key position `pos` of sequence b lives in the K buffer, in [heads_kv, head_dim] rows (a
+    // cache: dense, indexed or paged; not packed K).
+    int64_t cache_row(int64_t b, int64_t pos) const {
+        const int64_t hd = s.hkv * s.d;
+        if (s.kv == kPagedSeqused || s.kv == kPagedCuLens)
+            return (int64_t)table[b * row_stride + pos / s.page_size] * k_page_stride / hd + pos % s.page_size;
+        return (s.kv == kIndexedCache ? (int64_t)kv_idx[b] : b) * cap_k + pos;
+    }
 
     Case seq_case(size_t b) const {
         Case c;
@@ -453,6 +469,158 @@ TEST_F(Serving, GraphReplaysNewLengthsPagesAndContents) {
             CUDA_CHECK(cudaGraphDestroy(graph));
             CUDA_CHECK(cudaStreamDestroy(st));
         }
+}
+
+
+// ---- appending new keys, with rotary embedding -----------------------------------------------------
+
+// x rotated at table row `pos` (GPT-J pairs when interleaved, else GPT-NeoX halves), in float, rounded once.
+std::vector<uint16_t> rotate_row(int dtype, const uint16_t *x, int64_t d, int64_t rd, bool interleaved,
+                                 const std::vector<uint16_t> &cos, const std::vector<uint16_t> &sin, int64_t pos) {
+    std::vector<uint16_t> out(x, x + d);
+    const int64_t half = rd / 2;
+    for (int64_t c = 0; c < rd; ++c) {
+        int64_t i, partner;
+        float sign;
+        if (interleaved) i = c / 2, partner = c ^ 1, sign = (c & 1) ? 1.0f : -1.0f;
+        else i = c < half ? c : c - half, partner = c < half ? c + half : c - half, sign = c < half ? -1.0f : 1.0f;
+        const float cv = to_f32(dtype, cos[pos * half + i]), sv = to_f32(dtype, sin[pos * half + i]);
+        out[c] = from_f32(dtype, std::fma(to_f32(dtype, x[c]), cv, sign * to_f32(dtype, x[partner]) * sv));
+    }
+    return out;
+}
+
+// |a - b| in units of the dtype's rounding at b (two values one rounding apart pass).
+bool within_one_rounding(int dtype, uint16_t a, uint16_t b) {
+    const float fa = to_f32(dtype, a), fb = to_f32(dtype, b);
+    return std::fabs(fa - fb) <= dtype_ulp_of(dtype, fb);
+}
+
+TEST_F(Serving, AppendWithRotaryWritesTheCacheThenAttendsOverIt) {
+    Stats st;
+    int calls = 0;
+    for (int backend : serving_backends())
+        for (KvMode kv : {kDenseSeqused, kIndexedCache, kPagedSeqused})
+            for (int rot : {0, 1, 2}) {  // none, GPT-J (interleaved) on all 64 columns, GPT-NeoX on 32
+                const int64_t page = (rot == 2) ? 19 : 16;
+                SCOPED_TRACE("backend " + std::to_string(backend) + " kv " + std::to_string(kv) + " rotary " +
+                             std::to_string(rot) + " page " + std::to_string(page));
+                Spec s;
+                s.packed_q = false, s.kv = kv, s.page_size = page, s.hq = 8, s.hkv = 2, s.d = 64;
+                s.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, s.dtype = rot == 1 ? FLASHATTN_DTYPE_FLOAT16 : FLASHATTN_DTYPE_BFLOAT16;
+                const int64_t n_new = 3, cap = 260;
+                s.cap_k = cap;
+                s.sq = std::vector<int64_t>(4, n_new);
+                s.sk = {100, 0, 37, 258};  // the last appends past the capacity: its third key is not written
+                ServingRun r(s);
+                DeviceRun dev(r);
+                const int64_t B = r.B, hd = s.hkv * s.d, rd = rot == 2 ? 32 : 64, seqlen_ro = cap + 8;
+                std::normal_distribution<float> nd(0.0f, 1.0f);
+                std::vector<uint16_t> k_new(B * n_new * hd), v_new(B * n_new * hd), cos_t, sin_t;
+                for (auto *t : {&k_new, &v_new})
+                    for (auto &x : *t) x = from_f32(s.dtype, nd(rng()));
+                for (int64_t pos = 0; pos < seqlen_ro; ++pos)
+                    for (int64_t i = 0; i < rd / 2; ++i) {
+                        const double ang = pos * std::pow(10000.0, -2.0 * i / rd);
+                        cos_t.push_back(from_f32(s.dtype, (float)std::cos(ang)));
+                        sin_t.push_back(from_f32(s.dtype, (float)std::sin(ang)));
+                    }
+                DevBuf<uint16_t> dkn(k_new.size()), dvn(v_new.size()), dcos(cos_t.size()), dsin(sin_t.size());
+                dkn.upload(k_new), dvn.upload(v_new), dcos.upload(cos_t), dsin.upload(sin_t);
+                flashattn_fwd_params p = dev.params(r);
+                p.backend = backend;
+                p.k_new = dkn.p, p.v_new = dvn.p, p.seqlen_new = n_new;
+                p.k_new_head_stride = p.v_new_head_stride = s.d, p.k_new_seq_stride = p.v_new_seq_stride = hd;
+                p.k_new_batch_stride = p.v_new_batch_stride = n_new * hd;
+                if (rot) {
+                    p.rotary_cos = dcos.p, p.rotary_sin = dsin.p, p.rotary_dim = rd, p.seqlen_ro = seqlen_ro;
+                    p.rotary_interleaved = rot == 1;
+                }
+                size_t need = 0;
+                ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_workspace_size(h, &p, &need)) << flashattn_last_error();
+                DevBuf<char> ws(need);
+                dev.poison();
+                ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd(h, &p, ws.p, need, 0)) << flashattn_last_error();
+                CUDA_CHECK(cudaDeviceSynchronize());
+                ++calls;
+                // The cache: the new rows where they belong (rotated keys within one rounding, values
+                // exact), every other element untouched.
+                const std::vector<uint16_t> kc = dev.k.download(), vc = dev.v.download();
+                std::vector<uint16_t> k_want = r.k, v_want = r.v;
+                std::vector<char> rotated_elem(k_want.size(), 0);
+                for (int64_t b = 0; b < B; ++b)
+                    for (int64_t i = 0; i < n_new; ++i) {
+                        const int64_t pos = s.sk[b] + i;
+                        if (pos >= cap) continue;
+                        const int64_t row = r.cache_row(b, pos);
+                        for (int64_t hh = 0; hh < s.hkv; ++hh) {
+                            const uint16_t *kn = &k_new[(b * n_new + i) * hd + hh * s.d];
+                            const std::vector<uint16_t> kr =
+                                rot ? rotate_row(s.dtype, kn, s.d, rd, rot == 1, cos_t, sin_t, pos) : std::vector<uint16_t>(kn, kn + s.d);
+                            for (int64_t dd = 0; dd < s.d; ++dd) {
+                                k_want[row * hd + hh * s.d + dd] = kr[dd];
+                                rotated_elem[row * hd + hh * s.d + dd] = rot != 0;
+                                v_want[row * hd + hh * s.d + dd] = v_new[(b * n_new + i) * hd + hh * s.d + dd];
+                            }
+                        }
+                    }
+                size_t bad_k = 0, bad_v = 0;
+                for (size_t x = 0; x < kc.size(); ++x)
+                    bad_k += rotated_elem[x] ? !within_one_rounding(s.dtype, kc[x], k_want[x]) : kc[x] != k_want[x];
+                for (size_t x = 0; x < vc.size(); ++x) bad_v += vc[x] != v_want[x];
+                EXPECT_EQ(0u, bad_k) << "cache K elements not as appended";
+                EXPECT_EQ(0u, bad_v) << "cache V elements not as appended";
+                // The rotated Q in the workspace (within one rounding of the host's rotation).
+                std::vector<uint16_t> q_used = r.q;
+                if (rot) {
+                    fa_plan plan;
+                    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, fa_plan_make(&h->caps, &p, 0, &plan));
+                    q_used.resize(r.q.size());
+                    CUDA_CHECK(cudaMemcpy(q_used.data(), ws.p + plan.q_rot_off, q_used.size() * 2, cudaMemcpyDeviceToHost));
+                    size_t bad_q = 0;
+                    for (int64_t b = 0; b < B; ++b)
+                        for (int64_t i = 0; i < n_new; ++i)
+                            for (int64_t hh = 0; hh < s.hq; ++hh) {
+                                const int64_t at = ((b * n_new + i) * s.hq + hh) * s.d;
+                                const std::vector<uint16_t> qr =
+                                    rotate_row(s.dtype, &r.q[at], s.d, rd, rot == 1, cos_t, sin_t, s.sk[b] + i);
+                                for (int64_t dd = 0; dd < s.d; ++dd) bad_q += !within_one_rounding(s.dtype, q_used[at + dd], qr[dd]);
+                            }
+                    EXPECT_EQ(0u, bad_q) << "rotated Q elements";
+                }
+                // Attention: each sequence against the oracle over its grown cache and the Q used.
+                const std::vector<uint16_t> o = dev.o.download();
+                const std::vector<float> lse = dev.lse.download();
+                for (int64_t b = 0; b < B; ++b) {
+                    SCOPED_TRACE("sequence " + std::to_string(b));
+                    Case c = r.seq_case(b);
+                    c.sq = n_new, c.sk = std::min(s.sk[b] + n_new, cap);
+                    Inputs in(c);
+                    for (int64_t x = 0; x < n_new * s.hq * s.d; ++x) in.q[x] = q_used[b * n_new * s.hq * s.d + x];
+                    for (int64_t j = 0; j < c.sk; ++j)
+                        for (int64_t x = 0; x < hd; ++x) {
+                            in.k[j * hd + x] = kc[r.cache_row(b, j) * hd + x];
+                            in.v[j * hd + x] = vc[r.cache_row(b, j) * hd + x];
+                        }
+                    in.dq.upload(in.q), in.dk.upload(in.k), in.dv.upload(in.v);
+                    std::vector<float> ob(n_new * s.hq * s.d), lb(s.hq * n_new);
+                    for (int64_t x = 0; x < (int64_t)ob.size(); ++x) ob[x] = to_f32(s.dtype, o[b * n_new * s.hq * s.d + x]);
+                    for (int64_t hh = 0; hh < s.hq; ++hh)
+                        for (int64_t i = 0; i < n_new; ++i) lb[hh * n_new + i] = lse[(b * s.hq + hh) * n_new + i];
+                    const Oracle ora = oracle(in);
+                    const Result low = run(h, in, FLASHATTN_BACKEND_REFERENCE, true);
+                    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, low.status) << flashattn_last_error();
+                    const double err_f = max_abs_diff(ob, ora.o), err_l = max_abs_diff(low.o, ora.o);
+                    EXPECT_LE(err_f, 2 * err_l + 1e-5) << "error " << err_f << " vs plain low-precision " << err_l;
+                    EXPECT_LE(max_abs_diff(lb, ora.lse), 2e-3);
+                    st.worst_ratio = std::max(st.worst_ratio, err_f / std::max(err_l, 1e-5));
+                    st.max_err = std::max(st.max_err, err_f);
+                    st.max_lse_err = std::max(st.max_lse_err, max_abs_diff(lb, ora.lse));
+                    ++st.seqs;
+                }
+                ++st.calls[backend];
+            }
+    print_stats("append (dense, indexed, paged 16/19 caches) with GPT-J / GPT-NeoX rotary", st);
 }
 
 }  // namespace

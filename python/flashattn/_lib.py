@@ -40,6 +40,8 @@ class Status:
     BAD_LSE_BASE = 23
     BAD_VARLEN = 24
     BAD_PAGED_KV = 25
+    BAD_APPEND = 26
+    BAD_ROTARY = 27
 
 
 class Dtype:
@@ -99,6 +101,13 @@ class FwdParams(ctypes.Structure):
         ("block_table", ctypes.c_void_p), ("block_table_batch_stride", ctypes.c_int64),
         ("pages_per_seq", ctypes.c_int64), ("page_size", ctypes.c_int64), ("num_pages", ctypes.c_int64),
         ("kv_batch_idx", ctypes.c_void_p), ("kv_batch", ctypes.c_int64),
+        ("k_new", ctypes.c_void_p), ("k_new_batch_stride", ctypes.c_int64), ("k_new_seq_stride", ctypes.c_int64),
+        ("k_new_head_stride", ctypes.c_int64),
+        ("v_new", ctypes.c_void_p), ("v_new_batch_stride", ctypes.c_int64), ("v_new_seq_stride", ctypes.c_int64),
+        ("v_new_head_stride", ctypes.c_int64),
+        ("seqlen_new", ctypes.c_int64), ("rotary_cos", ctypes.c_void_p), ("rotary_sin", ctypes.c_void_p),
+        ("rotary_dim", ctypes.c_int64), ("seqlen_ro", ctypes.c_int64),
+        ("rotary_interleaved", ctypes.c_int32), ("rotary_q_at_cache_len", ctypes.c_int32),
     ]
 
     @classmethod

@@ -661,17 +661,27 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     (any page size). cache_seqlens: int, or int32 CUDA (batch,): keys in use per sequence (default: the
     whole cache). cache_batch_idx: int32 CUDA (batch,), which cache row each sequence reads (dense
     cache only). causal is bottom-right. num_splits is accepted and ignored (the library decides).
+    k, v: (batch, seqlen_new, nheads_k, headdim), appended to the cache at cache_seqlens (which is then
+    required) before attending; the cache tensors are written. rotary_cos, rotary_sin: (seqlen_ro,
+    rotary_dim / 2) in q's dtype, applied to k and to q (with causal or a window, query row i at
+    cache_seqlens + i; otherwise every row at cache_seqlens), GPT-J interleaved pairs when
+    rotary_interleaved (the default), GPT-NeoX halves otherwise; q itself is not modified.
     Returns out (batch, seqlen_q, nheads, headdim); with return_softmax_lse, (out, lse (batch, nheads,
     seqlen_q) fp32).
-    Not in this release: appending new keys (k, v), rotary embedding (rotary_cos/sin) and
-    cache_leftpad; passing them raises NotImplementedError before anything is touched.
+    Not in this release: cache_leftpad (raises NotImplementedError before anything runs).
     """
-    for name, val in (("k", k), ("v", v), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
-                      ("cache_leftpad", cache_leftpad)):
-        if val is not None:
-            raise NotImplementedError(f"flash_attn_with_kvcache: {name} is not supported in this release (appending "
-                                      f"keys, rotary embedding and left padding are not implemented); nothing was run")
-    del num_splits, rotary_interleaved
+    if cache_leftpad is not None:
+        raise NotImplementedError("flash_attn_with_kvcache: cache_leftpad is not supported in this release; "
+                                  "nothing was run")
+    if (k is None) != (v is None):
+        raise ValueError("pass k and v together (the new keys and their values), or neither")
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError("pass rotary_cos and rotary_sin together, or neither")
+    if rotary_cos is not None and k is None:
+        raise ValueError("rotary_cos/rotary_sin rotate the appended keys: they need k and v")
+    if k is not None and cache_seqlens is None:
+        raise ValueError("appending k and v needs cache_seqlens (where each sequence's new keys go)")
+    del num_splits
     paged = block_table is not None
     qa, ka, va, D, padded = _padded_arrays((q, k_cache, v_cache), (4, 4, 4))
     dev = qa.device
@@ -710,6 +720,38 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             raise ValueError(f"cache_seqlens has {shape[0]} entries; expected batch = {B}")
         p.seqused_k = ptr
         keep.append(cache_seqlens)
+    if k is not None:
+        na, nv = _Array(k, "k"), _Array(v, "v")
+        for a in (na, nv):
+            if len(a.shape) != 4 or a.shape[0] != B or a.shape[2] != ka.shape[2] or a.shape[3] != D:
+                raise ValueError(f"{a.name} has shape {a.shape}; expected ({B}, seqlen_new, {ka.shape[2]}, {D})")
+            if a.dtype != qa.dtype:
+                raise TypeError(f"{a.name} must have q's dtype")
+        if na.shape != nv.shape:
+            raise ValueError(f"k has shape {na.shape} but v has shape {nv.shape}")
+        if padded != D:
+            na, nv = (_Array(a.lib.pad_head_dim(a, padded), a.name) for a in (na, nv))
+        for a in (na, nv):
+            if a.strides[-1] != 1:
+                raise ValueError(f"{a.name} must be contiguous in its last dimension (stride {a.strides[-1]})")
+        keep += [na, nv]
+        p.k_new, (p.k_new_batch_stride, p.k_new_seq_stride, p.k_new_head_stride) = na.ptr, na.strides[:3]
+        p.v_new, (p.v_new_batch_stride, p.v_new_seq_stride, p.v_new_head_stride) = nv.ptr, nv.strides[:3]
+        p.seqlen_new = na.shape[1]
+    if rotary_cos is not None:
+        ca, sa = _Array(rotary_cos, "rotary_cos"), _Array(rotary_sin, "rotary_sin")
+        for a in (ca, sa):
+            if a.dtype != qa.dtype or len(a.shape) != 2 or a.strides != _contiguous(a.shape):
+                raise ValueError(f"{a.name} must be a contiguous (seqlen_ro, rotary_dim / 2) array of q's dtype "
+                                 f"(got shape {a.shape}, strides {a.strides})")
+        if ca.shape != sa.shape:
+            raise ValueError(f"rotary_cos has shape {ca.shape} but rotary_sin has shape {sa.shape}")
+        keep += [ca, sa]
+        p.rotary_cos, p.rotary_sin = ca.ptr, sa.ptr
+        p.seqlen_ro, p.rotary_dim = ca.shape[0], 2 * ca.shape[1]
+        p.rotary_interleaved = 1 if rotary_interleaved else 0
+        # FlashAttention-2's rule: causal or windowed, query row i at cache_seqlens + i; else all rows there.
+        p.rotary_q_at_cache_len = 0 if (causal or tuple(window_size) != (-1, -1)) else 1
     out, lse = _serving_call(qa, ka, va, p, (B, Sq, Hq, D), (B, Hq, Sq), D, softmax_scale, causal, window_size,
                              softcap, alibi_slopes, return_softmax_lse, stream, keep)
     return (out, lse) if return_softmax_lse else out

@@ -285,7 +285,7 @@ def check_sequence(out, lse, q, k, v, causal, **kw):
         assert (lse[finite] - ref_lse[0][finite]).abs().max().item() < 2e-3
 
 
-def paged(ks, vs, page, extra_pages=3):
+def page_pool(ks, vs, page, extra_pages=3):
     """Page pools and a block table holding the sequences ks/vs ([S_b, Hkv, D] each), pages shuffled."""
     Hkv, D = ks[0].shape[1], ks[0].shape[2]
     width = max(1, max(-(-k.shape[0] // page) for k in ks))
@@ -315,7 +315,7 @@ def test_varlen_matches_per_sequence_attention(page, causal):
     if page is None:
         k, v = torch.cat(ks), torch.cat(vs)
     else:
-        k, v, kw["block_table"] = paged(ks, vs, page)
+        k, v, kw["block_table"] = page_pool(ks, vs, page)
     out, lse, _ = flashattn.flash_attn_varlen_func(q, k, v, cu(lens_q), cu(lens_k), max(lens_q), max(lens_k),
                                                    causal=causal, return_attn_probs=True, **kw)
     assert out.shape == q.shape and lse.shape == (Hq, q.shape[0])
@@ -349,7 +349,7 @@ def test_kvcache_decode(layout):
     seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
     kw = {}
     if layout == "paged":
-        kc, vc, kw["block_table"] = paged(ks, vs, 16)
+        kc, vc, kw["block_table"] = page_pool(ks, vs, 16)
     else:
         rows = list(range(B)) if layout == "dense" else [5, 0, 2, 3]
         kc, vc = rand(max(rows) + 1, cap, Hkv, D), rand(max(rows) + 1, cap, Hkv, D)
@@ -364,14 +364,70 @@ def test_kvcache_decode(layout):
         check_sequence(out[b], lse[b], q[b], ks[b], vs[b], True)
 
 
-def test_kvcache_int_seqlens_and_unsupported_append():
+def test_kvcache_int_seqlens_and_unsupported_leftpad():
     q, kc, vc = rand(2, 2, 4, 64), rand(2, 100, 4, 64), rand(2, 100, 4, 64)
     out = flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=40, causal=True)
     for b in range(2):
         ref, _ = reference(q[b:b + 1], kc[b:b + 1, :40], vc[b:b + 1, :40], causal=True)
         assert (out[b].float() - ref[0]).abs().max().item() < 3e-2
-    with pytest.raises(NotImplementedError, match="k is not supported"):
-        flashattn.flash_attn_with_kvcache(q, kc, vc, k=rand(2, 1, 4, 64), v=rand(2, 1, 4, 64))
+    pad = torch.zeros(2, dtype=torch.int32, device="cuda")
+    with pytest.raises(NotImplementedError, match="cache_leftpad is not supported"):
+        flashattn.flash_attn_with_kvcache(q, kc, vc, cache_leftpad=pad)
+
+
+def apply_rotary(x, cos, sin, pos, interleaved):
+    """FlashAttention's apply_rotary_emb on [S, H, D] rows at positions pos [S], in fp32."""
+    rd = 2 * cos.shape[1]
+    c, s = cos[pos].float()[:, None, :], sin[pos].float()[:, None, :]
+    xr, rest = x[..., :rd].float(), x[..., rd:]
+    if interleaved:
+        x0, x1 = xr[..., 0::2], xr[..., 1::2]
+        out = torch.stack([x0 * c - x1 * s, x0 * s + x1 * c], dim=-1).flatten(-2)
+    else:
+        x0, x1 = xr[..., :rd // 2], xr[..., rd // 2:]
+        out = torch.cat([x0 * c - x1 * s, x0 * s + x1 * c], dim=-1)
+    return torch.cat([out.to(x.dtype), rest], dim=-1)
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("paged", [False, True])
+def test_kvcache_append_with_rotary(interleaved, causal, paged):
+    B, Sq, Hq, Hkv, D, cap, rd = 3, 2, 8, 2, 128, 300, 64
+    lens = [10, 0, 250]
+    q, k_new, v_new = rand(B, Sq, Hq, D), rand(B, Sq, Hkv, D), rand(B, Sq, Hkv, D)
+    ks, vs = [rand(cap, Hkv, D) for _ in range(B)], [rand(cap, Hkv, D) for _ in range(B)]
+    pos = torch.arange(cap + 8, device="cuda", dtype=torch.float32)
+    inv = 10000.0 ** (-torch.arange(0, rd, 2, device="cuda", dtype=torch.float32) / rd)
+    cos, sin = torch.cos(pos[:, None] * inv).to(q.dtype), torch.sin(pos[:, None] * inv).to(q.dtype)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    kw = {}
+    if paged:
+        kc, vc, kw["block_table"] = page_pool(ks, vs, 16)
+    else:
+        kc, vc = torch.stack(ks), torch.stack(vs)
+    out, lse = flashattn.flash_attn_with_kvcache(q, kc, vc, k=k_new, v=v_new, rotary_cos=cos, rotary_sin=sin,
+                                                 cache_seqlens=seqlens, causal=causal, rotary_interleaved=interleaved,
+                                                 return_softmax_lse=True, **kw)
+    for b in range(B):
+        L = lens[b]
+        kr = apply_rotary(k_new[b], cos, sin, torch.arange(L, L + Sq, device="cuda"), interleaved)
+        qpos = torch.arange(L, L + Sq, device="cuda") if causal else torch.full((Sq,), L, device="cuda")
+        qr = apply_rotary(q[b], cos, sin, qpos, interleaved)
+        k_all = torch.cat([ks[b][:L], kr]) if not paged else None
+        # The cache itself now holds the rotated keys and the values at positions L .. L + Sq - 1.
+        if paged:
+            table = kw["block_table"]
+            rows = [(table[b, j // 16].item(), j % 16) for j in range(L + Sq)]
+            got_k = torch.stack([kc[p_, r_] for p_, r_ in rows])
+            got_v = torch.stack([vc[p_, r_] for p_, r_ in rows])
+        else:
+            got_k, got_v = kc[b, :L + Sq], vc[b, :L + Sq]
+        assert torch.allclose(got_k[L:].float(), kr.float(), rtol=2 ** -7, atol=1e-5)  # one rounding apart at most
+        assert torch.equal(got_v[L:], v_new[b])
+        if k_all is not None:
+            assert torch.equal(got_k[:L], k_all[:L])
+        check_sequence(out[b], lse[b], qr, got_k, got_v, causal)
 
 
 def test_serving_metadata_must_be_int32_on_the_device():

@@ -51,6 +51,10 @@ FWD_PARAMS_0_3 = dict(FWD_PARAMS_0_1, **{
     "cu_seqlens_q": (248, 8), "cu_seqlens_k": (256, 8), "seqused_k": (264, 8), "total_q": (272, 8),
     "total_k": (280, 8), "block_table": (288, 8), "block_table_batch_stride": (296, 8), "pages_per_seq": (304, 8),
     "page_size": (312, 8), "num_pages": (320, 8), "kv_batch_idx": (328, 8), "kv_batch": (336, 8),
+    "k_new": (344, 8), "k_new_batch_stride": (352, 8), "k_new_seq_stride": (360, 8), "k_new_head_stride": (368, 8),
+    "v_new": (376, 8), "v_new_batch_stride": (384, 8), "v_new_seq_stride": (392, 8), "v_new_head_stride": (400, 8),
+    "seqlen_new": (408, 8), "rotary_cos": (416, 8), "rotary_sin": (424, 8), "rotary_dim": (432, 8),
+    "seqlen_ro": (440, 8), "rotary_interleaved": (448, 4), "rotary_q_at_cache_len": (452, 4),
 })
 PLAN_INFO_0_1 = {
     "struct_size": (0, 8), "backend": (8, 4), "block_m": (12, 4), "block_n": (16, 4), "num_warps": (20, 4),
@@ -60,7 +64,7 @@ PLAN_INFO_0_1 = {
 
 
 @pytest.mark.parametrize("cls,frozen,size", [(flashattn.FwdParams, FWD_PARAMS_0_1, 248),
-                                             (flashattn.FwdParams, FWD_PARAMS_0_3, 344),
+                                             (flashattn.FwdParams, FWD_PARAMS_0_3, 456),
                                              (flashattn.PlanInfo, PLAN_INFO_0_1, 320)])
 def test_every_field_matches_the_c_layout(cls, frozen, size):
     fields = [name for name, _ in cls._fields_]

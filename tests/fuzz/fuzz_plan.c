@@ -103,7 +103,8 @@ static int names_an_argument(const char *m) {
         "heads_kv", "head_dim", "stride", "q ", "k ", "v ", "o ", "q:", "k:", "v:", "o:", "q =", "k =", "v =",
         "o =", "lse", "softmax_scale", "softcap", "window_left", "window_right", "alibi", "handle", "params",
         "info", "bytes", "device", "heads", "num_parts", "seqlen", "o_parts", "cu_seqlens", "total_q", "total_k",
-        "seqused_k", "block_table", "page_size", "num_pages", "pages_per_seq", "kv_batch",
+        "seqused_k", "block_table", "page_size", "num_pages", "pages_per_seq", "kv_batch", "k_new", "v_new",
+        "seqlen_new", "rotary",
     };
     for (size_t i = 0; i < sizeof words / sizeof words[0]; ++i)
         if (strstr(m, words[i])) return 1;
@@ -123,7 +124,7 @@ static void check_plan(const fa_device_caps *caps, const flashattn_fwd_params *p
     CHECK(fa_fwd_params_load(p, &full) == FLASHATTN_STATUS_SUCCESS, "load after a successful plan");
     CHECK(plan.backend >= FLASHATTN_BACKEND_REFERENCE && plan.backend <= FLASHATTN_BACKEND_FUSED_SM90, "backend %d",
           plan.backend);
-    if (!plan.noop) {
+    if (!plan.noop && full.seqlen_q > 0) { /* (an append with no queries launches only the append) */
         CHECK(plan.grid_x >= 1 && plan.grid_y >= 1 && plan.grid_z >= 1, "grid (%d,%d,%d)", plan.grid_x, plan.grid_y,
               plan.grid_z);
         CHECK(plan.grid_y <= 65535 && plan.grid_z <= 65535, "grid (%d,%d,%d)", plan.grid_x, plan.grid_y, plan.grid_z);
@@ -144,9 +145,18 @@ static void check_plan(const fa_device_caps *caps, const flashattn_fwd_params *p
     else if (full.cu_seqlens_k) ko = 1, kr = full.total_k;
     else if (full.kv_batch_idx) ko = full.kv_batch;
     CHECK(plan.kp.serving == (full.cu_seqlens_q || full.cu_seqlens_k || full.seqused_k || full.block_table ||
-                              full.kv_batch_idx), "serving flag");
-    CHECK(!plan.kp.serving || plan.backend == FLASHATTN_BACKEND_FUSED, "a serving call planned on backend %d",
-          plan.backend);
+                              full.kv_batch_idx || full.k_new), "serving flag");
+    if (full.k_new) {
+        CHECK(plan.append && full.seqused_k && !full.cu_seqlens_q && !full.cu_seqlens_k, "append fields");
+        CHECK(extent_bytes(full.batch, full.seqlen_new, full.heads_kv, full.head_dim, full.k_new_batch_stride,
+                           full.k_new_seq_stride, full.k_new_head_stride, 2) <= max, "k_new extent");
+        if (full.rotary_cos && full.seqlen_q > 0)
+            CHECK(plan.q_rot_off >= 0 && plan.q_rot_off % 256 == 0 &&
+                  (__int128)plan.q_rot_off + (__int128)full.batch * full.seqlen_q * full.heads_q * full.head_dim * 2 <=
+                      plan.workspace_bytes, "rotated q region");
+    }
+    CHECK(!plan.kp.serving || plan.backend != FLASHATTN_BACKEND_REFERENCE, "a serving call planned on REFERENCE");
+    CHECK(!plan.kp.serving || !full.cu_seqlens_q || plan.kp.num_splits <= 1, "a split with packed Q");
     if (full.block_table) {
         CHECK(full.page_size >= 1 && full.num_pages >= 1 && full.pages_per_seq >= 1 &&
               full.seqlen_k <= full.pages_per_seq * full.page_size, "paged fields");
@@ -229,6 +239,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (which & 16) p.kv_batch_idx = (const int32_t *)pick_ptr(&in, 0x74000000), p.kv_batch = pick_i64(&in);
         if (which & 32) p.q_batch_stride = p.o_batch_stride = 0;
         if (which & 64) p.k_batch_stride = p.v_batch_stride = 0;
+        if (which & 128) {
+            p.k_new = (const void *)pick_ptr(&in, 0x75000000), p.v_new = (const void *)pick_ptr(&in, 0x76000000);
+            p.seqlen_new = pick_i64(&in);
+            p.k_new_batch_stride = p.v_new_batch_stride = pick_i64(&in);
+            p.k_new_seq_stride = p.v_new_seq_stride = pick_i64(&in);
+            p.k_new_head_stride = p.v_new_head_stride = pick_i64(&in);
+            if (take(&in, 1) % 2) {
+                p.rotary_cos = (const void *)pick_ptr(&in, 0x77000000), p.rotary_sin = (const void *)pick_ptr(&in, 0x78000000);
+                p.rotary_dim = pick_i64(&in), p.seqlen_ro = pick_i64(&in);
+                p.rotary_interleaved = (int32_t)(take(&in, 1) % 3), p.rotary_q_at_cache_len = (int32_t)(take(&in, 1) % 3);
+            }
+        }
     }
     const uint64_t size_mode = take(&in, 1) % 16;
     if (size_mode == 0) p.struct_size = FLASHATTN_FWD_PARAMS_SIZE_0_1;
@@ -243,7 +265,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     CHECK(st_ws == st && st_sup == st, "statuses %d %d %d", st_ws, st_sup, st);
     ++status_counts[(unsigned)st % 32];
     CHECK(st >= FLASHATTN_STATUS_SUCCESS && st <= FLASHATTN_STATUS_UNSUPPORTED || st == FLASHATTN_STATUS_DEVICE_TOO_OLD ||
-              st == FLASHATTN_STATUS_BAD_VARLEN || st == FLASHATTN_STATUS_BAD_PAGED_KV,
+              st == FLASHATTN_STATUS_BAD_VARLEN || st == FLASHATTN_STATUS_BAD_PAGED_KV ||
+              st == FLASHATTN_STATUS_BAD_APPEND || st == FLASHATTN_STATUS_BAD_ROTARY,
           "a planning query returned %s", flashattn_status_name(st));
     if (st != FLASHATTN_STATUS_SUCCESS) {
         const char *m = flashattn_last_error();
