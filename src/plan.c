@@ -507,10 +507,27 @@ void fa_plan_describe(const fa_plan *plan, flashattn_plan_info *info) {
         info->kernel_head_dim = plan->kp.head_dim;
         snprintf(info->kernel_name, sizeof info->kernel_name, "reference_cublas_%s_softmax_f32", dt);
     }
+    /* A serving call's paths: packed Q/K, per-sequence key counts, pages (read by TMA boxes or
+     * gathered row by row), an indexed cache, an append with or without rotary. */
+    char serving[96] = "";
+    const fa_kernel_params *kp = &plan->kp;
+    if (kp->serving) {
+        char paged[32] = "";
+        if (kp->block_table) {
+            const int bn = plan->cfg.block_n;
+            const int tma = plan->backend == FLASHATTN_BACKEND_FUSED_SM90 &&
+                            (kp->page_size % bn == 0 || (bn % kp->page_size == 0 && kp->page_size % 8 == 0));
+            snprintf(paged, sizeof paged, " paged=%d:%s", kp->page_size, tma ? "tma" : "gather");
+        }
+        snprintf(serving, sizeof serving, "%s%s%s%s%s%s", kp->cu_seqlens_q ? " packed_q" : "",
+                 kp->cu_seqlens_k && !kp->block_table ? " packed_kv" : "", kp->seqused_k ? " seqused_k" : "", paged,
+                 kp->kv_batch_idx ? " kv_batch_idx" : "",
+                 plan->append ? (plan->app.cos ? " append+rotary" : " append") : "");
+    }
     snprintf(info->description, sizeof info->description,
-             "backend=%s kernel=%s grid=(%d,%d,%d) threads=%d smem=%lld splits=%d workspace=%lld%s",
+             "backend=%s kernel=%s grid=(%d,%d,%d) threads=%d smem=%lld splits=%d workspace=%lld%s%s",
              bname, info->kernel_name,
              info->grid_x, info->grid_y, info->grid_z, plan->threads, (ll)plan->smem_bytes,
              info->num_splits, (ll)plan->workspace_bytes,
-             plan->noop ? " (no-op: seqlen_q=0)" : plan->kp.pack_gqa ? " gqa_packed" : "");
+             plan->noop ? " (no-op: seqlen_q=0)" : plan->kp.pack_gqa ? " gqa_packed" : "", serving);
 }

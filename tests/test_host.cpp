@@ -1197,3 +1197,30 @@ TEST(Serving, A0_1CallerCannotSetServingFields) {
     ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, fa_plan_make(&caps, p, 0, &plan)) << flashattn_last_error();
     EXPECT_EQ(0, plan.kp.serving);
 }
+
+TEST(Serving, PlanDescriptionNamesTheServingPaths) {
+    const flashattn_handle h = fake_handle(h200_caps());
+    auto describe = [&](flashattn_fwd_params p) {
+        flashattn_plan_info info;
+        flashattn_plan_info_init(&info);
+        EXPECT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_plan(&h, &p, &info)) << flashattn_last_error();
+        return std::string(info.description);
+    };
+    std::string d = describe(valid_varlen_paged());
+    EXPECT_NE(d.find("backend=FUSED_SM90"), std::string::npos) << d;
+    EXPECT_NE(d.find("packed_q seqused_k paged=16:tma"), std::string::npos) << d;
+    flashattn_fwd_params p = valid_varlen_paged();
+    p.page_size = 19, p.pages_per_seq = 11, p.block_table_batch_stride = 11;
+    d = describe(p);
+    EXPECT_NE(d.find("paged=19:gather"), std::string::npos) << d;
+    p.backend = FLASHATTN_BACKEND_FUSED;
+    d = describe(p);
+    EXPECT_NE(d.find("paged=19:gather"), std::string::npos) << d;
+    d = describe(valid_varlen_packed());
+    EXPECT_NE(d.find("packed_q packed_kv"), std::string::npos) << d;
+    d = describe(valid_indexed_cache());
+    EXPECT_NE(d.find("seqused_k kv_batch_idx"), std::string::npos) << d;
+    d = describe(valid_append());
+    EXPECT_NE(d.find("append+rotary"), std::string::npos) << d;
+    EXPECT_LT(d.size(), sizeof(flashattn_plan_info::description)) << d;
+}
