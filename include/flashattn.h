@@ -105,8 +105,9 @@ typedef enum flashattn_status {
                                                    packed or paged K/V (added in 0.3.0) */
     FLASHATTN_STATUS_BAD_PAGED_KV = 25,         /* the paged-KV fields disagree: page_size,
                                                    num_pages, pages_per_seq or the block table's
-                                                   row stride out of range, or seqlen_k above
-                                                   pages_per_seq x page_size (added in 0.3.0) */
+                                                   row stride out of range, seqlen_k above
+                                                   pages_per_seq x page_size, or a page-list field
+                                                   without kv_indptr (added in 0.3.0) */
     FLASHATTN_STATUS_BAD_APPEND = 26,           /* the KV-append fields disagree: k_new without
                                                    v_new or seqused_k, a packed Q or K/V, or
                                                    seqlen_new without k_new (added in 0.3.0) */
@@ -285,12 +286,23 @@ typedef struct flashattn_fwd_params {
                                       (x[i], x[i + rotary_dim/2]) */
     int32_t rotary_q_at_cache_len; /* 0 (default): query row i at position seqused_k[b] + i; 1: every
                                       query row at seqused_k[b] */
+    int32_t reserved1;             /* must be 0 */
+
+    /* ---- Added in 0.3.0: FlashInfer's page lists (CSR) instead of block-table rows. */
+    const int32_t *kv_indptr;      /* device int32 [batch + 1], or NULL. Set (with block_table holding
+                                      num_page_indices page numbers and block_table_batch_stride 0):
+                                      sequence b's pages are block_table[kv_indptr[b] ..
+                                      kv_indptr[b + 1] - 1] */
+    const int32_t *kv_last_page_len; /* device int32 [batch], or NULL: keys in each sequence's last page
+                                      (1..page_size): a sequence of n pages has (n - 1) x page_size +
+                                      kv_last_page_len[b] keys (NULL: n x page_size) */
+    int64_t num_page_indices;      /* entries of block_table with kv_indptr, else 0 */
 } flashattn_fwd_params;
 
 /* The struct's size in release 0.1.0, the first layout. A library accepts every released size. */
 #define FLASHATTN_FWD_PARAMS_SIZE_0_1 248
-/* The struct's size in release 0.3.0 (the serving, append and rotary fields appended). */
-#define FLASHATTN_FWD_PARAMS_SIZE_0_3 456
+/* The struct's size in release 0.3.0 (the serving, append, rotary and page-list fields appended). */
+#define FLASHATTN_FWD_PARAMS_SIZE_0_3 488
 
 /*
  * Serving calls (0.3.0): a batch of sequences of different lengths, a KV cache in pages, or both.
@@ -304,8 +316,9 @@ typedef struct flashattn_fwd_params {
  *    owns rows cu_seqlens_q[b] .. cu_seqlens_q[b+1] - 1; LSE is float32 [heads_q, total_q],
  *    contiguous. Rows that no sequence owns are not written.
  *  - Keys of sequence b: seqused_k[b] if seqused_k is set; else cu_seqlens_k[b+1] - cu_seqlens_k[b]
- *    if cu_seqlens_k is set; else seqlen_k. Masks, windows and ALiBi are per sequence (causal is
- *    bottom-right within each sequence, as in FlashAttention's varlen functions).
+ *    if cu_seqlens_k is set; else, with page lists, from its pages (below); else seqlen_k. Masks,
+ *    windows and ALiBi are per sequence (causal is bottom-right within each sequence, as in
+ *    FlashAttention's varlen functions).
  *  - Ragged keys (cu_seqlens_k set, block_table NULL): K and V are [total_k, heads_kv, head_dim],
  *    sequence b's keys start at row cu_seqlens_k[b] (k_batch_stride and v_batch_stride must be 0).
  *  - Paged keys (block_table set): K and V are pools [num_pages, page_size, heads_kv, head_dim] whose
@@ -315,6 +328,11 @@ typedef struct flashattn_fwd_params {
  *    pages_per_seq lets a column slice of a wider table be passed (a shared prefix's pages, then
  *    each sequence's own). Needs seqlen_k <= pages_per_seq * page_size; cu_seqlens_k, if set, gives
  *    only the key counts.
+ *  - Page lists (kv_indptr set, FlashInfer's CSR form): as paged keys, but sequence b's pages are
+ *    block_table[kv_indptr[b] ..] (block_table_batch_stride 0, num_page_indices entries), and its
+ *    key count, unless seqused_k or cu_seqlens_k give it, comes from its page count and
+ *    kv_last_page_len (a sequence with no pages has no keys). pages_per_seq is then the most pages
+ *    any sequence may have (seqlen_k <= pages_per_seq x page_size).
  *  - Indexed dense cache (kv_batch_idx set, K/V neither packed nor paged): K and V are
  *    [kv_batch, seqlen_k, heads_kv, head_dim] and batch entry b reads entry kv_batch_idx[b].
  *  - Appending (k_new set; needs seqused_k, dense Q, and a dense, indexed or paged cache): before

@@ -55,7 +55,11 @@ __global__ void __launch_bounds__(kAppendThreads) append_kernel(const __grid_con
             if (pos < 0 || pos >= a.seqlen_cap) continue; /* past the cache's capacity: not written */
             int64_t outer = b, row = pos;
             if (a.block_table) {
-                const int page = a.block_table[(int64_t)b * a.block_table_stride + pos / a.page_size];
+                int64_t first;
+                int32_t count;
+                page_list(a.kv_indptr, a.block_table_stride, a.pages_per_seq, a.num_page_indices, b, first, count);
+                if (pos / a.page_size >= count) continue; /* past the sequence's pages */
+                const int page = a.block_table[first + pos / a.page_size];
                 if (page < 0 || page >= a.num_pages) continue;
                 outer = page, row = pos % a.page_size;
             } else if (a.kv_batch_idx) {

@@ -56,6 +56,8 @@ template <int kDtype> __device__ __forceinline__ uint32_t pack_pair(float a, flo
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
+__device__ __forceinline__ int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : (x > hi ? hi : x); }
+
 /* A sequence's bounds: its query and key counts and its visibility offsets. A dense call's are the
  * kernel parameters' own fields (Bounds = fa_kernel_params); a serving call's are one fa_seq per
  * sequence, read from the device arrays. */
@@ -65,7 +67,21 @@ struct fa_seq {
     int64_t k_row0;  /* first row of the packed K and V (0 unless packed) */
     int32_t kv_b;    /* the K/V batch entry (kv_batch_idx, else the batch entry) */
     bool kv_valid;   /* false: a cache index outside the cache (its K and V read as zeros) */
+    int64_t page0;   /* paged: the sequence's first entry of block_table */
+    int32_t pages;   /* paged: entries of block_table from page0 that belong to the sequence */
 };
+
+/* Sequence b's page list in a block table with rows of `stride` entries, or, with kv_indptr,
+ * entries kv_indptr[b] .. kv_indptr[b+1] - 1 of one list of `num_indices` (clamped to it). */
+__device__ __forceinline__ void page_list(const int32_t *indptr, int64_t stride, int32_t pages_per_seq, int32_t num_indices,
+                                          int b, int64_t &first, int32_t &count) {
+    if (indptr == nullptr) {
+        first = (int64_t)b * stride, count = pages_per_seq;
+        return;
+    }
+    first = clamp64(indptr[b], 0, num_indices);
+    count = (int32_t)clamp64((int64_t)indptr[b + 1] - first, 0, min((int64_t)pages_per_seq, num_indices - first));
+}
 
 /* Key j is visible to query i (both in range) iff key_lo_off <= j - i <= key_hi_off. */
 template <class Bounds> __device__ __forceinline__ bool visible(const Bounds &p, int i, int j) {
@@ -98,8 +114,6 @@ __device__ __forceinline__ float transform_raw_score(const fa_kernel_params &p, 
     return transform_raw_score(p, p, acc, slope, i, j);
 }
 
-__device__ __forceinline__ int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : (x > hi ? hi : x); }
-
 /* Sequence b of a serving call (p.serving): its counts from the device arrays, clamped to the
  * capacities and the packed extents (so no content makes a kernel read or write outside the
  * tensors), and its visibility offsets folded as the host folds a dense call's (plan.c). */
@@ -116,6 +130,12 @@ __device__ __forceinline__ fa_seq serving_seq(const fa_kernel_params &p, int b) 
         const int64_t a = p.cu_seqlens_k[b];
         sk = (int64_t)p.cu_seqlens_k[b + 1] - a;
         if (!paged) k0 = clamp64(a, 0, p.total_k);
+    }
+    s.page0 = 0, s.pages = 0;
+    if (paged) page_list(p.kv_indptr, p.block_table_stride, p.pages_per_seq, p.num_page_indices, b, s.page0, s.pages);
+    if (p.kv_indptr != nullptr && p.cu_seqlens_k == nullptr) { /* from the page list: full pages and the last's keys */
+        const int64_t last = p.kv_last_page_len ? clamp64(p.kv_last_page_len[b], 1, p.page_size) : p.page_size;
+        sk = s.pages > 0 ? (int64_t)(s.pages - 1) * p.page_size + last : 0;
     }
     if (p.seqused_k != nullptr) sk = (int64_t)p.seqused_k[b] + p.seqused_add; /* + the keys this call appends */
     sk = clamp64(sk, 0, p.seqlen_k);

@@ -69,6 +69,8 @@ typedef struct fa_kernel_params {
     int32_t mask_kind;          /* flashattn_mask */
     int32_t window_left, window_right;  /* -1 unbounded; else clamped to <= 2^30 */
     int32_t seqused_add;        /* keys appended by this call: sequence b has seqused_k[b] + seqused_add */
+    int32_t num_page_indices;   /* page lists: entries of block_table */
+    const int32_t *kv_indptr, *kv_last_page_len; /* page lists (CSR): sequence b's pages from kv_indptr[b] */
 } fa_kernel_params;
 
 /* Launch shape decided by the planner; a launcher refuses one that its kernel was not built for. */
@@ -159,6 +161,8 @@ typedef struct fa_append_args {
     const int32_t *seqused_k, *block_table, *kv_batch_idx;
     int64_t k_new_stride[3], v_new_stride[3], k_stride[3], v_stride[3], q_stride[3];
     int64_t block_table_stride;
+    const int32_t *kv_indptr;   /* page lists: sequence b's pages from block_table[kv_indptr[b]] */
+    int32_t num_page_indices, pages_per_seq;
     int32_t batch, seqlen_new, seqlen_q, heads_q, heads_kv, head_dim;
     int32_t seqlen_cap, page_size, num_pages, kv_batch;
     int32_t rotary_dim, seqlen_ro, interleaved, q_at_cache_len, dtype;

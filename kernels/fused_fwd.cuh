@@ -146,7 +146,8 @@ template <typename Tr> struct serving_kv {
     const typename Tr::T *k, *v;  /* this KV head's base (packed / indexed: the sequence's too) */
     int64_t k_stride, v_stride;   /* between rows of a page (or of the slice) */
     int64_t k_page, v_page;       /* between pages */
-    const int32_t *table;         /* the sequence's row of the block table; NULL: not paged */
+    const int32_t *table;         /* the sequence's page list (block-table row); NULL: not paged */
+    int pages;                    /* entries of that list that belong to the sequence */
     int page_size, num_pages, rows_valid, head_dim;
     __device__ __forceinline__ void load(typename Tr::T *sk, typename Tr::T *sv, int row0) const {
         constexpr int kTotal = Tr::kBlockN * Tr::kChunks;
@@ -161,7 +162,7 @@ template <typename Tr> struct serving_kv {
                 int64_t page = 0, in_page = j;
                 if (valid && table != nullptr) {
                     const int pi = j / page_size;
-                    page = table[pi];
+                    page = pi < pages ? table[pi] : -1;
                     in_page = j - pi * page_size;
                     valid = page >= 0 && page < num_pages;
                 }
@@ -216,7 +217,8 @@ template <typename Tr> struct serving_ctx {
         kv.v = (const T *)p.v + kvb * p.v_batch_stride + s.k_row0 * p.v_seq_stride + hk * p.v_head_stride;
         kv.k_stride = p.k_seq_stride, kv.v_stride = p.v_seq_stride;
         kv.k_page = p.k_batch_stride, kv.v_page = p.v_batch_stride;
-        kv.table = paged ? p.block_table + (int64_t)b * p.block_table_stride : nullptr;
+        kv.table = paged ? p.block_table + s.page0 : nullptr;
+        kv.pages = s.pages;
         kv.page_size = p.page_size, kv.num_pages = p.num_pages;
         kv.rows_valid = s.kv_valid ? s.seqlen_k : 0;
         kv.head_dim = p.head_dim;

@@ -256,7 +256,7 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
 #pragma unroll
         for (int cb = 0; cb < kCB; ++cb) tma_load(sm.q + cb * Tr::kBlockM * 128, tm_q, cb * 64, q0, tl.h0, qb, sm.bar_q);
     }
-    const int32_t *table = p.block_table + (int64_t)tl.b * p.block_table_stride;
+    const int32_t *table = p.block_table + sq.s.page0;
     const int rows_valid = sq.s.kv_valid ? sq.s.seqlen_k : 0;
     /* One tile's copies are announced (full barrier) once the next tile's are issued, so their
      * latencies overlap; never more than one tile late, which no stage wait below depends on (the
@@ -272,7 +272,7 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
         bool valid = j < rows_valid;
         const T *src = base;
         if (valid) {
-            const int pi = j / p.page_size, page = table[pi];
+            const int pi = j / p.page_size, page = pi < sq.s.pages ? table[pi] : -1;
             valid = page >= 0 && page < p.num_pages;
             src = base + (int64_t)page * page_stride + (int64_t)(j - pi * p.page_size) * row_stride;
         }
@@ -336,13 +336,15 @@ __device__ __forceinline__ void produce_serving(const fa_kernel_params &p, const
     }
     const bool paged = p.block_table != nullptr;
     const int box = paged ? min(p.page_size, Tr::kBlockN) : Tr::kBlockN, boxes = Tr::kBlockN / box;
-    const int32_t *table = paged ? p.block_table + (int64_t)tl.b * p.block_table_stride : nullptr;
+    const int32_t *table = paged ? p.block_table + sq.s.page0 : nullptr;
     const int kv_b = p.cu_seqlens_k != nullptr ? 0 : (sq.s.kv_valid ? sq.s.kv_b : -1);
     auto page_of = [&](int tile) -> int { /* this lane's box of `tile` */
         const int n0 = (tl.tile_begin + tile) * Tr::kBlockN;
-        if (!paged || tile >= tl.n_tiles || lane >= boxes || n0 + lane * box >= sq.s.seqlen_k || !sq.s.kv_valid)
+        const int entry = n0 / p.page_size + lane;
+        if (!paged || tile >= tl.n_tiles || lane >= boxes || n0 + lane * box >= sq.s.seqlen_k || !sq.s.kv_valid ||
+            entry >= sq.s.pages)
             return -1;
-        return table[n0 / p.page_size + lane];
+        return table[entry];
     };
     auto load_kv = [&](const CUtensorMap *map, uint32_t dst, uint32_t full, int tile, int my_page) {
         const int n0 = (tl.tile_begin + tile) * Tr::kBlockN;

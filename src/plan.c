@@ -127,6 +127,8 @@ static void fill_kernel_params(const flashattn_fwd_params *p, fa_kernel_params *
         kp->window_left = (int32_t)min64(p->window_left, FA_MAX_SEQLEN);
         kp->window_right = (int32_t)min64(p->window_right, FA_MAX_SEQLEN);
         kp->seqused_add = (int32_t)p->seqlen_new;
+        kp->kv_indptr = p->kv_indptr, kp->kv_last_page_len = p->kv_last_page_len;
+        kp->num_page_indices = (int32_t)p->num_page_indices;
     }
 }
 
@@ -149,6 +151,8 @@ static void fill_append_args(const flashattn_fwd_params *p, fa_append_args *a) {
     memcpy(a->v_stride, strides[3], sizeof strides[3]);
     memcpy(a->q_stride, strides[4], sizeof strides[4]);
     a->block_table_stride = p->block_table_batch_stride;
+    a->kv_indptr = p->kv_indptr, a->num_page_indices = (int32_t)p->num_page_indices;
+    a->pages_per_seq = (int32_t)p->pages_per_seq;
     a->batch = (int32_t)p->batch, a->seqlen_new = (int32_t)p->seqlen_new, a->seqlen_q = (int32_t)p->seqlen_q;
     a->heads_q = (int32_t)p->heads_q, a->heads_kv = (int32_t)p->heads_kv, a->head_dim = (int32_t)p->head_dim;
     a->seqlen_cap = (int32_t)p->seqlen_k, a->page_size = (int32_t)p->page_size;

@@ -220,6 +220,30 @@ static flashattn_status check_serving(const flashattn_fwd_params *p) {
             return fa_fail(FLASHATTN_STATUS_BAD_VARLEN, "kv_batch is %lld; with kv_batch_idx it must be in 1..%d",
                            (ll)p->kv_batch, INT32_MAX);
     }
+    if (p->reserved1 != 0)
+        return fa_fail(FLASHATTN_STATUS_BAD_STRUCT_SIZE,
+                       "params->reserved1 is %d; it must be 0 (call flashattn_fwd_params_init)", (int)p->reserved1);
+    const struct { const char *name; const int32_t *ptr; } lists[] = {
+        {"kv_indptr", p->kv_indptr}, {"kv_last_page_len", p->kv_last_page_len}};
+    for (size_t i = 0; i < FA_COUNT(lists); ++i)
+        if (((uintptr_t)lists[i].ptr) % 4 != 0)
+            return fa_fail(FLASHATTN_STATUS_MISALIGNED_POINTER, "%s = %p is not aligned to its 4-byte element size",
+                           lists[i].name, (const void *)lists[i].ptr);
+    if (p->kv_indptr == NULL && (p->kv_last_page_len != NULL || p->num_page_indices != 0))
+        return fa_fail(FLASHATTN_STATUS_BAD_PAGED_KV, "%s is set but kv_indptr is NULL; page lists need kv_indptr",
+                       p->kv_last_page_len != NULL ? "kv_last_page_len" : "num_page_indices");
+    if (p->kv_indptr != NULL) {
+        if (!paged)
+            return fa_fail(FLASHATTN_STATUS_BAD_PAGED_KV,
+                           "kv_indptr is set but block_table is NULL; the page lists index block_table");
+        if (p->block_table_batch_stride != 0)
+            return fa_fail(FLASHATTN_STATUS_BAD_PAGED_KV,
+                           "block_table_batch_stride is %lld with kv_indptr; page lists have no row stride (0)",
+                           (ll)p->block_table_batch_stride);
+        if (p->num_page_indices < 1 || p->num_page_indices > INT32_MAX)
+            return fa_fail(FLASHATTN_STATUS_BAD_PAGED_KV, "num_page_indices is %lld; with kv_indptr it must be in 1..%d",
+                           (ll)p->num_page_indices, INT32_MAX);
+    }
     if (!paged) {
         const struct { const char *name; int64_t value; } pg[] = {
             {"page_size", p->page_size}, {"num_pages", p->num_pages},
@@ -240,7 +264,8 @@ static flashattn_status check_serving(const flashattn_fwd_params *p) {
         if (pg[i].value < 1 || pg[i].value > pg[i].max)
             return fa_fail(FLASHATTN_STATUS_BAD_PAGED_KV, "%s is %lld; with block_table it must be in 1..%lld",
                            pg[i].name, (ll)pg[i].value, (ll)pg[i].max);
-    if (p->block_table_batch_stride < 0 || (p->batch > 1 && p->block_table_batch_stride < p->pages_per_seq))
+    if (p->kv_indptr == NULL &&
+        (p->block_table_batch_stride < 0 || (p->batch > 1 && p->block_table_batch_stride < p->pages_per_seq)))
         return fa_fail(FLASHATTN_STATUS_BAD_PAGED_KV,
                        "block_table_batch_stride is %lld; it must be >= pages_per_seq (%lld)",
                        (ll)p->block_table_batch_stride, (ll)p->pages_per_seq);

@@ -113,7 +113,11 @@ TEST(Abi, ParamsLayoutIsFrozen) {
     EXPECT_EQ(440u, offsetof(flashattn_fwd_params, seqlen_ro));
     EXPECT_EQ(448u, offsetof(flashattn_fwd_params, rotary_interleaved));
     EXPECT_EQ(452u, offsetof(flashattn_fwd_params, rotary_q_at_cache_len));
-    EXPECT_EQ(456u, sizeof(flashattn_fwd_params));
+    EXPECT_EQ(456u, offsetof(flashattn_fwd_params, reserved1));
+    EXPECT_EQ(464u, offsetof(flashattn_fwd_params, kv_indptr));
+    EXPECT_EQ(472u, offsetof(flashattn_fwd_params, kv_last_page_len));
+    EXPECT_EQ(480u, offsetof(flashattn_fwd_params, num_page_indices));
+    EXPECT_EQ(488u, sizeof(flashattn_fwd_params));
     EXPECT_EQ((size_t)FLASHATTN_FWD_PARAMS_SIZE_0_3, sizeof(flashattn_fwd_params));
 }
 
@@ -297,6 +301,14 @@ flashattn_fwd_params valid_varlen_packed() {
     return p;
 }
 
+// FlashInfer's page lists: 3 sequences' pages in one list of 40 entries.
+flashattn_fwd_params valid_page_lists() {
+    flashattn_fwd_params p = valid_varlen_paged();
+    p.seqused_k = nullptr, p.block_table_batch_stride = 0;
+    p.kv_indptr = (const int32_t *)0x780000, p.kv_last_page_len = (const int32_t *)0x790000, p.num_page_indices = 40;
+    return p;
+}
+
 flashattn_fwd_params valid_indexed_cache() {
     flashattn_fwd_params p = valid_params();
     p.kv_batch_idx = (const int32_t *)0x730000, p.kv_batch = 5;
@@ -343,7 +355,7 @@ TEST(Serving, AppendPlansTheRotatedQueryInTheWorkspace) {
 
 TEST(Serving, ValidServingParamsPassAndPlanAsDenseCallsDo) {
     for (const fa_device_caps &caps : {h200_caps(), a100_caps()})
-        for (const flashattn_fwd_params &p : {valid_varlen_paged(), valid_varlen_packed(), valid_indexed_cache()}) {
+        for (const flashattn_fwd_params &p : {valid_varlen_paged(), valid_varlen_packed(), valid_indexed_cache(), valid_page_lists()}) {
             EXPECT_EQ(FLASHATTN_STATUS_SUCCESS, fa_validate(&p)) << flashattn_last_error();
             fa_plan plan;
             ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, fa_plan_make(&caps, &p, 0, &plan)) << flashattn_last_error();
@@ -468,6 +480,13 @@ TEST(Serving, EveryBadServingInputHasItsStatusAndMessage) {
         {"k_new misaligned", valid_append, [](auto &p) { p.k_new = (const void *)0x740001; }, FLASHATTN_STATUS_MISALIGNED_POINTER, "k_new"},
         {"v_new stride negative", valid_append, [](auto &p) { p.v_new_seq_stride = -1; }, FLASHATTN_STATUS_BAD_STRIDE, "v_new"},
         {"k_new extent overflows", valid_append, [](auto &p) { p.k_new_batch_stride = INT64_MAX / 2; }, FLASHATTN_STATUS_INDEX_OVERFLOW, "k_new"},
+        {"page lists with a row stride", valid_page_lists, [](auto &p) { p.block_table_batch_stride = 16; }, FLASHATTN_STATUS_BAD_PAGED_KV, "block_table_batch_stride"},
+        {"page lists without block_table", valid_page_lists, [](auto &p) { p.block_table = nullptr; p.page_size = p.num_pages = p.pages_per_seq = 0; }, FLASHATTN_STATUS_BAD_PAGED_KV, "block_table"},
+        {"page lists without entries", valid_page_lists, [](auto &p) { p.num_page_indices = 0; }, FLASHATTN_STATUS_BAD_PAGED_KV, "num_page_indices"},
+        {"last page lengths without kv_indptr", valid_varlen_paged, [](auto &p) { p.kv_last_page_len = (const int32_t *)0x790000; }, FLASHATTN_STATUS_BAD_PAGED_KV, "kv_last_page_len"},
+        {"num_page_indices without kv_indptr", valid_varlen_paged, [](auto &p) { p.num_page_indices = 9; }, FLASHATTN_STATUS_BAD_PAGED_KV, "num_page_indices"},
+        {"kv_indptr misaligned", valid_page_lists, [](auto &p) { p.kv_indptr = (const int32_t *)0x780002; }, FLASHATTN_STATUS_MISALIGNED_POINTER, "kv_indptr"},
+        {"reserved1 set", valid_page_lists, [](auto &p) { p.reserved1 = 1; }, FLASHATTN_STATUS_BAD_STRUCT_SIZE, "reserved1"},
         {"cos without sin", valid_append, [](auto &p) { p.rotary_sin = nullptr; }, FLASHATTN_STATUS_BAD_ROTARY, "rotary_sin"},
         {"rotary without k_new", valid_indexed_cache, [](auto &p) { p.rotary_cos = p.rotary_sin = (const void *)0x760000; p.rotary_dim = 64; p.seqlen_ro = 10; }, FLASHATTN_STATUS_BAD_ROTARY, "k_new"},
         {"rotary_dim odd", valid_append, [](auto &p) { p.rotary_dim = 63; }, FLASHATTN_STATUS_BAD_ROTARY, "rotary_dim"},

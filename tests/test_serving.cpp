@@ -29,7 +29,7 @@ class Serving : public ::testing::Test {
     flashattn_handle *h = nullptr;
 };
 
-enum KvMode { kPackedKv, kPagedSeqused, kPagedCuLens, kIndexedCache, kDenseSeqused };
+enum KvMode { kPackedKv, kPagedSeqused, kPagedCuLens, kIndexedCache, kDenseSeqused, kPagedCsr };
 
 struct Spec {
     int dtype = FLASHATTN_DTYPE_BFLOAT16;
@@ -70,7 +70,7 @@ struct ServingRun {
     Spec s;
     int64_t B, cap_q, cap_k, total_q, total_k, width, row_stride, num_pages, kv_batch;
     std::vector<std::unique_ptr<Inputs>> seqs;
-    std::vector<int32_t> cu_q, cu_k, used, table, kv_idx;
+    std::vector<int32_t> cu_q, cu_k, used, table, kv_idx, indptr, last_len;
     std::vector<uint16_t> q, k, v;  // k and v alias one buffer (pool) when shared_pool
     std::vector<float> slopes;
     int64_t q_rows, k_outer, k_rows, k_seq_stride, k_page_stride, v_offset;
@@ -81,6 +81,8 @@ struct ServingRun {
         const int64_t hd = s.hkv * s.d;
         if (s.kv == kPagedSeqused || s.kv == kPagedCuLens)
             return (int64_t)table[b * row_stride + pos / s.page_size] * k_page_stride / hd + pos % s.page_size;
+        if (s.kv == kPagedCsr)
+            return (int64_t)table[indptr[b] + pos / s.page_size] * k_page_stride / hd + pos % s.page_size;
         return (s.kv == kIndexedCache ? (int64_t)kv_idx[b] : b) * cap_k + pos;
     }
 
@@ -120,8 +122,29 @@ struct ServingRun {
         std::vector<std::vector<int64_t>> row_of(B);
         width = row_stride = num_pages = kv_batch = total_k = 0;
         k_page_stride = 0, v_offset = 0;
-        const bool paged = s.kv == kPagedSeqused || s.kv == kPagedCuLens;
-        if (paged) {
+        const bool paged = s.kv == kPagedSeqused || s.kv == kPagedCuLens || s.kv == kPagedCsr;
+        if (s.kv == kPagedCsr) {
+            // FlashInfer's page lists: sequence b's ceil(sk/page) pages in one list, its key count
+            // from the list and kv_last_page_len (no seqused_k).
+            width = std::max<int64_t>(1, ceil_div(cap_k, s.page_size));
+            num_pages = B * width + 2;
+            std::vector<int32_t> perm(num_pages);
+            std::iota(perm.begin(), perm.end(), 0);
+            std::shuffle(perm.begin(), perm.end(), rng());
+            indptr.assign(1, 0);
+            for (int64_t b = 0; b < B; ++b) {
+                const int64_t n = ceil_div(s.sk[b], s.page_size);
+                for (int64_t pg = 0; pg < n; ++pg) table.push_back(perm[table.size()]);
+                indptr.push_back((int32_t)table.size());
+                last_len.push_back(n ? (int32_t)(s.sk[b] - (n - 1) * s.page_size) : 1);
+            }
+            table.push_back(perm[table.size()]);  // one entry no sequence lists
+            k_outer = num_pages, k_rows = s.page_size, k_seq_stride = hd;
+            k_page_stride = s.page_size * hd;
+            for (int64_t b = 0; b < B; ++b)
+                for (int64_t j = 0; j < s.sk[b]; ++j)
+                    row_of[b].push_back((int64_t)table[indptr[b] + j / s.page_size] * s.page_size + j % s.page_size);
+        } else if (paged) {
             width = std::max<int64_t>(1, ceil_div(cap_k, s.page_size));
             row_stride = width + 3;
             num_pages = B * width + 2;
@@ -176,15 +199,17 @@ struct ServingRun {
 struct DeviceRun {
     DevBuf<uint16_t> q, k, v, o;
     DevBuf<float> lse, slopes;
-    DevBuf<int32_t> cu_q, cu_k, used, table, kv_idx;
+    DevBuf<int32_t> cu_q, cu_k, used, table, kv_idx, indptr, last_len;
     explicit DeviceRun(const ServingRun &r)
         : q(r.q.size()), k(r.k.size()), v(r.v.size()), o(r.q.size()), lse(r.s.hq * r.q_rows), slopes(r.slopes.size()),
-          cu_q(r.cu_q.size()), cu_k(r.cu_k.size()), used(r.used.size()), table(r.table.size()), kv_idx(r.kv_idx.size()) {
+          cu_q(r.cu_q.size()), cu_k(r.cu_k.size()), used(r.used.size()), table(r.table.size()), kv_idx(r.kv_idx.size()),
+          indptr(r.indptr.size()), last_len(r.last_len.size()) {
         upload(r);
     }
     void upload(const ServingRun &r) {
         q.upload(r.q), k.upload(r.k), v.upload(r.v), slopes.upload(r.slopes);
         cu_q.upload(r.cu_q), cu_k.upload(r.cu_k), used.upload(r.used), table.upload(r.table), kv_idx.upload(r.kv_idx);
+        indptr.upload(r.indptr), last_len.upload(r.last_len);
     }
     void poison(cudaStream_t st = 0) {
         CUDA_CHECK(cudaMemsetAsync(o.p, 0xff, o.n * 2, st));
@@ -213,6 +238,12 @@ struct DeviceRun {
             p.k_batch_stride = p.v_batch_stride = r.k_page_stride;
             if (s.kv == kPagedSeqused) p.seqused_k = used.p;
             else p.cu_seqlens_k = cu_k.p;
+            break;
+        case kPagedCsr:
+            p.block_table = table.p, p.pages_per_seq = r.width, p.block_table_batch_stride = 0;
+            p.page_size = s.page_size, p.num_pages = r.num_pages;
+            p.k_batch_stride = p.v_batch_stride = r.k_page_stride;
+            p.kv_indptr = indptr.p, p.kv_last_page_len = last_len.p, p.num_page_indices = (int64_t)r.table.size();
             break;
         case kIndexedCache:
             p.kv_batch_idx = kv_idx.p, p.kv_batch = r.kv_batch;
@@ -356,20 +387,20 @@ TEST_F(Serving, FeaturesPerSequence) {
 TEST_F(Serving, PagedKvAnyPageSize) {
     Stats st;
     for (int64_t page : {1, 16, 19, 64, 256})
-        for (KvMode kv : {kPagedSeqused, kPagedCuLens}) {
+        for (KvMode kv : {kPagedSeqused, kPagedCuLens, kPagedCsr}) {
             Spec s;
             s.sq = kSq, s.sk = kSk, s.kv = kv, s.page_size = page, s.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
-            s.shared_pool = page == 16 || page == 19;
+            s.shared_pool = (page == 16 || page == 19) && kv != kPagedCsr;
             run_and_check(h, s, st);
         }
-    print_stats("paged K/V, pages of 1, 16, 19, 64, 256 keys", st);
+    print_stats("paged K/V (block table, page lists), pages of 1, 16, 19, 64, 256 keys", st);
 }
 
 TEST_F(Serving, DecodeOverCaches) {
     // Dense Q [B, 1] (one new token per sequence) over a paged, an indexed and a plain dense cache,
     // with capacities above every length.
     Stats st;
-    for (KvMode kv : {kPagedSeqused, kIndexedCache, kDenseSeqused})
+    for (KvMode kv : {kPagedSeqused, kPagedCsr, kIndexedCache, kDenseSeqused})
         for (int64_t sq : {1, 4}) {
             Spec s;
             s.packed_q = false, s.kv = kv, s.hq = 8, s.hkv = 2, s.d = 128, s.cap_k = 1100;

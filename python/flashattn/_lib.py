@@ -108,6 +108,8 @@ class FwdParams(ctypes.Structure):
         ("seqlen_new", ctypes.c_int64), ("rotary_cos", ctypes.c_void_p), ("rotary_sin", ctypes.c_void_p),
         ("rotary_dim", ctypes.c_int64), ("seqlen_ro", ctypes.c_int64),
         ("rotary_interleaved", ctypes.c_int32), ("rotary_q_at_cache_len", ctypes.c_int32),
+        ("reserved1", ctypes.c_int32),
+        ("kv_indptr", ctypes.c_void_p), ("kv_last_page_len", ctypes.c_void_p), ("num_page_indices", ctypes.c_int64),
     ]
 
     @classmethod

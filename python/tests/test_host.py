@@ -55,6 +55,7 @@ FWD_PARAMS_0_3 = dict(FWD_PARAMS_0_1, **{
     "v_new": (376, 8), "v_new_batch_stride": (384, 8), "v_new_seq_stride": (392, 8), "v_new_head_stride": (400, 8),
     "seqlen_new": (408, 8), "rotary_cos": (416, 8), "rotary_sin": (424, 8), "rotary_dim": (432, 8),
     "seqlen_ro": (440, 8), "rotary_interleaved": (448, 4), "rotary_q_at_cache_len": (452, 4),
+    "reserved1": (456, 4), "kv_indptr": (464, 8), "kv_last_page_len": (472, 8), "num_page_indices": (480, 8),
 })
 PLAN_INFO_0_1 = {
     "struct_size": (0, 8), "backend": (8, 4), "block_m": (12, 4), "block_n": (16, 4), "num_warps": (20, 4),
@@ -64,7 +65,7 @@ PLAN_INFO_0_1 = {
 
 
 @pytest.mark.parametrize("cls,frozen,size", [(flashattn.FwdParams, FWD_PARAMS_0_1, 248),
-                                             (flashattn.FwdParams, FWD_PARAMS_0_3, 456),
+                                             (flashattn.FwdParams, FWD_PARAMS_0_3, 488),
                                              (flashattn.PlanInfo, PLAN_INFO_0_1, 320)])
 def test_every_field_matches_the_c_layout(cls, frozen, size):
     fields = [name for name, _ in cls._fields_]

@@ -104,7 +104,7 @@ static int names_an_argument(const char *m) {
         "o =", "lse", "softmax_scale", "softcap", "window_left", "window_right", "alibi", "handle", "params",
         "info", "bytes", "device", "heads", "num_parts", "seqlen", "o_parts", "cu_seqlens", "total_q", "total_k",
         "seqused_k", "block_table", "page_size", "num_pages", "pages_per_seq", "kv_batch", "k_new", "v_new",
-        "seqlen_new", "rotary",
+        "seqlen_new", "rotary", "kv_indptr", "kv_last_page_len", "num_page_indices", "reserved1",
     };
     for (size_t i = 0; i < sizeof words / sizeof words[0]; ++i)
         if (strstr(m, words[i])) return 1;
@@ -235,6 +235,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             p.block_table = (const int32_t *)pick_ptr(&in, 0x73000000);
             p.page_size = pick_i64(&in), p.num_pages = pick_i64(&in), p.pages_per_seq = pick_i64(&in);
             p.block_table_batch_stride = pick_i64(&in);
+            if (take(&in, 1) % 2) {
+                p.kv_indptr = (const int32_t *)pick_ptr(&in, 0x79000000);
+                p.kv_last_page_len = take(&in, 1) % 2 ? (const int32_t *)pick_ptr(&in, 0x7a000000) : NULL;
+                p.num_page_indices = pick_i64(&in);
+                if (take(&in, 1) % 2) p.block_table_batch_stride = 0;
+            }
         }
         if (which & 16) p.kv_batch_idx = (const int32_t *)pick_ptr(&in, 0x74000000), p.kv_batch = pick_i64(&in);
         if (which & 32) p.q_batch_stride = p.o_batch_stride = 0;
