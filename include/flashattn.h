@@ -352,12 +352,12 @@ typedef struct flashattn_fwd_params {
  *    reads zeros. Such contents give meaningless numbers, but nothing outside the tensors described
  *    here is read or written. Sequences with no queries cost nothing and write nothing; sequences
  *    with no keys give O = 0 and LSE = -inf.
- *  - Backends: FUSED and FUSED_SM90 run every serving call, any page size; AUTO picks between them
- *    as for dense calls. FUSED_SM90 reads pages with the tensor memory accelerator when the page
+ *  - Backends: all three run every serving call, any page size; AUTO picks as for dense calls. FUSED_SM90 reads pages with the tensor memory accelerator when the page
  *    size is a multiple of its key tile (flashattn_fwd_plan's block_n: 128 at head dims up to 128, 64
  *    above) or a multiple of 8 that divides it (8, 16, 32, 64, 128, 256, ... at head dim 128), and
  *    gathers rows with cp.async otherwise (slower); it splits the keys of decode-shaped calls only
- *    when Q is not packed. REFERENCE refuses serving calls (UNSUPPORTED, with the reason).
+ *    when Q is not packed. REFERENCE runs them too, as the oracle: it gathers each sequence's Q, K
+ *    and V into dense copies at the capacities in its workspace, then computes as for a dense call.
  */
 
 /* Sets every field that a struct of `struct_size` bytes has to its default, and struct_size to that

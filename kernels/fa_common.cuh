@@ -95,10 +95,11 @@ __device__ __forceinline__ float alibi_bias(const fa_kernel_params &p, const Bou
 }
 
 /* Score after softcap and ALiBi, in natural units, from the already-scaled dot product (REFERENCE). */
-__device__ __forceinline__ float transform_score(const fa_kernel_params &p, float s, float slope, int i,
-                                                 int j) {
+template <class Bounds>
+__device__ __forceinline__ float transform_score(const fa_kernel_params &p, const Bounds &bnd, float s, float slope,
+                                                 int i, int j) {
     if (p.softcap > 0.0f) s = p.softcap * tanhf(s / p.softcap);
-    return s - alibi_bias(p, p, slope, i, j);
+    return s - alibi_bias(p, bnd, slope, i, j);
 }
 
 /* The same from the raw dot product (FUSED): the scale is folded into the softcap's divisor on the

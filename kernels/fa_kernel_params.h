@@ -185,6 +185,11 @@ int fa_ref_prepare(const fa_kernel_params *kp, int dtype, void **ptr_arrays, flo
 int fa_ref_softmax(const fa_kernel_params *kp, int dtype, int lowprec, float *scores, int grid,
                    void *stream);
 int fa_ref_store_o(const fa_kernel_params *kp, int dtype, const float *o_f32, void *stream);
+/* A serving call's Q, K and V gathered into `dst` (dense [batch, seqlen_q, heads_q, head_dim] Q,
+ * then [batch, seqlen_k, heads_kv, head_dim] K and V, zeros past each sequence's counts); *dense
+ * receives kp with q, k, v and their strides pointing there (its serving fields kept, so the
+ * softmax and the store still take each sequence's counts and rows from them). */
+int fa_ref_gather(const fa_kernel_params *kp, int dtype, void *dst, fa_kernel_params *dense, void *stream);
 
 #ifdef __cplusplus
 }

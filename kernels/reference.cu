@@ -64,41 +64,100 @@ __device__ float block_reduce(float x, Op op, float *scratch) {
 struct max_op { __device__ float operator()(float a, float b) const { return fmaxf(a, b); } };
 struct sum_op { __device__ float operator()(float a, float b) const { return a + b; } };
 
-/* One block per score row: three passes (max, sum, write) over the row in device memory. */
+/* One score row: three passes (max, sum, write) over the row in device memory; bnd gives the
+ * sequence's counts and visibility offsets (the kernel parameters for a dense call). */
+template <int kDtype, bool kLowprec, class Bounds>
+__device__ __forceinline__ void softmax_row(const fa_kernel_params &p, const Bounds &bnd, float *row, int b, int h,
+                                            int i, float *lse, float *scratch) {
+    using E = elem<kDtype>;
+    const float slope = alibi_slope(p, b, h);
+    auto score = [&](int j) {
+        float s = row[j];
+        if (kLowprec) s = E::to_float(E::from_float(s));
+        return transform_score(p, bnd, s, slope, i, j);
+    };
+    float m = -INFINITY;
+    for (int j = threadIdx.x; j < p.seqlen_k; j += kRefThreads)
+        if (visible(bnd, i, j)) m = fmaxf(m, score(j));
+    m = block_reduce(m, max_op(), scratch);
+    float l = 0.0f;
+    if (m != -INFINITY)
+        for (int j = threadIdx.x; j < p.seqlen_k; j += kRefThreads)
+            if (visible(bnd, i, j)) l += expf(score(j) - m);
+    l = block_reduce(l, sum_op(), scratch);
+    /* A row that sees no key: P = 0 (so O = 0) and LSE = -inf. */
+    const float inv_l = (l > 0.0f) ? 1.0f / l : 0.0f;
+    for (int j = threadIdx.x; j < p.seqlen_k; j += kRefThreads) {
+        float pr = visible(bnd, i, j) ? expf(score(j) - m) * inv_l : 0.0f;
+        if (kLowprec) pr = E::to_float(E::from_float(pr));
+        row[j] = pr;
+    }
+    if (threadIdx.x == 0 && lse != nullptr) *lse = (l > 0.0f) ? m + logf(l) : -INFINITY;
+}
+
+/* One block per score row. A serving call's rows take their sequence's counts, mask and LSE slot
+ * ([heads_q, total_q] for packed Q); rows past the sequence's queries get P = 0 and no LSE. */
 template <int kDtype, bool kLowprec>
 __global__ void __launch_bounds__(kRefThreads)
 ref_softmax_rows(const __grid_constant__ fa_kernel_params p, float *scores) {
     __shared__ float scratch[kRefThreads / 32];
-    using E = elem<kDtype>;
     const int64_t rows = (int64_t)p.batch * p.heads_q * p.seqlen_q;
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const int i = (int)(r % p.seqlen_q);
         const int64_t bh = r / p.seqlen_q;
         const int h = (int)(bh % p.heads_q), b = (int)(bh / p.heads_q);
-        const float slope = alibi_slope(p, b, h);
         float *row = scores + r * p.seqlen_k;
-        auto score = [&](int j) {
-            float s = row[j];
-            if (kLowprec) s = E::to_float(E::from_float(s));
-            return transform_score(p, s, slope, i, j);
-        };
-        float m = -INFINITY;
-        for (int j = threadIdx.x; j < p.seqlen_k; j += kRefThreads)
-            if (visible(p, i, j)) m = fmaxf(m, score(j));
-        m = block_reduce(m, max_op(), scratch);
-        float l = 0.0f;
-        if (m != -INFINITY)
-            for (int j = threadIdx.x; j < p.seqlen_k; j += kRefThreads)
-                if (visible(p, i, j)) l += expf(score(j) - m);
-        l = block_reduce(l, sum_op(), scratch);
-        /* A row that sees no key: P = 0 (so O = 0) and LSE = -inf. */
-        const float inv_l = (l > 0.0f) ? 1.0f / l : 0.0f;
-        for (int j = threadIdx.x; j < p.seqlen_k; j += kRefThreads) {
-            float pr = visible(p, i, j) ? expf(score(j) - m) * inv_l : 0.0f;
-            if (kLowprec) pr = E::to_float(E::from_float(pr));
-            row[j] = pr;
+        if (!p.serving) {
+            softmax_row<kDtype, kLowprec>(p, p, row, b, h, i, p.lse ? p.lse + r : nullptr, scratch);
+            continue;
         }
-        if (threadIdx.x == 0 && p.lse != nullptr) p.lse[r] = (l > 0.0f) ? m + logf(l) : -INFINITY;
+        const fa_seq sq = serving_seq(p, b);
+        if (i >= sq.seqlen_q) {
+            for (int j = threadIdx.x; j < p.seqlen_k; j += kRefThreads) row[j] = 0.0f;
+            continue;
+        }
+        float *lse = nullptr;
+        if (p.lse) lse = p.cu_seqlens_q ? p.lse + (int64_t)h * p.total_q + sq.q_row0 + i : p.lse + r;
+        softmax_row<kDtype, kLowprec>(p, sq, row, b, h, i, lse, scratch);
+    }
+}
+
+/* A serving call's Q, K and V, dense: element x of each copy from its sequence's rows (zeros past
+ * its counts, a page outside its list or the pool, or a cache index outside the cache). */
+template <int kDtype>
+__global__ void ref_gather(const __grid_constant__ fa_kernel_params p, typename elem<kDtype>::type *dst) {
+    using T = typename elem<kDtype>::type;
+    const int64_t nq = (int64_t)p.batch * p.seqlen_q * p.heads_q * p.head_dim;
+    const int64_t nk = (int64_t)p.batch * p.seqlen_k * p.heads_kv * p.head_dim;
+    for (int64_t x = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; x < nq + 2 * nk;
+         x += (int64_t)gridDim.x * blockDim.x) {
+        const bool is_q = x < nq, is_k = !is_q && x < nq + nk;
+        const int64_t y = is_q ? x : (is_k ? x - nq : x - nq - nk);
+        const int heads = is_q ? p.heads_q : p.heads_kv, rows = is_q ? p.seqlen_q : p.seqlen_k;
+        const int d = (int)(y % p.head_dim), h = (int)(y / p.head_dim % heads);
+        const int s = (int)(y / ((int64_t)p.head_dim * heads) % rows);
+        const int b = (int)(y / ((int64_t)p.head_dim * heads * rows));
+        const fa_seq sq = serving_seq(p, b);
+        T v = elem<kDtype>::from_float(0.0f);
+        if (is_q) {
+            if (s < sq.seqlen_q)
+                v = ((const T *)p.q)[(p.cu_seqlens_q ? 0 : (int64_t)b * p.q_batch_stride) + (sq.q_row0 + s) * p.q_seq_stride +
+                                     (int64_t)h * p.q_head_stride + d];
+        } else if (s < sq.seqlen_k && sq.kv_valid) {
+            const T *base = (const T *)(is_k ? p.k : p.v);
+            const int64_t bs = is_k ? p.k_batch_stride : p.v_batch_stride, ss = is_k ? p.k_seq_stride : p.v_seq_stride;
+            const int64_t hs = is_k ? p.k_head_stride : p.v_head_stride;
+            int64_t outer = p.cu_seqlens_k ? 0 : sq.kv_b, row = sq.k_row0 + s;
+            bool ok = true;
+            if (p.block_table) {
+                const int pi = s / p.page_size;
+                const int page = pi < sq.pages ? p.block_table[sq.page0 + pi] : -1;
+                ok = page >= 0 && page < p.num_pages;
+                outer = page, row = s - (int64_t)pi * p.page_size;
+            }
+            if (ok) v = base[outer * bs + row * ss + (int64_t)h * hs + d];
+        }
+        dst[x] = v;
     }
 }
 
@@ -111,7 +170,13 @@ __global__ void ref_store_o(const __grid_constant__ fa_kernel_params p, const fl
         const int64_t d = x % p.head_dim, i = (x / p.head_dim) % p.seqlen_q;
         const int64_t bh = x / ((int64_t)p.head_dim * p.seqlen_q);
         const int64_t h = bh % p.heads_q, b = bh / p.heads_q;
-        T *o = (T *)p.o + b * p.o_batch_stride + i * p.o_seq_stride + h * p.o_head_stride;
+        int64_t row = i, batch = b;
+        if (p.serving) { /* only the sequence's rows, at its place in O */
+            const fa_seq sq = serving_seq(p, (int)b);
+            if (i >= sq.seqlen_q) continue;
+            row = sq.q_row0 + i, batch = p.cu_seqlens_q ? 0 : b;
+        }
+        T *o = (T *)p.o + batch * p.o_batch_stride + row * p.o_seq_stride + h * p.o_head_stride;
         o[d] = elem<kDtype>::from_float(o_f32[x]);
     }
 }
@@ -165,4 +230,28 @@ extern "C" int fa_ref_store_o(const fa_kernel_params *kp, int dtype, const float
     else
         fa::ref_store_o<0><<<fa::grid_for(n, 256), 256, 0, s>>>(*kp, o_f32);
     return (int)cudaGetLastError();
+}
+
+extern "C" int fa_ref_gather(const fa_kernel_params *kp, int dtype, void *dst, fa_kernel_params *dense,
+                             void *stream) {
+    const int64_t nq = (int64_t)kp->batch * kp->seqlen_q * kp->heads_q * kp->head_dim;
+    const int64_t nk = (int64_t)kp->batch * kp->seqlen_k * kp->heads_kv * kp->head_dim;
+    cudaStream_t s = (cudaStream_t)stream;
+    if (nq + 2 * nk > 0) {
+        if (dtype == FA_DTYPE_BF16)
+            fa::ref_gather<1><<<fa::grid_for(nq + 2 * nk, 256), 256, 0, s>>>(*kp, (__nv_bfloat16 *)dst);
+        else
+            fa::ref_gather<0><<<fa::grid_for(nq + 2 * nk, 256), 256, 0, s>>>(*kp, (__half *)dst);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    *dense = *kp;
+    char *base = (char *)dst;
+    dense->q = base, dense->k = base + 2 * nq, dense->v = base + 2 * (nq + nk);
+    dense->q_head_stride = dense->k_head_stride = dense->v_head_stride = kp->head_dim;
+    dense->q_seq_stride = (int64_t)kp->heads_q * kp->head_dim;
+    dense->q_batch_stride = dense->q_seq_stride * kp->seqlen_q;
+    dense->k_seq_stride = dense->v_seq_stride = (int64_t)kp->heads_kv * kp->head_dim;
+    dense->k_batch_stride = dense->v_batch_stride = dense->k_seq_stride * kp->seqlen_k;
+    return 0;
 }

@@ -48,16 +48,6 @@ static fa_fused_launcher find_kernel(const kernel_entry *table, int dtype, int h
 
 flashattn_status fa_dispatch(const flashattn_handle *h, const fa_plan *plan, void *workspace,
                              void *stream) {
-    if (plan->backend == FLASHATTN_BACKEND_REFERENCE) return fa_reference_run(h, plan, workspace, stream);
-    const int sm90 = plan->backend == FLASHATTN_BACKEND_FUSED_SM90;
-    const char *what = sm90 ? "fused_sm90" : "fused";
-    fa_fused_launcher launch = sm90 ? find_kernel(fa_sm90_table, plan->dtype, plan->cfg.head_dim, plan->cfg.block_m / 64)
-                                    : find_kernel(fa_fused_table, plan->dtype, plan->cfg.head_dim, 0);
-    if (launch == NULL) /* the planner checked the table; this is a library bug */
-        return fa_fail(FLASHATTN_STATUS_UNSUPPORTED, "%s kernel for head dim %d not compiled", what,
-                       plan->cfg.head_dim);
-    const fa_launch l = {plan->grid_x, plan->grid_y, plan->grid_z, plan->threads,
-                         (int32_t)plan->smem_bytes};
     fa_kernel_params kp = plan->kp;
     if (plan->append) { /* new keys into the cache (and Q rotated into the workspace) first */
         fa_append_args app = plan->app;
@@ -74,6 +64,16 @@ flashattn_status fa_dispatch(const flashattn_handle *h, const fa_plan *plan, voi
                            cudaGetErrorString((cudaError_t)err));
         if (kp.seqlen_q == 0) return FLASHATTN_STATUS_SUCCESS; /* no queries: the append was all */
     }
+    if (plan->backend == FLASHATTN_BACKEND_REFERENCE) return fa_reference_run(h, plan, &kp, workspace, stream);
+    const int sm90 = plan->backend == FLASHATTN_BACKEND_FUSED_SM90;
+    const char *what = sm90 ? "fused_sm90" : "fused";
+    fa_fused_launcher launch = sm90 ? find_kernel(fa_sm90_table, plan->dtype, plan->cfg.head_dim, plan->cfg.block_m / 64)
+                                    : find_kernel(fa_fused_table, plan->dtype, plan->cfg.head_dim, 0);
+    if (launch == NULL) /* the planner checked the table; this is a library bug */
+        return fa_fail(FLASHATTN_STATUS_UNSUPPORTED, "%s kernel for head dim %d not compiled", what,
+                       plan->cfg.head_dim);
+    const fa_launch l = {plan->grid_x, plan->grid_y, plan->grid_z, plan->threads,
+                         (int32_t)plan->smem_bytes};
     if (kp.num_splits > 1) { /* the splits' partial results live in the caller's workspace */
         kp.o_accum = (float *)((char *)workspace + plan->o_accum_off);
         kp.lse_accum = (float *)((char *)workspace + plan->lse_accum_off);

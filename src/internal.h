@@ -50,6 +50,9 @@ typedef struct fa_ref_layout {
     int64_t v_f32;        /* float32 [batch, heads_kv, seqlen_k, head_dim] */
     int64_t o_f32;        /* float32 [batch*heads_q, seqlen_q, head_dim] */
     int64_t cublas_ws;    /* FA_CUBLAS_WORKSPACE_BYTES */
+    int64_t gathered;     /* serving calls: Q [batch, seqlen_q, heads_q, head_dim], then K and V
+                             [batch, seqlen_k, heads_kv, head_dim], dense (dtype), gathered per
+                             sequence with zeros past its counts (seqlen_q/k are the capacities) */
     int64_t total;
 } fa_ref_layout;
 
@@ -128,7 +131,7 @@ FA_HIDDEN flashattn_status fa_merge_check(const flashattn_merge_params *p);
 
 /* reference.c */
 FA_HIDDEN flashattn_status fa_reference_run(const flashattn_handle *h, const fa_plan *plan,
-                                            void *workspace, void *stream);
+                                            const fa_kernel_params *kp, void *workspace, void *stream);
 
 /* api.c, for the tests: flashattn_fwd with the reference switched to plain low-precision attention
  * (scores and probabilities rounded to the input dtype, as unfused framework attention computes). */

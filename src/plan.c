@@ -309,26 +309,29 @@ static int ref_layout(const flashattn_fwd_params *p, fa_ref_layout *l) {
         !add_region(&at, v_elems, 4, &l->v_f32) || !add_region(&at, o_elems, 4, &l->o_f32) ||
         !add_region(&at, FA_CUBLAS_WORKSPACE_BYTES, 1, &l->cublas_ws))
         return 0;
+    l->gathered = 0;
+    if (fa_is_serving(p)) { /* dense copies of Q, K and V: o_elems and v_elems elements, 2 bytes each */
+        int64_t qkv;
+        if (!mul_ok(v_elems, 2, &qkv) || qkv > INT64_MAX - o_elems || !add_region(&at, o_elems + qkv, 2, &l->gathered))
+            return 0;
+    }
     l->total = at;
     return 1;
 }
 
 static const char *reference_unsupported_reason(const flashattn_fwd_params *p,
                                                 fa_ref_layout *layout, char *buf, size_t n) {
-    if (fa_is_serving(p)) {
-        snprintf(buf, n, "the reference backend does not take serving calls (cu_seqlens_q/k, seqused_k, "
-                 "block_table, kv_batch_idx) in this release; the fused backend does");
-        return buf;
-    }
     if (p->batch * p->heads_q > INT32_MAX) {
         snprintf(buf, n, "the reference backend needs batch x heads_q <= %d (got %lld)", INT32_MAX,
                  (ll)(p->batch * p->heads_q));
         return buf;
     }
-    /* cuBLAS reads Q and K as matrices with leading dimension = seq stride. */
+    /* cuBLAS reads Q and K as matrices with leading dimension = seq stride (a serving call's: the
+     * dense copies' heads x head_dim). */
+    const int serving = fa_is_serving(p);
     const struct { const char *name; int64_t seq, stride; } lds[2] = {
-        {"q_seq_stride", p->seqlen_q, p->q_seq_stride},
-        {"k_seq_stride", p->seqlen_k, p->k_seq_stride},
+        {"q_seq_stride", p->seqlen_q, serving ? p->heads_q * p->head_dim : p->q_seq_stride},
+        {"k_seq_stride", p->seqlen_k, serving ? p->heads_kv * p->head_dim : p->k_seq_stride},
     };
     for (int i = 0; i < 2; ++i) {
         if (lds[i].seq > 1 && (lds[i].stride < p->head_dim || lds[i].stride > INT32_MAX)) {

@@ -28,11 +28,21 @@
         }                                                                                         \
     } while (0)
 
-flashattn_status fa_reference_run(const flashattn_handle *h, const fa_plan *plan, void *workspace,
-                                  void *stream) {
-    const fa_kernel_params *kp = &plan->kp;
+flashattn_status fa_reference_run(const flashattn_handle *h, const fa_plan *plan, const fa_kernel_params *call,
+                                  void *workspace, void *stream) {
     const fa_ref_layout *l = &plan->ref;
     char *ws = (char *)workspace;
+    /* A serving call: each sequence's Q, K and V gathered into dense [batch, capacity] copies (zeros
+     * past its counts), then the dense pipeline below on them; the softmax takes each sequence's
+     * counts and mask, and the store writes only its rows (kernels/reference.cu). */
+    fa_kernel_params dense = *call;
+    const fa_kernel_params *kp = call;
+    if (call->serving) {
+        const int rc = fa_ref_gather(call, plan->dtype, ws + l->gathered, &dense, stream);
+        if (rc != 0)
+            return fa_fail(FLASHATTN_STATUS_CUDA_ERROR, "fa_ref_gather failed: %s", cudaGetErrorString((cudaError_t)rc));
+        kp = &dense;
+    }
     void **ptrs = (void **)(ws + l->ptr_arrays);
     float *scores = (float *)(ws + l->scores);
     float *v_f32 = (float *)(ws + l->v_f32);

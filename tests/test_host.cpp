@@ -390,13 +390,25 @@ TEST(Serving, WindowsAreClampedForTheKernel) {
     EXPECT_EQ(3, plan.kp.window_right);
 }
 
-TEST(Serving, ForcedReferenceSaysItDoesNotTakeServingCalls) {
+TEST(Serving, ReferenceGathersServingCallsInItsWorkspace) {
+    // REFERENCE (forced; AUTO prefers the fused kernels) copies each sequence's Q, K and V into dense
+    // [batch, capacity] tensors after its usual regions.
     const fa_device_caps caps = h200_caps();
     flashattn_fwd_params p = valid_varlen_paged();
     p.backend = FLASHATTN_BACKEND_REFERENCE;
     fa_plan plan;
-    EXPECT_EQ(FLASHATTN_STATUS_UNSUPPORTED, fa_plan_make(&caps, &p, 0, &plan));
-    EXPECT_NE(std::string(flashattn_last_error()).find("serving calls"), std::string::npos) << flashattn_last_error();
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, fa_plan_make(&caps, &p, 0, &plan)) << flashattn_last_error();
+    EXPECT_EQ(FLASHATTN_BACKEND_REFERENCE, plan.backend);
+    EXPECT_GE(plan.ref.gathered, plan.ref.cublas_ws + FA_CUBLAS_WORKSPACE_BYTES);
+    EXPECT_EQ(0, plan.ref.gathered % 256);
+    const int64_t dense = 2 * (3 * 100 * 8 * 128 + 2 * 3 * 200 * 2 * 128);  // Q, K, V at the capacities
+    EXPECT_GE(plan.ref.total, plan.ref.gathered + dense);
+    EXPECT_EQ(plan.ref.total, plan.workspace_bytes);
+    // A dense call has no such region.
+    flashattn_fwd_params d = valid_params();
+    d.backend = FLASHATTN_BACKEND_REFERENCE;
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, fa_plan_make(&caps, &d, 0, &plan));
+    EXPECT_EQ(0, plan.ref.gathered);
 }
 
 TEST(Serving, Sm90TakesEveryPageSize) {

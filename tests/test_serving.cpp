@@ -261,9 +261,10 @@ struct DeviceRun {
 
 struct Stats { int seqs = 0, calls[4] = {0, 0, 0, 0}; double worst_ratio = 0, max_err = 0, max_lse_err = 0; };
 
-// The backends that run serving calls on this device: FUSED, and FUSED_SM90 on Hopper builds.
+// The backends that run serving calls on this device: REFERENCE (the gathered oracle), FUSED, and
+// FUSED_SM90 on Hopper builds.
 std::vector<int> serving_backends() {
-    std::vector<int> b = {FLASHATTN_BACKEND_FUSED};
+    std::vector<int> b = {FLASHATTN_BACKEND_REFERENCE, FLASHATTN_BACKEND_FUSED};
     int dev = 0, major = 0, minor = 0;
     if (cudaGetDevice(&dev) == cudaSuccess &&
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
@@ -322,8 +323,8 @@ void check_outputs(flashattn_handle *h, const ServingRun &r, const std::vector<u
     EXPECT_EQ(0u, touched) << "rows that no sequence owns were written (" << s.str() << ")";
 }
 
-// The call on every backend (FUSED, and FUSED_SM90 on Hopper: TMA pages or gathered ones, by the
-// page size), each checked sequence by sequence.
+// The call on every backend (REFERENCE, FUSED, and FUSED_SM90 on Hopper: TMA pages or gathered
+// ones, by the page size), each checked sequence by sequence.
 void run_and_check(flashattn_handle *h, const Spec &spec, Stats &st) {
     SCOPED_TRACE(spec.str());
     ServingRun r(spec);
@@ -342,9 +343,10 @@ void run_and_check(flashattn_handle *h, const Spec &spec, Stats &st) {
 }
 
 void print_stats(const char *name, const Stats &st) {
-    printf("[ serving ] %s: %d sequences (%d fused calls, %d fused_sm90 calls), max |O err| %.3g, max |LSE err| %.3g, "
-           "worst err/lowprec-err %.2f\n", name, st.seqs, st.calls[FLASHATTN_BACKEND_FUSED],
-           st.calls[FLASHATTN_BACKEND_FUSED_SM90], st.max_err, st.max_lse_err, st.worst_ratio);
+    printf("[ serving ] %s: %d sequences (%d reference, %d fused, %d fused_sm90 calls), max |O err| %.3g, max |LSE err| "
+           "%.3g, worst err/lowprec-err %.2f\n", name, st.seqs, st.calls[FLASHATTN_BACKEND_REFERENCE],
+           st.calls[FLASHATTN_BACKEND_FUSED], st.calls[FLASHATTN_BACKEND_FUSED_SM90], st.max_err, st.max_lse_err,
+           st.worst_ratio);
 }
 
 // Lengths with the edge cases: an empty sequence, a sequence with queries but no keys, single-token

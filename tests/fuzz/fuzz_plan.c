@@ -155,7 +155,9 @@ static void check_plan(const fa_device_caps *caps, const flashattn_fwd_params *p
                   (__int128)plan.q_rot_off + (__int128)full.batch * full.seqlen_q * full.heads_q * full.head_dim * 2 <=
                       plan.workspace_bytes, "rotated q region");
     }
-    CHECK(!plan.kp.serving || plan.backend != FLASHATTN_BACKEND_REFERENCE, "a serving call planned on REFERENCE");
+    if (plan.kp.serving && plan.backend == FLASHATTN_BACKEND_REFERENCE && !plan.noop)
+        CHECK(plan.ref.gathered > 0 && plan.ref.gathered <= plan.ref.total && plan.ref.total <= plan.workspace_bytes,
+              "reference gather region");
     CHECK(!plan.kp.serving || !full.cu_seqlens_q || plan.kp.num_splits <= 1, "a split with packed Q");
     if (full.block_table) {
         CHECK(full.page_size >= 1 && full.num_pages >= 1 && full.pages_per_seq >= 1 &&
