@@ -38,6 +38,19 @@ inline bool gpu_available() {
         if (!fatest::gpu_available()) GTEST_SKIP() << "no CUDA device on this machine"; \
     } while (0)
 
+// A test with a handle on device 0, or skipped with the reason when the machine has no GPU.
+class GpuTest : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        REQUIRE_GPU();
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_handle_create(&h, 0)) << flashattn_last_error();
+    }
+    void TearDown() override {
+        if (h) EXPECT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_handle_destroy(h));
+    }
+    flashattn_handle *h = nullptr;
+};
+
 // ---- host-side 16-bit floats ----------------------------------------------------------------------
 inline float bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
@@ -240,6 +253,33 @@ inline Result run(flashattn_handle *h, const Inputs &in, int backend, bool lowpr
     }
     return r;
 }
+
+// One flashattn_fwd call captured on a new non-blocking stream into an instantiated CUDA graph.
+struct CapturedCall {
+    cudaStream_t stream = nullptr;
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    flashattn_status status = FLASHATTN_STATUS_SUCCESS;
+    CapturedCall(flashattn_handle *h, const flashattn_fwd_params &p, void *ws, size_t bytes) {
+        CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+        CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+        status = flashattn_fwd(h, &p, ws, bytes, stream);
+        CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+        if (status == FLASHATTN_STATUS_SUCCESS) CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    }
+    CapturedCall(const CapturedCall &) = delete;
+    CapturedCall &operator=(const CapturedCall &) = delete;
+    ~CapturedCall() {
+        if (exec) cudaGraphExecDestroy(exec);
+        if (graph) cudaGraphDestroy(graph);
+        if (stream) cudaStreamDestroy(stream);
+    }
+    // Replays the graph and waits for it.
+    void replay() {
+        CUDA_CHECK(cudaGraphLaunch(exec, stream));
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+    }
+};
 
 // ---- the naive fp64 CPU oracle, written from the semantics, not from the planner's offsets ---------
 inline bool oracle_visible(const Case &c, int64_t i, int64_t j) {

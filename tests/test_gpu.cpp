@@ -15,17 +15,7 @@ using namespace fatest;
 
 namespace {
 
-class Gpu : public ::testing::Test {
-  protected:
-    void SetUp() override {
-        REQUIRE_GPU();
-        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_handle_create(&h, 0)) << flashattn_last_error();
-    }
-    void TearDown() override {
-        if (h) EXPECT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_handle_destroy(h));
-    }
-    flashattn_handle *h = nullptr;
-};
+using Gpu = GpuTest;
 
 bool device_has_sm90_backend() {
     int dev = 0, major = 0, minor = 0;
@@ -499,15 +489,8 @@ TEST_F(Gpu, CudaGraphCaptureAndReplay) {
         size_t need = 0;
         ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_workspace_size(h, &p, &need));
         DevBuf<char> ws(need);
-        cudaStream_t s;
-        CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-        cudaGraph_t graph;
-        cudaGraphExec_t exec;
-        CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-        const flashattn_status st = flashattn_fwd(h, &p, ws.p, need, s);
-        CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, st) << flashattn_last_error();
-        CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        CapturedCall captured(h, p, ws.p, need);
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, captured.status) << flashattn_last_error();
         for (int rep = 0; rep < 3; ++rep) {
             // New inputs into the captured buffers, then replay and compare with a direct call.
             Inputs fresh(c);
@@ -515,9 +498,8 @@ TEST_F(Gpu, CudaGraphCaptureAndReplay) {
             CUDA_CHECK(cudaMemcpy(in.dk.p, fresh.dk.p, in.dk.n * 2, cudaMemcpyDeviceToDevice));
             CUDA_CHECK(cudaMemcpy(in.dv.p, fresh.dv.p, in.dv.n * 2, cudaMemcpyDeviceToDevice));
             CUDA_CHECK(cudaMemset(o.p, 0xff, o.n * 2));
-            CUDA_CHECK(cudaDeviceSynchronize());  // the copies ran on the legacy stream; s does not wait for it
-            CUDA_CHECK(cudaGraphLaunch(exec, s));
-            CUDA_CHECK(cudaStreamSynchronize(s));
+            CUDA_CHECK(cudaDeviceSynchronize());  // the copies ran on the legacy stream; the graph's does not wait for it
+            captured.replay();
             const std::vector<uint16_t> replayed = o.download();
             const Result direct = run(h, fresh, backend);
             ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, direct.status);
@@ -525,9 +507,6 @@ TEST_F(Gpu, CudaGraphCaptureAndReplay) {
             for (size_t x = 0; x < rf.size(); ++x) rf[x] = to_f32(c.dtype, replayed[x]);
             EXPECT_EQ(0, std::memcmp(rf.data(), direct.o.data(), rf.size() * 4)) << "backend " << backend << " replay " << rep;
         }
-        CUDA_CHECK(cudaGraphExecDestroy(exec));
-        CUDA_CHECK(cudaGraphDestroy(graph));
-        CUDA_CHECK(cudaStreamDestroy(s));
     }
 }
 

@@ -17,17 +17,8 @@ using namespace fatest;
 
 namespace {
 
-class Serving : public ::testing::Test {
-  protected:
-    void SetUp() override {
-        REQUIRE_GPU();
-        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_handle_create(&h, 0)) << flashattn_last_error();
-    }
-    void TearDown() override {
-        if (h) EXPECT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_handle_destroy(h));
-    }
-    flashattn_handle *h = nullptr;
-};
+// The GPU tests' fixture (gpu_util.h): a handle on device 0, or a skip with the reason.
+class Serving : public GpuTest {};
 
 enum KvMode { kPackedKv, kPagedSeqused, kPagedCuLens, kIndexedCache, kDenseSeqused, kPagedCsr };
 
@@ -468,15 +459,8 @@ TEST_F(Serving, GraphReplaysNewLengthsPagesAndContents) {
             size_t need = 0;
             ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_workspace_size(h, &p, &need)) << flashattn_last_error();
             DevBuf<char> ws(need);
-            cudaStream_t st;
-            CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-            cudaGraph_t graph;
-            cudaGraphExec_t exec;
-            CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-            const flashattn_status status = flashattn_fwd(h, &p, ws.p, need, st);
-            CUDA_CHECK(cudaStreamEndCapture(st, &graph));
-            ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, status) << flashattn_last_error();
-            CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+            CapturedCall captured(h, p, ws.p, need);
+            ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, captured.status) << flashattn_last_error();
             Stats stats;
             const std::vector<std::vector<int64_t>> sqs = {{100, 3, 0, 150}, {1, 150, 77, 0}, {150, 150, 150, 150}};
             const std::vector<std::vector<int64_t>> sks = {{200, 1200, 9, 160}, {1199, 1, 0, 300}, {1200, 17, 250, 1}};
@@ -492,15 +476,11 @@ TEST_F(Serving, GraphReplaysNewLengthsPagesAndContents) {
                 dev.upload(r);
                 dev.poison();
                 CUDA_CHECK(cudaDeviceSynchronize());
-                CUDA_CHECK(cudaGraphLaunch(exec, st));
-                CUDA_CHECK(cudaStreamSynchronize(st));
+                captured.replay();
                 check_outputs(h, r, dev.o.download(), dev.lse.download(), stats);
             }
             stats.calls[backend] = (int)sqs.size();
             print_stats("graph replays with new lengths, pages and contents", stats);
-            CUDA_CHECK(cudaGraphExecDestroy(exec));
-            CUDA_CHECK(cudaGraphDestroy(graph));
-            CUDA_CHECK(cudaStreamDestroy(st));
         }
 }
 

@@ -409,6 +409,18 @@ def _fast_call(state, q, k, v, softmax_scale, causal, window_size, softcap, retu
     return (o, lse, None) if return_lse else o
 
 
+def _run(qa, p, stream):
+    """flashattn_fwd for a filled FwdParams on q's device: its handle, a workspace from q's library
+    (freed after the enqueue; the allocator reuses it only for work ordered after this call), and the
+    given stream or q's library's current one."""
+    with qa.lib.device_scope(qa):
+        handle = get_handle(qa.device if qa.device is not None else -1)
+        nbytes = workspace_size(handle, p)
+        ws = _empty(qa, (nbytes,), "u8") if nbytes else None
+        s = qa.lib.current_stream(qa) if stream is None else int(stream)
+        fwd(handle, p, _ptr(ws) if ws is not None else 0, nbytes, s)
+
+
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                     softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False,
                     *, out=None, stream=None, backend=Backend.AUTO):
@@ -471,12 +483,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     p = FwdParams.new()
     _set_params(p, qa, ka, va, oa.ptr, oa.strides, _ptr(lse) if lse is not None else None, D, padded, softmax_scale,
                 causal, window_size, softcap, slopes, backend)
-    with qa.lib.device_scope(qa):
-        handle = get_handle(qa.device if qa.device is not None else -1)
-        nbytes = workspace_size(handle, p)
-        ws = _empty(qa, (nbytes,), "u8") if nbytes else None
-        s = qa.lib.current_stream(qa) if stream is None else int(stream)
-        fwd(handle, p, _ptr(ws) if ws is not None else 0, nbytes, s)
+    _run(qa, p, stream)
     if padded != D:
         result = result[..., :D]
         if write_into is not None:
@@ -544,12 +551,7 @@ def _serving_call(qa, ka, va, p, out_shape, lse_shape, D, softmax_scale, causal,
     p.o_seq_stride, p.o_head_stride = oa.strides[-3], oa.strides[-2]
     p.o_batch_stride = oa.strides[0] if len(out_shape) == 4 else 0
     p.lse = _ptr(lse) if lse is not None else None
-    with qa.lib.device_scope(qa):
-        handle = get_handle(qa.device if qa.device is not None else -1)
-        nbytes = workspace_size(handle, p)
-        ws = _empty(qa, (nbytes,), "u8") if nbytes else None
-        s = qa.lib.current_stream(qa) if stream is None else int(stream)
-        fwd(handle, p, _ptr(ws) if ws is not None else 0, nbytes, s)
+    _run(qa, p, stream)
     if padded != D:
         result = result[..., :D]
     return result, lse
