@@ -308,8 +308,9 @@ typedef struct flashattn_fwd_params {
  * Serving calls (0.3.0): a batch of sequences of different lengths, a KV cache in pages, or both.
  * Every length lives in device memory and is read only by the kernels: the host never reads it, so a
  * call can be captured in a CUDA graph once and replayed while the contents of cu_seqlens_q,
- * cu_seqlens_k, seqused_k, block_table, kv_batch_idx, Q, K and V change. seqlen_q and seqlen_k are
- * then capacities, fixed at capture: the longest query and key count any sequence may have.
+ * cu_seqlens_k, seqused_k, block_table, kv_indptr, kv_last_page_len, kv_batch_idx, Q, K, V, k_new,
+ * v_new and the rotary tables change. seqlen_q and seqlen_k are then capacities, fixed at capture:
+ * the longest query and key count any sequence may have.
  *
  *  - Ragged queries (cu_seqlens_q set): Q and O are [total_q, heads_q, head_dim]; token t, head h at
  *    q + t*q_seq_stride + h*q_head_stride (q_batch_stride and o_batch_stride must be 0). Sequence b
@@ -352,12 +353,13 @@ typedef struct flashattn_fwd_params {
  *    reads zeros. Such contents give meaningless numbers, but nothing outside the tensors described
  *    here is read or written. Sequences with no queries cost nothing and write nothing; sequences
  *    with no keys give O = 0 and LSE = -inf.
- *  - Backends: all three run every serving call, any page size; AUTO picks as for dense calls. FUSED_SM90 reads pages with the tensor memory accelerator when the page
- *    size is a multiple of its key tile (flashattn_fwd_plan's block_n: 128 at head dims up to 128, 64
- *    above) or a multiple of 8 that divides it (8, 16, 32, 64, 128, 256, ... at head dim 128), and
- *    gathers rows with cp.async otherwise (slower); it splits the keys of decode-shaped calls only
- *    when Q is not packed. REFERENCE runs them too, as the oracle: it gathers each sequence's Q, K
- *    and V into dense copies at the capacities in its workspace, then computes as for a dense call.
+ *  - Backends: all three run every serving call, any page size; AUTO picks as for dense calls.
+ *    FUSED_SM90 reads pages with the tensor memory accelerator when the page size is a multiple of
+ *    its key tile (flashattn_fwd_plan's block_n: 128 at head dims up to 128, 64 above) or a multiple
+ *    of 8 that divides it (8, 16, 32, 64, 128, 256, ... at head dim 128), and gathers rows with
+ *    cp.async otherwise (slower); it splits the keys of decode-shaped calls only when Q is not
+ *    packed. REFERENCE runs them too, as the oracle: it gathers each sequence's Q, K and V into dense
+ *    copies at the capacities in its workspace, then computes as for a dense call.
  */
 
 /* Sets every field that a struct of `struct_size` bytes has to its default, and struct_size to that
@@ -391,9 +393,10 @@ FLASHATTN_API flashattn_status flashattn_fwd_params_set_packed_strides(flashattn
  * ------------------------------------------------------------------------------------------- */
 
 /* Bytes of device workspace flashattn_fwd needs for these params, in *bytes: the REFERENCE backend's
- * score matrix; FUSED_SM90's per-split partial results when it splits the key range of a call with
- * too few query tiles to fill the GPU (decode-shaped calls: flashattn_fwd_plan reports num_splits);
- * otherwise 0. Always ask rather than assume 0. Returns: SUCCESS or any validation status
+ * score matrix (and, for a serving call, its dense copies of Q, K and V); FUSED_SM90's per-split
+ * partial results when it splits the key range of a call with too few query tiles to fill the GPU
+ * (decode-shaped calls: flashattn_fwd_plan reports num_splits); the rotated copy of Q when rotary
+ * tables are set; otherwise 0. Always ask rather than assume 0. Returns: SUCCESS or any validation status
  * flashattn_fwd can return (never WORKSPACE_TOO_SMALL, CUDA_ERROR or CUBLAS_ERROR). */
 FLASHATTN_API flashattn_status flashattn_fwd_workspace_size(const flashattn_handle *handle,
                                                             const flashattn_fwd_params *params,
