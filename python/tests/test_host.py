@@ -155,3 +155,53 @@ def test_missing_library_says_where_it_looked(monkeypatch):
     monkeypatch.setattr(_lib, "_LIB", None)
     with pytest.raises(OSError, match="/nonexistent/libflashattn.so"):
         _lib.load_library()
+
+
+class FakeCuda:
+    """An array known only through __cuda_array_interface__: the argument checks below refuse it
+    before anything is dereferenced or any device is needed."""
+
+    def __init__(self, shape, typestr="<f2", ptr=0x100000):
+        self.__cuda_array_interface__ = {"shape": tuple(shape), "typestr": typestr, "data": (ptr, False),
+                                         "strides": None, "version": 3}
+
+
+def _varlen_args(**over):
+    a = dict(q=FakeCuda((10, 4, 64)), k=FakeCuda((12, 2, 64)), v=FakeCuda((12, 2, 64)),
+             cu_seqlens_q=FakeCuda((3,), "<i4"), cu_seqlens_k=FakeCuda((3,), "<i4"), max_seqlen_q=8, max_seqlen_k=8)
+    a.update(over)
+    return a
+
+
+@pytest.mark.parametrize("over,exc,match", [
+    (dict(cu_seqlens_q=FakeCuda((3,), "<i8")), TypeError, "cu_seqlens_q must be an int32 CUDA array"),
+    (dict(cu_seqlens_k=FakeCuda((4,), "<i4")), ValueError, "both must be batch \\+ 1"),
+    (dict(cu_seqlens_q=FakeCuda((3, 1), "<i4")), ValueError, "cu_seqlens_q has shape"),
+    (dict(seqused_k=FakeCuda((5,), "<i4")), ValueError, "seqused_k has 5 entries; expected batch = 2"),
+    (dict(k=FakeCuda((12, 2, 32)), v=FakeCuda((12, 2, 32))), ValueError, "k has head dim 32 but q has 64"),
+    (dict(v=FakeCuda((11, 2, 64))), ValueError, "k has shape"),
+    (dict(k=FakeCuda((3, 16, 2, 64)), v=FakeCuda((3, 16, 2, 64)), block_table=FakeCuda((3, 4), "<i4")), ValueError,
+     "block_table has 3 rows; expected one per sequence \\(2\\)"),
+    (dict(dropout_p=0.1), ValueError, "dropout_p"),
+])
+def test_varlen_arguments_are_checked_before_any_device_work(over, exc, match):
+    with pytest.raises(exc, match=match):
+        flashattn.flash_attn_varlen_func(**_varlen_args(**over))
+
+
+@pytest.mark.parametrize("kw,exc,match", [
+    (dict(cache_leftpad=FakeCuda((2,), "<i4")), NotImplementedError, "cache_leftpad is not supported"),
+    (dict(k=FakeCuda((2, 1, 2, 64))), ValueError, "pass k and v together"),
+    (dict(rotary_cos=FakeCuda((50, 16))), ValueError, "rotary_cos and rotary_sin together"),
+    (dict(rotary_cos=FakeCuda((50, 16)), rotary_sin=FakeCuda((50, 16))), ValueError, "they need k and v"),
+    (dict(k=FakeCuda((2, 1, 2, 64)), v=FakeCuda((2, 1, 2, 64))), ValueError, "needs cache_seqlens"),
+    (dict(cache_seqlens=7), TypeError, "cache_seqlens as an int needs torch tensors"),
+    (dict(cache_seqlens=FakeCuda((2,), "<i8")), TypeError, "cache_seqlens must be an int32 CUDA array"),
+    (dict(cache_batch_idx=FakeCuda((3,), "<i4")), ValueError, "cache_batch_idx has 3 entries"),
+    (dict(block_table=FakeCuda((2, 4), "<i4"), cache_batch_idx=FakeCuda((2,), "<i4")), ValueError,
+     "cannot be combined with block_table"),
+])
+def test_kvcache_arguments_are_checked_before_any_device_work(kw, exc, match):
+    q, kc, vc = FakeCuda((2, 1, 4, 64)), FakeCuda((2, 100, 2, 64)), FakeCuda((2, 100, 2, 64))
+    with pytest.raises(exc, match=match):
+        flashattn.flash_attn_with_kvcache(q, kc, vc, **kw)
