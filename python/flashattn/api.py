@@ -524,8 +524,9 @@ def _int32_array(obj, name, ndim, device):
 
 def _serving_call(qa, ka, va, p, out_shape, lse_shape, D, softmax_scale, causal, window_size, softcap,
                   alibi_slopes, return_lse, stream, keep):
-    """Sets the shared fields of a serving call, allocates out (and LSE), pads the head dim, runs it.
-    p already has the shapes, strides and serving fields; `keep` holds arrays that must outlive it."""
+    """Sets the shared fields of a serving call, allocates out (at the padded head dim) and LSE, runs
+    it, and returns (out sliced back to head dim D, lse). p already has the shapes, strides and
+    serving fields; `keep` holds arrays that must outlive the call."""
     padded = p.head_dim
     if padded != D and softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(D)  # the real head dim's scale, not the padded one's
