@@ -123,6 +123,13 @@ static inline int64_t fa_fused_smem_bytes(const fa_fused_config *c) {
     X(128, 128, 2, 65, 0)       \
     X(256, 64, 2, 129, 0)
 
+/* Whether FUSED_SM90 reads a serving call's pages with the tensor memory accelerator: boxes of
+ * min(page_size, block_n) keys must tile a key tile on the 8-row swizzle atom (a multiple of the
+ * tile, or a multiple of 8 that divides it); other page sizes are gathered with cp.async. A macro, so
+ * the planner (C), the launcher and the kernel (device code) share it. */
+#define FA_SM90_TMA_PAGES(page_size, block_n) \
+    ((page_size) % (block_n) == 0 || ((block_n) % (page_size) == 0 && (page_size) % 8 == 0))
+
 static inline int64_t fa_sm90_smem_bytes(int head_dim, int block_m, int block_n) {
     /* Q, two stages of K, two of V, 128 bytes of barriers, plus 1 KB to align the base to the
      * 1024-byte swizzle atom. */

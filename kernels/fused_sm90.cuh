@@ -92,20 +92,9 @@ template <class Tr> struct smem_layout {
     }
     /* Thread 0, before the block's first barrier: a load arrives once (with its byte count), a
      * stage is handed back once per consumer warp. */
-    __device__ __forceinline__ void init_barriers() const {
-        mbar_init(bar_q, 1);
-#pragma unroll
-        for (int st = 0; st < 2; ++st) {
-            mbar_init(full_k + 8 * st, 1);
-            mbar_init(full_v + 8 * st, 1);
-            mbar_init(empty_k + 8 * st, 4 * Tr::kConsumers);
-            mbar_init(empty_v + 8 * st, 4 * Tr::kConsumers);
-        }
-        mbar_init_fence();
-    }
-    /* A serving call's: the K/V stages filled by `full_arrivals` producer threads (1 with TMA, the
-     * whole producer warpgroup when it gathers pages with cp.async). */
-    __device__ __forceinline__ void init_barriers(int full_arrivals) const {
+    /* The K/V stages are filled by `full_arrivals` producer threads: 1 with TMA, the whole producer
+     * warpgroup when a serving call gathers its pages with cp.async. */
+    __device__ __forceinline__ void init_barriers(int full_arrivals = 1) const {
         mbar_init(bar_q, 1);
 #pragma unroll
         for (int st = 0; st < 2; ++st) {
@@ -118,12 +107,9 @@ template <class Tr> struct smem_layout {
     }
 };
 
-/* Whether a serving call's pages are read with the tensor memory accelerator (boxes of
- * min(page_size, block_n) keys that tile a key tile on the 8-row swizzle atom) or gathered row by
- * row with cp.async (any other page size). plan.c's rule is the same. */
+/* Whether a serving call's pages are gathered row by row with cp.async (FA_SM90_TMA_PAGES false). */
 template <class Tr> __device__ __forceinline__ bool gathers_pages(const fa_kernel_params &p) {
-    return p.block_table != nullptr &&
-           !(p.page_size % Tr::kBlockN == 0 || (Tr::kBlockN % p.page_size == 0 && p.page_size % 8 == 0));
+    return p.block_table != nullptr && !FA_SM90_TMA_PAGES(p.page_size, Tr::kBlockN);
 }
 
 /* The block's work: query positions [m0, m0 + rows_per_head) of `heads` query heads starting at h0
@@ -162,11 +148,12 @@ template <class Tr> struct tile {
         return hg < heads && pos < bnd.seqlen_q;
     }
     /* Where row (head, pos) puts its LSE: this split's slot, the caller's LSE, or nowhere. A
-     * ragged batch's LSE is [heads_q, total_q], its rows from the sequence's first row q_row0. */
-    __device__ __forceinline__ float *lse_slot(const fa_kernel_params &p, int head, int pos, int64_t q_row0 = -1) const {
+     * ragged batch's LSE is [heads_q, total_q], its rows from lse_row0 (the sequence's first row;
+     * -1: the dense [batch, heads_q, seqlen_q] layout). */
+    __device__ __forceinline__ float *lse_slot(const fa_kernel_params &p, int head, int pos, int64_t lse_row0 = -1) const {
         const int64_t bhq = (int64_t)b * p.heads_q + head;
         if (partial) return p.lse_accum + ((int64_t)split * p.batch * p.heads_q + bhq) * p.seqlen_q + pos;
-        if (q_row0 >= 0) return p.lse ? p.lse + (int64_t)head * p.total_q + q_row0 + pos : nullptr;
+        if (lse_row0 >= 0) return p.lse ? p.lse + (int64_t)head * p.total_q + lse_row0 + pos : nullptr;
         return p.lse ? p.lse + bhq * p.seqlen_q + pos : nullptr;
     }
 };

@@ -66,9 +66,9 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
     int kv_box = Tr::kBlockN;
     if (kp->serving) {
         if (kp->cu_seqlens_q) q_seq = kp->total_q, q_batch = 1;
-        /* Pages in boxes of min(page_size, kBlockN) keys when those tile a key tile on the swizzle
-         * atom (fused_sm90.cuh, gathers_pages); other page sizes are gathered, the map unused. */
-        const bool tma_pages = kp->page_size % Tr::kBlockN == 0 || (Tr::kBlockN % kp->page_size == 0 && kp->page_size % 8 == 0);
+        /* Pages in boxes of min(page_size, kBlockN) keys when TMA reads them; other page sizes are
+         * gathered, the map unused. */
+        const bool tma_pages = FA_SM90_TMA_PAGES(kp->page_size, Tr::kBlockN);
         if (kp->block_table)
             kv_seq = kp->page_size, kv_batch = kp->num_pages, kv_box = tma_pages && kp->page_size < kv_box ? kp->page_size : kv_box;
         else if (kp->cu_seqlens_k) kv_seq = kp->total_k, kv_batch = 1;

@@ -94,7 +94,11 @@ FA_HIDDEN flashattn_status fa_fwd_params_load(const flashattn_fwd_params *p, fla
 /* validate.c: every check that needs no device, on the caller's params read into *full. */
 FA_HIDDEN flashattn_status fa_validate_load(const flashattn_fwd_params *p, flashattn_fwd_params *full);
 FA_HIDDEN flashattn_status fa_validate(const flashattn_fwd_params *p);
-/* Whether a loaded params uses any serving field (ragged, seqused, paged, indexed KV). */
+/* The outer two extents of Q/O and of K/V: [batch, seqlen_q] or packed [1, total_q]; [batch,
+ * seqlen_k], packed [1, total_k], page pools [num_pages, page_size] or a cache [kv_batch, seqlen_k]. */
+FA_HIDDEN void fa_outer_extents(const flashattn_fwd_params *p, int64_t *q_outer, int64_t *q_rows, int64_t *kv_outer,
+                                int64_t *kv_rows);
+/* Whether a loaded params uses any serving field (ragged, seqused, paged, indexed KV, append). */
 FA_HIDDEN int fa_is_serving(const flashattn_fwd_params *p);
 
 /* plan.c: validate, then choose a backend and its launch shape. Pure: no CUDA calls. */

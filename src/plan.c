@@ -252,11 +252,8 @@ static const char *sm90_unsupported_reason(const fa_device_caps *caps, const fla
     /* The tensor memory accelerator takes strides of 16 bytes up to 2^40 bytes; a zero stride
      * (a broadcast dimension) only where that dimension has one element. A serving call's tensors
      * have their own outer extents (packed, page pools, an indexed cache). */
-    const int64_t q_seq = p->cu_seqlens_q ? p->total_q : p->seqlen_q, q_batch = p->cu_seqlens_q ? 1 : p->batch;
-    int64_t kv_seq = p->seqlen_k, kv_batch = p->batch;
-    if (p->block_table) kv_seq = p->page_size, kv_batch = p->num_pages;
-    else if (p->cu_seqlens_k) kv_seq = p->total_k, kv_batch = 1;
-    else if (p->kv_batch_idx) kv_batch = p->kv_batch;
+    int64_t q_batch, q_seq, kv_batch, kv_seq;
+    fa_outer_extents(p, &q_batch, &q_seq, &kv_batch, &kv_seq);
     const struct { const char *name; int64_t extent, stride; } tma[] = {
         {"q_seq_stride", q_seq, p->q_seq_stride}, {"q_head_stride", p->heads_q, p->q_head_stride},
         {"q_batch_stride", q_batch, p->q_batch_stride}, {"k_seq_stride", kv_seq, p->k_seq_stride},
@@ -522,8 +519,7 @@ void fa_plan_describe(const fa_plan *plan, flashattn_plan_info *info) {
         char paged[32] = "";
         if (kp->block_table) {
             const int bn = plan->cfg.block_n;
-            const int tma = plan->backend == FLASHATTN_BACKEND_FUSED_SM90 &&
-                            (kp->page_size % bn == 0 || (bn % kp->page_size == 0 && kp->page_size % 8 == 0));
+            const int tma = plan->backend == FLASHATTN_BACKEND_FUSED_SM90 && FA_SM90_TMA_PAGES(kp->page_size, bn);
             snprintf(paged, sizeof paged, " paged=%d:%s", kp->page_size, tma ? "tma" : "gather");
         }
         snprintf(serving, sizeof serving, "%s%s%s%s%s%s", kp->cu_seqlens_q ? " packed_q" : "",

@@ -86,6 +86,16 @@ static flashattn_status check_no_self_overlap(const tensor_desc *t) {
     return FLASHATTN_STATUS_SUCCESS;
 }
 
+void fa_outer_extents(const flashattn_fwd_params *p, int64_t *q_outer, int64_t *q_rows, int64_t *kv_outer,
+                      int64_t *kv_rows) {
+    *q_outer = p->cu_seqlens_q ? 1 : p->batch;
+    *q_rows = p->cu_seqlens_q ? p->total_q : p->seqlen_q;
+    *kv_outer = p->batch, *kv_rows = p->seqlen_k;
+    if (p->block_table) *kv_outer = p->num_pages, *kv_rows = p->page_size;
+    else if (p->cu_seqlens_k) *kv_outer = 1, *kv_rows = p->total_k;
+    else if (p->kv_batch_idx) *kv_outer = p->kv_batch;
+}
+
 int fa_is_serving(const flashattn_fwd_params *p) {
     return p->cu_seqlens_q != NULL || p->cu_seqlens_k != NULL || p->seqused_k != NULL ||
            p->block_table != NULL || p->kv_batch_idx != NULL || p->k_new != NULL;
@@ -335,13 +345,8 @@ flashattn_status fa_validate_load(const flashattn_fwd_params *caller, flashattn_
     if (st != FLASHATTN_STATUS_SUCCESS) return st;
     st = check_append(p);
     if (st != FLASHATTN_STATUS_SUCCESS) return st;
-    /* Extents of Q/O ([batch, seqlen_q] or packed [1, total_q]) and of K/V ([batch, seqlen_k],
-     * packed [1, total_k], pools [num_pages, page_size] or a cache [kv_batch, seqlen_k]). */
-    const int64_t q_outer = p->cu_seqlens_q ? 1 : p->batch, q_rows = p->cu_seqlens_q ? p->total_q : p->seqlen_q;
-    int64_t k_outer = p->batch, k_rows = p->seqlen_k;
-    if (p->block_table) k_outer = p->num_pages, k_rows = p->page_size;
-    else if (p->cu_seqlens_k) k_outer = 1, k_rows = p->total_k;
-    else if (p->kv_batch_idx) k_outer = p->kv_batch;
+    int64_t q_outer, q_rows, k_outer, k_rows;
+    fa_outer_extents(p, &q_outer, &q_rows, &k_outer, &k_rows);
     const tensor_desc tensors[4] = {
         {"q", p->q, {q_outer, q_rows, p->heads_q, p->head_dim},
          {p->q_batch_stride, p->q_seq_stride, p->q_head_stride, 1}},
