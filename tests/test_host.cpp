@@ -396,10 +396,15 @@ TEST(Serving, AppendPlansTheRotatedQueryInTheWorkspace) {
         if (plan.kp.num_splits > 1) EXPECT_GE(plan.q_rot_off, plan.lse_accum_off);  // after the split regions
         EXPECT_EQ(64, plan.app.rotary_dim);
         EXPECT_EQ(200, plan.app.seqlen_cap);
-        // Without the tables, no workspace for Q; no queries, still not a no-op (the cache is written).
+        // Without the tables, no workspace for Q: exactly what the same call without an append needs
+        // (its split regions, if any); no queries, still not a no-op (the cache is written).
         p.rotary_cos = p.rotary_sin = nullptr, p.rotary_dim = 0, p.seqlen_ro = 0;
         ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, fa_plan_make(&caps, &p, 0, &plan)) << flashattn_last_error();
-        EXPECT_EQ(plan.kp.num_splits > 1 ? plan.workspace_bytes : 0, plan.workspace_bytes);
+        flashattn_fwd_params no_append = p;
+        no_append.k_new = no_append.v_new = nullptr, no_append.seqlen_new = 0;
+        fa_plan plain;
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, fa_plan_make(&caps, &no_append, 0, &plain)) << flashattn_last_error();
+        EXPECT_EQ(plain.workspace_bytes, plan.workspace_bytes);
         p.seqlen_q = 0;
         ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, fa_plan_make(&caps, &p, 0, &plan)) << flashattn_last_error();
         EXPECT_EQ(0, plan.noop);
