@@ -45,7 +45,7 @@ extern "C" {
  * ------------------------------------------------------------------------------------------- */
 
 #define FLASHATTN_VERSION_MAJOR 0
-#define FLASHATTN_VERSION_MINOR 3
+#define FLASHATTN_VERSION_MINOR 4
 #define FLASHATTN_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, comparable with flashattn_version(). */
 #define FLASHATTN_VERSION \
@@ -106,8 +106,9 @@ typedef enum flashattn_status {
     FLASHATTN_STATUS_BAD_PAGED_KV = 25,         /* the paged-KV fields disagree: page_size,
                                                    num_pages, pages_per_seq or the block table's
                                                    row stride out of range, seqlen_k above
-                                                   pages_per_seq x page_size, or a page-list field
-                                                   without kv_indptr (added in 0.3.0) */
+                                                   pages_per_seq x page_size, a page-list field
+                                                   without kv_indptr (added in 0.3.0), or
+                                                   cache_leftpad with paged K/V (0.4.0) */
     FLASHATTN_STATUS_BAD_APPEND = 26,           /* the KV-append fields disagree: k_new without
                                                    v_new or seqused_k, a packed Q or K/V, or
                                                    seqlen_new without k_new (added in 0.3.0) */
@@ -297,12 +298,19 @@ typedef struct flashattn_fwd_params {
                                       (1..page_size): a sequence of n pages has (n - 1) x page_size +
                                       kv_last_page_len[b] keys (NULL: n x page_size) */
     int64_t num_page_indices;      /* entries of block_table with kv_indptr, else 0 */
+
+    /* ---- Added in 0.4.0: left-padded caches (FlashAttention's cache_leftpad). */
+    const int32_t *cache_leftpad;  /* device int32 [batch], or NULL (0 for every sequence): sequence b's
+                                      keys start at row cache_leftpad[b] of its dense, indexed or
+                                      packed K/V; not with block_table (see "Serving calls") */
 } flashattn_fwd_params;
 
 /* The struct's size in release 0.1.0, the first layout. A library accepts every released size. */
 #define FLASHATTN_FWD_PARAMS_SIZE_0_1 248
 /* The struct's size in release 0.3.0 (the serving, append, rotary and page-list fields appended). */
 #define FLASHATTN_FWD_PARAMS_SIZE_0_3 488
+/* The struct's size in release 0.4.0 (cache_leftpad appended). */
+#define FLASHATTN_FWD_PARAMS_SIZE_0_4 496
 
 /*
  * Serving calls (0.3.0): a batch of sequences of different lengths, a KV cache in pages, or both.
@@ -336,6 +344,13 @@ typedef struct flashattn_fwd_params {
  *    any sequence may have (seqlen_k <= pages_per_seq x page_size).
  *  - Indexed dense cache (kv_batch_idx set, K/V neither packed nor paged): K and V are
  *    [kv_batch, seqlen_k, heads_kv, head_dim] and batch entry b reads entry kv_batch_idx[b].
+ *  - Left padding (cache_leftpad set, 0.4.0; dense, indexed or packed K/V, not paged): the first
+ *    cache_leftpad[b] rows of sequence b's K and V are padding. With n its key count as above
+ *    (appended keys included), it attends to the n - cache_leftpad[b] keys in rows cache_leftpad[b]
+ *    .. n - 1 (a value outside 0..n is clamped to it). Positions do not move: appends still go to
+ *    seqused_k[b] + i and rotary uses the same positions; causal masks, windows and ALiBi count from
+ *    the first key after the padding, and the last query still meets the last key. This is
+ *    FlashAttention-2's cache_leftpad.
  *  - Appending (k_new set; needs seqused_k, dense Q, and a dense, indexed or paged cache): before
  *    attending, new key i of sequence b (k_new, rotated when the tables are set) and its value
  *    (v_new) are written into the cache at position seqused_k[b] + i (skipped where that is at or

@@ -20,13 +20,13 @@ constexpr int kAppendThreads = 256;
 /* Element d of row x (head_dim contiguous) after rotation at table row `pos`. */
 template <int kDtype>
 __device__ __forceinline__ typename elem<kDtype>::type rotated(const fa_append_args &a, const typename elem<kDtype>::type *x,
-                                                              int d, int pos) {
+                                                              int d, int64_t pos) {
     using E = elem<kDtype>;
     using T = typename E::type;
     if (d >= a.rotary_dim) return x[d];
     const float v = E::to_float(x[d]);
     const int half = a.rotary_dim / 2;
-    const int row = pos < 0 ? 0 : (pos >= a.seqlen_ro ? a.seqlen_ro - 1 : pos); /* clamped: never outside the tables */
+    const int64_t row = pos < 0 ? 0 : (pos >= a.seqlen_ro ? a.seqlen_ro - 1 : pos); /* clamped: never outside the tables */
     int i, partner;
     float sign;
     if (a.interleaved) {
@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(kAppendThreads) append_kernel(const __grid_con
             const int h = (int)(r % a.heads_kv);
             r /= a.heads_kv;
             const int i = (int)(r % a.seqlen_new), b = (int)(r / a.seqlen_new);
-            const int pos = a.seqused_k[b] + i;
+            const int64_t pos = (int64_t)a.seqused_k[b] + i;
             if (pos < 0 || pos >= a.seqlen_cap) continue; /* past the cache's capacity: not written */
             int64_t outer = b, row = pos;
             if (a.block_table) {
@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(kAppendThreads) append_kernel(const __grid_con
             const int h = (int)(r % a.heads_q);
             r /= a.heads_q;
             const int i = (int)(r % a.seqlen_q), b = (int)(r / a.seqlen_q);
-            const int pos = a.seqused_k[b] + (a.q_at_cache_len ? 0 : i);
+            const int64_t pos = (int64_t)a.seqused_k[b] + (a.q_at_cache_len ? 0 : i);
             const T *q = (const T *)a.q + b * a.q_stride[0] + i * a.q_stride[1] + h * a.q_stride[2];
             ((T *)a.q_out)[y] = rotated<kDtype>(a, q, d, pos);
         }

@@ -141,6 +141,10 @@ __device__ __forceinline__ fa_seq serving_seq(const fa_kernel_params &p, int b) 
     if (p.seqused_k != nullptr) sk = (int64_t)p.seqused_k[b] + p.seqused_add; /* + the keys this call appends */
     sk = clamp64(sk, 0, p.seqlen_k);
     if (p.cu_seqlens_k != nullptr && !paged) sk = min(sk, p.total_k - k0);
+    if (p.cache_leftpad != nullptr) { /* never with pages: the keys after the padding rows */
+        const int64_t pad = clamp64(p.cache_leftpad[b], 0, sk);
+        k0 += pad, sk -= pad;
+    }
     s.kv_b = b;
     s.kv_valid = true;
     if (p.kv_batch_idx != nullptr) {

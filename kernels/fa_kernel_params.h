@@ -71,6 +71,7 @@ typedef struct fa_kernel_params {
     int32_t seqused_add;        /* keys appended by this call: sequence b has seqused_k[b] + seqused_add */
     int32_t num_page_indices;   /* page lists: entries of block_table */
     const int32_t *kv_indptr, *kv_last_page_len; /* page lists (CSR): sequence b's pages from kv_indptr[b] */
+    const int32_t *cache_leftpad; /* not paged: sequence b's keys start at row cache_leftpad[b] */
 } fa_kernel_params;
 
 /* Launch shape decided by the planner; a launcher refuses one that its kernel was not built for. */

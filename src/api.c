@@ -140,8 +140,9 @@ flashattn_status flashattn_handle_device(const flashattn_handle *handle, int *de
 /* ---- params ---------------------------------------------------------------------------------- */
 
 /* The released sizes of each growable struct, oldest first; the last is this library's own. */
-static const size_t fa_params_sizes[] = {FLASHATTN_FWD_PARAMS_SIZE_0_1, FLASHATTN_FWD_PARAMS_SIZE_0_3};
-_Static_assert(sizeof(flashattn_fwd_params) == FLASHATTN_FWD_PARAMS_SIZE_0_3,
+static const size_t fa_params_sizes[] = {FLASHATTN_FWD_PARAMS_SIZE_0_1, FLASHATTN_FWD_PARAMS_SIZE_0_3,
+                                         FLASHATTN_FWD_PARAMS_SIZE_0_4};
+_Static_assert(sizeof(flashattn_fwd_params) == FLASHATTN_FWD_PARAMS_SIZE_0_4,
                "a new field needs a new released size in fa_params_sizes");
 static const size_t fa_plan_info_sizes[] = {FLASHATTN_PLAN_INFO_SIZE_0_1, sizeof(flashattn_plan_info)};
 

@@ -129,6 +129,7 @@ static void fill_kernel_params(const flashattn_fwd_params *p, fa_kernel_params *
         kp->seqused_add = (int32_t)p->seqlen_new;
         kp->kv_indptr = p->kv_indptr, kp->kv_last_page_len = p->kv_last_page_len;
         kp->num_page_indices = (int32_t)p->num_page_indices;
+        kp->cache_leftpad = p->cache_leftpad;
     }
 }
 
@@ -512,7 +513,7 @@ void fa_plan_describe(const fa_plan *plan, flashattn_plan_info *info) {
         snprintf(info->kernel_name, sizeof info->kernel_name, "reference_cublas_%s_softmax_f32", dt);
     }
     /* A serving call's paths: packed Q/K, per-sequence key counts, pages (read by TMA boxes or
-     * gathered row by row), an indexed cache, an append with or without rotary. */
+     * gathered row by row), an indexed cache, left padding, an append with or without rotary. */
     char serving[96] = "";
     const fa_kernel_params *kp = &plan->kp;
     if (kp->serving) {
@@ -522,9 +523,9 @@ void fa_plan_describe(const fa_plan *plan, flashattn_plan_info *info) {
             const int tma = plan->backend == FLASHATTN_BACKEND_FUSED_SM90 && FA_SM90_TMA_PAGES(kp->page_size, bn);
             snprintf(paged, sizeof paged, " paged=%d:%s", kp->page_size, tma ? "tma" : "gather");
         }
-        snprintf(serving, sizeof serving, "%s%s%s%s%s%s", kp->cu_seqlens_q ? " packed_q" : "",
+        snprintf(serving, sizeof serving, "%s%s%s%s%s%s%s", kp->cu_seqlens_q ? " packed_q" : "",
                  kp->cu_seqlens_k && !kp->block_table ? " packed_kv" : "", kp->seqused_k ? " seqused_k" : "", paged,
-                 kp->kv_batch_idx ? " kv_batch_idx" : "",
+                 kp->kv_batch_idx ? " kv_batch_idx" : "", kp->cache_leftpad ? " leftpad" : "",
                  plan->append ? (plan->app.cos ? " append+rotary" : " append") : "");
     }
     snprintf(info->description, sizeof info->description,

@@ -98,7 +98,7 @@ void fa_outer_extents(const flashattn_fwd_params *p, int64_t *q_outer, int64_t *
 
 int fa_is_serving(const flashattn_fwd_params *p) {
     return p->cu_seqlens_q != NULL || p->cu_seqlens_k != NULL || p->seqused_k != NULL ||
-           p->block_table != NULL || p->kv_batch_idx != NULL || p->k_new != NULL;
+           p->block_table != NULL || p->kv_batch_idx != NULL || p->k_new != NULL || p->cache_leftpad != NULL;
 }
 
 /* Appending new keys and the rotary tables (flashattn.h, "Serving calls"). */
@@ -176,7 +176,7 @@ static flashattn_status check_serving(const flashattn_fwd_params *p) {
     const struct { const char *name; const int32_t *ptr; } arrays[] = {
         {"cu_seqlens_q", p->cu_seqlens_q}, {"cu_seqlens_k", p->cu_seqlens_k},
         {"seqused_k", p->seqused_k},       {"block_table", p->block_table},
-        {"kv_batch_idx", p->kv_batch_idx},
+        {"kv_batch_idx", p->kv_batch_idx}, {"cache_leftpad", p->cache_leftpad},
     };
     for (size_t i = 0; i < FA_COUNT(arrays); ++i)
         if (((uintptr_t)arrays[i].ptr) % 4 != 0)
@@ -230,6 +230,10 @@ static flashattn_status check_serving(const flashattn_fwd_params *p) {
             return fa_fail(FLASHATTN_STATUS_BAD_VARLEN, "kv_batch is %lld; with kv_batch_idx it must be in 1..%d",
                            (ll)p->kv_batch, INT32_MAX);
     }
+    if (p->cache_leftpad != NULL && paged)
+        return fa_fail(FLASHATTN_STATUS_BAD_PAGED_KV,
+                       "cache_leftpad is set with block_table: left padding applies to dense, indexed or "
+                       "packed K/V, not to pages (give each sequence its pages from its first key instead)");
     if (p->reserved1 != 0)
         return fa_fail(FLASHATTN_STATUS_BAD_STRUCT_SIZE,
                        "params->reserved1 is %d; it must be 0 (call flashattn_fwd_params_init)", (int)p->reserved1);

@@ -117,8 +117,11 @@ TEST(Abi, ParamsLayoutIsFrozen) {
     EXPECT_EQ(464u, offsetof(flashattn_fwd_params, kv_indptr));
     EXPECT_EQ(472u, offsetof(flashattn_fwd_params, kv_last_page_len));
     EXPECT_EQ(480u, offsetof(flashattn_fwd_params, num_page_indices));
-    EXPECT_EQ(488u, sizeof(flashattn_fwd_params));
-    EXPECT_EQ((size_t)FLASHATTN_FWD_PARAMS_SIZE_0_3, sizeof(flashattn_fwd_params));
+    EXPECT_EQ(488u, (size_t)FLASHATTN_FWD_PARAMS_SIZE_0_3);
+    // 0.4.0's field, appended after the 0.3.0 layout.
+    EXPECT_EQ(488u, offsetof(flashattn_fwd_params, cache_leftpad));
+    EXPECT_EQ(496u, sizeof(flashattn_fwd_params));
+    EXPECT_EQ((size_t)FLASHATTN_FWD_PARAMS_SIZE_0_4, sizeof(flashattn_fwd_params));
 }
 
 TEST(Abi, PlanInfoLayoutIsFrozen) {
@@ -341,6 +344,8 @@ const std::vector<BadCase> &bad_cases() {
         {"kv_batch without kv_batch_idx", [](auto &p) { p.kv_batch = 4; }, FLASHATTN_STATUS_BAD_VARLEN, "kv_batch", valid_params},
         {"kv_batch_idx with paged K/V", [](auto &p) { p.kv_batch_idx = (const int32_t *)0x730000; p.kv_batch = 2; }, FLASHATTN_STATUS_BAD_VARLEN, "block_table", valid_varlen_paged},
         {"kv_batch_idx with packed K/V", [](auto &p) { p.kv_batch_idx = (const int32_t *)0x730000; p.kv_batch = 2; }, FLASHATTN_STATUS_BAD_VARLEN, "cu_seqlens_k", valid_varlen_packed},
+        {"cache_leftpad misaligned", [](auto &p) { p.cache_leftpad = (const int32_t *)0x740002; }, FLASHATTN_STATUS_MISALIGNED_POINTER, "cache_leftpad", valid_indexed_cache},
+        {"cache_leftpad with paged K/V", [](auto &p) { p.cache_leftpad = (const int32_t *)0x740000; }, FLASHATTN_STATUS_BAD_PAGED_KV, "cache_leftpad", valid_varlen_paged},
         {"kv_batch zero", [](auto &p) { p.kv_batch = 0; }, FLASHATTN_STATUS_BAD_VARLEN, "kv_batch", valid_indexed_cache},
         {"page_size without block_table", [](auto &p) { p.page_size = 16; }, FLASHATTN_STATUS_BAD_PAGED_KV, "page_size", valid_params},
         {"num_pages without block_table", [](auto &p) { p.num_pages = 16; }, FLASHATTN_STATUS_BAD_PAGED_KV, "num_pages", valid_params},
@@ -969,7 +974,8 @@ flashattn_handle fake_handle(const fa_device_caps &caps) {
 TEST(StructGrowth, ParamsOfEveryReleasedSizeAreReadNoFurther) {
     const flashattn_handle h = fake_handle(h200_caps());
     const flashattn_fwd_params full = valid_params();
-    for (size_t size : {(size_t)FLASHATTN_FWD_PARAMS_SIZE_0_1, sizeof(flashattn_fwd_params)}) {
+    for (size_t size : {(size_t)FLASHATTN_FWD_PARAMS_SIZE_0_1, (size_t)FLASHATTN_FWD_PARAMS_SIZE_0_3,
+                        sizeof(flashattn_fwd_params)}) {
         GuardedBytes mem(size);
         flashattn_fwd_params *p = mem.as<flashattn_fwd_params>();
         ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_params_init_size(p, size)) << flashattn_last_error();
@@ -990,12 +996,14 @@ TEST(StructGrowth, ParamsOfEveryReleasedSizeAreReadNoFurther) {
 }
 
 TEST(StructGrowth, FieldsAnOlderCallerDoesNotKnowTakeTheirDefaults) {
-    flashattn_fwd_params defaults, caller, loaded;
-    flashattn_fwd_params_init(&defaults);
-    std::memset(&caller, 0x5A, sizeof caller);  // garbage past the caller's size must be ignored
-    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_params_init_size(&caller, FLASHATTN_FWD_PARAMS_SIZE_0_1));
-    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, fa_fwd_params_load(&caller, &loaded));
-    EXPECT_EQ(0, std::memcmp(&defaults, &loaded, sizeof loaded));
+    for (size_t size : {(size_t)FLASHATTN_FWD_PARAMS_SIZE_0_1, (size_t)FLASHATTN_FWD_PARAMS_SIZE_0_3}) {
+        flashattn_fwd_params defaults, caller, loaded;
+        flashattn_fwd_params_init(&defaults);
+        std::memset(&caller, 0x5A, sizeof caller);  // garbage past the caller's size must be ignored
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_params_init_size(&caller, size));
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, fa_fwd_params_load(&caller, &loaded));
+        EXPECT_EQ(0, std::memcmp(&defaults, &loaded, sizeof loaded)) << size;
+    }
 }
 
 TEST(StructGrowth, TheExported0_1InitWritesExactly0_1Bytes) {

@@ -1,7 +1,7 @@
 // test_serving.cpp - serving calls on the device: ragged batches (cu_seqlens_q/k), per-sequence key
 // counts (seqused_k), paged K/V (any page size, through a block table with its own row stride, K and
-// V as two halves of one pool), an indexed dense cache (kv_batch_idx), and CUDA-graph replay with new
-// lengths, page tables and contents. Each sequence is checked on its own against the fp64 CPU oracle
+// V as two halves of one pool), an indexed dense cache (kv_batch_idx), left-padded caches
+// (cache_leftpad), and CUDA-graph replay with new lengths, page tables and contents. Each sequence is checked on its own against the fp64 CPU oracle
 // by FlashAttention's rule (the plain low-precision REFERENCE run on that sequence alone is the
 // baseline); rows no sequence owns must stay poisoned. Skips with a reason when there is no GPU.
 #include <gtest/gtest.h>
@@ -35,13 +35,16 @@ struct Spec {
     bool shared_pool = false;   // paged: K and V are the two halves of one [pages, 2, page, H, D] pool
     int64_t cap_q = 0, cap_k = 0;  // capacities (0: the longest sequence)
     std::vector<int64_t> sq, sk;
+    std::vector<int64_t> lp;    // cache_leftpad (empty: none): padding rows before sequence b's sk keys
+    int64_t pad(size_t b) const { return lp.empty() ? 0 : lp[b]; }
     std::string str() const {
         char buf[256];
         snprintf(buf, sizeof buf, "%s hq=%lld hkv=%lld d=%lld mask=%d win=(%lld,%lld) softcap=%g alibi=%d packed_q=%d kv=%d page=%lld shared=%d B=%zu",
                  dtype ? "bf16" : "fp16", (long long)hq, (long long)hkv, (long long)d, mask, (long long)wl,
                  (long long)wr, softcap, (int)alibi, (int)packed_q, (int)kv, (long long)page_size, (int)shared_pool, sq.size());
         std::string s = buf;
-        for (size_t b = 0; b < sq.size(); ++b) s += " (" + std::to_string(sq[b]) + "," + std::to_string(sk[b]) + ")";
+        for (size_t b = 0; b < sq.size(); ++b)
+            s += " (" + std::to_string(sq[b]) + "," + std::to_string(sk[b]) + (lp.empty() ? "" : ",pad " + std::to_string(lp[b])) + ")";
         return s;
     }
 };
@@ -61,7 +64,7 @@ struct ServingRun {
     Spec s;
     int64_t B, cap_q, cap_k, total_q, total_k, width, row_stride, num_pages, kv_batch;
     std::vector<std::unique_ptr<Inputs>> seqs;
-    std::vector<int32_t> cu_q, cu_k, used, table, kv_idx, indptr, last_len;
+    std::vector<int32_t> cu_q, cu_k, used, table, kv_idx, indptr, last_len, leftpad;
     std::vector<uint16_t> q, k, v;  // k and v alias one buffer (pool) when shared_pool
     std::vector<float> slopes;
     int64_t q_rows, k_outer, k_rows, k_seq_stride, k_page_stride, v_offset;
@@ -87,7 +90,8 @@ struct ServingRun {
     explicit ServingRun(const Spec &spec) : s(spec) {
         B = (int64_t)s.sq.size();
         cap_q = std::max(s.cap_q, *std::max_element(s.sq.begin(), s.sq.end()));
-        cap_k = std::max(s.cap_k, *std::max_element(s.sk.begin(), s.sk.end()));
+        cap_k = s.cap_k;
+        for (size_t b = 0; b < s.sk.size(); ++b) cap_k = std::max(cap_k, s.pad(b) + s.sk[b]);
         for (size_t b = 0; b < s.sq.size(); ++b) seqs.emplace_back(new Inputs(seq_case(b)));
         const int64_t hd = s.hkv * s.d;
         // Q: packed rows in order in a buffer sized by the capacities (B x cap_q + 3 rows, the rows
@@ -106,10 +110,12 @@ struct ServingRun {
                     for (int64_t dd = 0; dd < s.d; ++dd)
                         q[((row0 + i) * s.hq + hh) * s.d + dd] = in.q[i * in.qs.s + hh * in.qs.h + dd];
         }
-        // K/V rows: where key j of sequence b lives, in units of [hkv, d] rows of the buffer.
+        // K/V rows: where key j of sequence b lives, in units of [hkv, d] rows of the buffer (after
+        // its padding rows, if any).
         cu_k.assign(B + 1, 0);
-        for (int64_t b = 0; b < B; ++b) cu_k[b + 1] = cu_k[b] + (int32_t)s.sk[b];
-        used.assign(s.sk.begin(), s.sk.end());
+        for (int64_t b = 0; b < B; ++b) cu_k[b + 1] = cu_k[b] + (int32_t)(s.pad(b) + s.sk[b]);
+        for (int64_t b = 0; b < B; ++b) used.push_back((int32_t)(s.pad(b) + s.sk[b]));
+        leftpad.assign(s.lp.begin(), s.lp.end());
         std::vector<std::vector<int64_t>> row_of(B);
         width = row_stride = num_pages = kv_batch = total_k = 0;
         k_page_stride = 0, v_offset = 0;
@@ -156,7 +162,7 @@ struct ServingRun {
             total_k = B * cap_k + 2;
             k_outer = 1, k_rows = total_k, k_seq_stride = hd;
             for (int64_t b = 0; b < B; ++b)
-                for (int64_t j = 0; j < s.sk[b]; ++j) row_of[b].push_back(cu_k[b] + j);
+                for (int64_t j = 0; j < s.sk[b]; ++j) row_of[b].push_back(cu_k[b] + s.pad(b) + j);
         } else {  // a dense cache [kv_batch, cap_k]; indexed: a permutation of B of its kv_batch entries
             kv_batch = s.kv == kIndexedCache ? B + 2 : B;
             std::vector<int32_t> perm(kv_batch);
@@ -165,7 +171,7 @@ struct ServingRun {
             kv_idx.assign(perm.begin(), perm.begin() + B);
             k_outer = kv_batch, k_rows = cap_k, k_seq_stride = hd;
             for (int64_t b = 0; b < B; ++b)
-                for (int64_t j = 0; j < s.sk[b]; ++j) row_of[b].push_back((int64_t)kv_idx[b] * cap_k + j);
+                for (int64_t j = 0; j < s.sk[b]; ++j) row_of[b].push_back((int64_t)kv_idx[b] * cap_k + s.pad(b) + j);
         }
         const int64_t k_elems = paged ? num_pages * k_page_stride : k_outer * k_rows * hd;
         k.assign(k_elems, from_f32(s.dtype, -0.25f));
@@ -190,17 +196,17 @@ struct ServingRun {
 struct DeviceRun {
     DevBuf<uint16_t> q, k, v, o;
     DevBuf<float> lse, slopes;
-    DevBuf<int32_t> cu_q, cu_k, used, table, kv_idx, indptr, last_len;
+    DevBuf<int32_t> cu_q, cu_k, used, table, kv_idx, indptr, last_len, leftpad;
     explicit DeviceRun(const ServingRun &r)
         : q(r.q.size()), k(r.k.size()), v(r.v.size()), o(r.q.size()), lse(r.s.hq * r.q_rows), slopes(r.slopes.size()),
           cu_q(r.cu_q.size()), cu_k(r.cu_k.size()), used(r.used.size()), table(r.table.size()), kv_idx(r.kv_idx.size()),
-          indptr(r.indptr.size()), last_len(r.last_len.size()) {
+          indptr(r.indptr.size()), last_len(r.last_len.size()), leftpad(r.leftpad.size()) {
         upload(r);
     }
     void upload(const ServingRun &r) {
         q.upload(r.q), k.upload(r.k), v.upload(r.v), slopes.upload(r.slopes);
         cu_q.upload(r.cu_q), cu_k.upload(r.cu_k), used.upload(r.used), table.upload(r.table), kv_idx.upload(r.kv_idx);
-        indptr.upload(r.indptr), last_len.upload(r.last_len);
+        indptr.upload(r.indptr), last_len.upload(r.last_len), leftpad.upload(r.leftpad);
     }
     void poison(cudaStream_t st = 0) {
         CUDA_CHECK(cudaMemsetAsync(o.p, 0xff, o.n * 2, st));
@@ -244,6 +250,7 @@ struct DeviceRun {
             p.k_batch_stride = p.v_batch_stride = r.cap_k * s.hkv * s.d, p.seqused_k = used.p;
             break;
         }
+        if (!s.lp.empty()) p.cache_leftpad = leftpad.p;
         p.softcap = s.softcap, p.window_left = s.wl, p.window_right = s.wr;
         if (s.alibi) p.alibi_slopes = slopes.p, p.alibi_batch_stride = s.hq;
         return p;
@@ -404,6 +411,27 @@ TEST_F(Serving, DecodeOverCaches) {
     print_stats("decode over paged, indexed and dense caches", st);
 }
 
+TEST_F(Serving, LeftPaddedCachesSkipThePadding) {
+    // cache_leftpad: sequence b's keys are the sk[b] rows after its lp[b] padding rows (packed K/V,
+    // a dense and an indexed cache), with masks, windows and ALiBi counted from the first real key;
+    // then decode rows over long padded caches (FUSED_SM90 splits those).
+    Stats st;
+    for (KvMode kv : {kPackedKv, kDenseSeqused, kIndexedCache})
+        for (int variant = 0; variant < 3; ++variant) {
+            Spec s;
+            s.kv = kv;
+            s.sq = {37, 1, 5, 0, 64}, s.sk = {300, 50, 0, 12, 129}, s.lp = {13, 0, 7, 4, 200};
+            if (variant == 1) s.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, s.wl = 40, s.alibi = true, s.hq = 8;
+            if (variant == 2) {
+                s.packed_q = false, s.hq = 8, s.hkv = 2, s.d = 128, s.cap_k = 1700;
+                s.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+                s.sq = std::vector<int64_t>(5, 1), s.sk = {1000, 7, 0, 513, 64}, s.lp = {50, 3, 9, 0, 600};
+            }
+            run_and_check(h, s, st);
+        }
+    print_stats("left-padded caches (packed, dense, indexed K/V; decode)", st);
+}
+
 TEST_F(Serving, OutOfRangeContentsStayInsideTheTensors) {
     // Lengths above the capacities, offsets past total_q/total_k, pages and cache indices outside
     // the pools: clamped (meaningless numbers), but nothing outside the described tensors is touched
@@ -436,6 +464,16 @@ TEST_F(Serving, OutOfRangeContentsStayInsideTheTensors) {
         // An out-of-range cache index reads zeros: that sequence's values are zeros, O = 0 exactly.
         const std::vector<uint16_t> o = devi.o.download();
         for (int64_t x = 0; x < 10 * s.hq * s.d; ++x) ASSERT_EQ(0.0f, to_f32(s.dtype, o[x])) << x;
+        // Padding outside 0..the key count, on a dense cache and on packed K/V.
+        for (KvMode kv : {kDenseSeqused, kPackedKv}) {
+            Spec lp = s;
+            lp.kv = kv, lp.lp = {1, 2, 3};
+            ServingRun rl(lp);
+            DeviceRun devl(rl);
+            std::vector<int32_t> bad_pad = {-5, 1 << 30, 61};
+            devl.leftpad.upload(bad_pad);
+            ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, call(h, devl.params(rl), backend)) << flashattn_last_error();
+        }
         CUDA_CHECK(cudaGetLastError());
     }
 }
@@ -525,6 +563,8 @@ TEST_F(Serving, AppendWithRotaryWritesTheCacheThenAttendsOverIt) {
                 s.cap_k = cap;
                 s.sq = std::vector<int64_t>(4, n_new);
                 s.sk = {100, 0, 37, 258};  // the last appends past the capacity: its third key is not written
+                // Left padding on the dense caches (twice of three): positions still count from row 0.
+                if (kv != kPagedSeqused && rot != 1) s.lp = {5, 0, 20, 0};
                 ServingRun r(s);
                 DeviceRun dev(r);
                 const int64_t B = r.B, hd = s.hkv * s.d, rd = rot == 2 ? 32 : 64, seqlen_ro = cap + 8;
@@ -563,7 +603,7 @@ TEST_F(Serving, AppendWithRotaryWritesTheCacheThenAttendsOverIt) {
                 std::vector<char> rotated_elem(k_want.size(), 0);
                 for (int64_t b = 0; b < B; ++b)
                     for (int64_t i = 0; i < n_new; ++i) {
-                        const int64_t pos = s.sk[b] + i;
+                        const int64_t pos = r.used[b] + i;
                         if (pos >= cap) continue;
                         const int64_t row = r.cache_row(b, pos);
                         for (int64_t hh = 0; hh < s.hkv; ++hh) {
@@ -596,7 +636,7 @@ TEST_F(Serving, AppendWithRotaryWritesTheCacheThenAttendsOverIt) {
                             for (int64_t hh = 0; hh < s.hq; ++hh) {
                                 const int64_t at = ((b * n_new + i) * s.hq + hh) * s.d;
                                 const std::vector<uint16_t> qr =
-                                    rotate_row(s.dtype, &r.q[at], s.d, rd, rot == 1, cos_t, sin_t, s.sk[b] + i);
+                                    rotate_row(s.dtype, &r.q[at], s.d, rd, rot == 1, cos_t, sin_t, r.used[b] + i);
                                 for (int64_t dd = 0; dd < s.d; ++dd) bad_q += !within_one_rounding(s.dtype, q_used[at + dd], qr[dd]);
                             }
                     EXPECT_EQ(0u, bad_q) << "rotated Q elements";
@@ -606,14 +646,15 @@ TEST_F(Serving, AppendWithRotaryWritesTheCacheThenAttendsOverIt) {
                 const std::vector<float> lse = dev.lse.download();
                 for (int64_t b = 0; b < B; ++b) {
                     SCOPED_TRACE("sequence " + std::to_string(b));
+                    // The keys after the padding rows, through the appended ones.
                     Case c = r.seq_case(b);
-                    c.sq = n_new, c.sk = std::min(s.sk[b] + n_new, cap);
+                    c.sq = n_new, c.sk = std::min(r.used[b] + n_new, cap) - s.pad(b);
                     Inputs in(c);
                     for (int64_t x = 0; x < n_new * s.hq * s.d; ++x) in.q[x] = q_used[b * n_new * s.hq * s.d + x];
                     for (int64_t j = 0; j < c.sk; ++j)
                         for (int64_t x = 0; x < hd; ++x) {
-                            in.k[j * hd + x] = kc[r.cache_row(b, j) * hd + x];
-                            in.v[j * hd + x] = vc[r.cache_row(b, j) * hd + x];
+                            in.k[j * hd + x] = kc[r.cache_row(b, s.pad(b) + j) * hd + x];
+                            in.v[j * hd + x] = vc[r.cache_row(b, s.pad(b) + j) * hd + x];
                         }
                     in.dq.upload(in.q), in.dk.upload(in.k), in.dv.upload(in.v);
                     std::vector<float> ob(n_new * s.hq * s.d), lb(s.hq * n_new);
@@ -633,7 +674,7 @@ TEST_F(Serving, AppendWithRotaryWritesTheCacheThenAttendsOverIt) {
                 }
                 ++st.calls[backend];
             }
-    print_stats("append (dense, indexed, paged 16/19 caches) with GPT-J / GPT-NeoX rotary", st);
+    print_stats("append (dense, indexed, paged 16/19 caches, left padding) with GPT-J / GPT-NeoX rotary", st);
 }
 
 }  // namespace

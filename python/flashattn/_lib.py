@@ -110,6 +110,8 @@ class FwdParams(ctypes.Structure):
         ("rotary_interleaved", ctypes.c_int32), ("rotary_q_at_cache_len", ctypes.c_int32),
         ("reserved1", ctypes.c_int32),
         ("kv_indptr", ctypes.c_void_p), ("kv_last_page_len", ctypes.c_void_p), ("num_page_indices", ctypes.c_int64),
+        # 0.4.0: left-padded caches
+        ("cache_leftpad", ctypes.c_void_p),
     ]
 
     @classmethod

@@ -669,13 +669,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     rotary_dim / 2) in q's dtype, applied to k and to q (with causal or a window, query row i at
     cache_seqlens + i; otherwise every row at cache_seqlens), GPT-J interleaved pairs when
     rotary_interleaved (the default), GPT-NeoX halves otherwise; q itself is not modified.
+    cache_leftpad: int32 CUDA (batch,): the first cache row of each sequence (the rows before it are
+    padding and not attended to; dense cache only, as in FlashAttention-2). Positions (where k goes,
+    the rotary rows) still count from row 0.
     Returns out (batch, seqlen_q, nheads, headdim); with return_softmax_lse, (out, lse (batch, nheads,
     seqlen_q) fp32).
-    Not in this release: cache_leftpad (raises NotImplementedError before anything runs).
     """
-    if cache_leftpad is not None:
-        raise NotImplementedError("flash_attn_with_kvcache: cache_leftpad is not supported in this release; "
-                                  "nothing was run")
     if (k is None) != (v is None):
         raise ValueError("pass k and v together (the new keys and their values), or neither")
     if (rotary_cos is None) != (rotary_sin is None):
@@ -700,6 +699,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if paged:
         if cache_batch_idx is not None:
             raise ValueError("cache_batch_idx indexes a dense cache; it cannot be combined with block_table")
+        if cache_leftpad is not None:
+            raise ValueError("cache_leftpad pads a dense cache; it cannot be combined with block_table")
         _set_paged(p, ka, va, block_table, B, dev, keep)
         p.seqlen_k = p.pages_per_seq * p.page_size
     else:
@@ -712,6 +713,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             p.kv_batch_idx, p.kv_batch = ptr, ka.shape[0]
         elif ka.shape[0] != B:
             raise ValueError(f"k_cache has batch {ka.shape[0]} but q has {B} (pass cache_batch_idx to index it)")
+        if cache_leftpad is not None:
+            ptr, shape, _ = _int32_array(cache_leftpad, "cache_leftpad", 1, dev)
+            if shape[0] != B:
+                raise ValueError(f"cache_leftpad has {shape[0]} entries; expected batch = {B}")
+            p.cache_leftpad = ptr
+            keep.append(cache_leftpad)
     if cache_seqlens is not None:
         if isinstance(cache_seqlens, int):
             if qa.lib is not _Torch:

@@ -364,15 +364,12 @@ def test_kvcache_decode(layout):
         check_sequence(out[b], lse[b], q[b], ks[b], vs[b], True)
 
 
-def test_kvcache_int_seqlens_and_unsupported_leftpad():
+def test_kvcache_int_seqlens():
     q, kc, vc = rand(2, 2, 4, 64), rand(2, 100, 4, 64), rand(2, 100, 4, 64)
     out = flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=40, causal=True)
     for b in range(2):
         ref, _ = reference(q[b:b + 1], kc[b:b + 1, :40], vc[b:b + 1, :40], causal=True)
         assert (out[b].float() - ref[0]).abs().max().item() < 3e-2
-    pad = torch.zeros(2, dtype=torch.int32, device="cuda")
-    with pytest.raises(NotImplementedError, match="cache_leftpad is not supported"):
-        flashattn.flash_attn_with_kvcache(q, kc, vc, cache_leftpad=pad)
 
 
 def apply_rotary(x, cos, sin, pos, interleaved):
@@ -428,6 +425,45 @@ def test_kvcache_append_with_rotary(interleaved, causal, paged):
         if k_all is not None:
             assert torch.equal(got_k[:L], k_all[:L])
         check_sequence(out[b], lse[b], qr, got_k, got_v, causal)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("indexed", [False, True])
+def test_kvcache_leftpad_skips_the_padding_rows(causal, indexed):
+    # FlashAttention-2's cache_leftpad: sequence b attends to cache rows cache_leftpad[b] ..
+    # cache_seqlens[b] + seqlen_new - 1; the append and the rotary positions still count from row 0.
+    B, Sq, Hq, Hkv, D, cap, rd = 3, 2, 8, 2, 128, 300, 64
+    lens, pads = [40, 5, 250], [7, 5, 0]  # the second: nothing but padding before its new keys
+    q, k_new, v_new = rand(B, Sq, Hq, D), rand(B, Sq, Hkv, D), rand(B, Sq, Hkv, D)
+    ks, vs = [rand(cap, Hkv, D) for _ in range(B)], [rand(cap, Hkv, D) for _ in range(B)]
+    pos = torch.arange(cap + 8, device="cuda", dtype=torch.float32)
+    inv = 10000.0 ** (-torch.arange(0, rd, 2, device="cuda", dtype=torch.float32) / rd)
+    cos, sin = torch.cos(pos[:, None] * inv).to(q.dtype), torch.sin(pos[:, None] * inv).to(q.dtype)
+    kw = {}
+    rows = list(range(B))
+    if indexed:
+        rows = [2, 0, 3]
+        kc, vc = rand(4, cap, Hkv, D), rand(4, cap, Hkv, D)
+        for b, r in enumerate(rows):
+            kc[r], vc[r] = ks[b], vs[b]
+        kw["cache_batch_idx"] = torch.tensor(rows, dtype=torch.int32, device="cuda")
+    else:
+        kc, vc = torch.stack(ks), torch.stack(vs)
+    out, lse = flashattn.flash_attn_with_kvcache(
+        q, kc, vc, k=k_new, v=v_new, rotary_cos=cos, rotary_sin=sin,
+        cache_seqlens=torch.tensor(lens, dtype=torch.int32, device="cuda"),
+        cache_leftpad=torch.tensor(pads, dtype=torch.int32, device="cuda"), causal=causal,
+        rotary_interleaved=False, return_softmax_lse=True, **kw)
+    for b in range(B):
+        L, P, r = lens[b], pads[b], rows[b]
+        kr = apply_rotary(k_new[b], cos, sin, torch.arange(L, L + Sq, device="cuda"), False)
+        qpos = torch.arange(L, L + Sq, device="cuda") if causal else torch.full((Sq,), L, device="cuda")
+        qr = apply_rotary(q[b], cos, sin, qpos, False)
+        assert torch.allclose(kc[r, L:L + Sq].float(), kr.float(), rtol=2 ** -7, atol=1e-5)
+        assert torch.equal(vc[r, L:L + Sq], v_new[b])
+        assert torch.equal(kc[r, :L], ks[b][:L])  # the padding and the old keys are untouched
+        check_sequence(out[b], lse[b], qr, torch.cat([ks[b][P:L], kc[r, L:L + Sq]]),
+                       torch.cat([vs[b][P:L], v_new[b]]), causal)
 
 
 def test_serving_metadata_must_be_int32_on_the_device():

@@ -57,6 +57,7 @@ FWD_PARAMS_0_3 = dict(FWD_PARAMS_0_1, **{
     "seqlen_ro": (440, 8), "rotary_interleaved": (448, 4), "rotary_q_at_cache_len": (452, 4),
     "reserved1": (456, 4), "kv_indptr": (464, 8), "kv_last_page_len": (472, 8), "num_page_indices": (480, 8),
 })
+FWD_PARAMS_0_4 = dict(FWD_PARAMS_0_3, **{"cache_leftpad": (488, 8)})
 PLAN_INFO_0_1 = {
     "struct_size": (0, 8), "backend": (8, 4), "block_m": (12, 4), "block_n": (16, 4), "num_warps": (20, 4),
     "grid_x": (24, 4), "grid_y": (28, 4), "grid_z": (32, 4), "num_splits": (36, 4), "kernel_head_dim": (40, 4),
@@ -66,6 +67,7 @@ PLAN_INFO_0_1 = {
 
 @pytest.mark.parametrize("cls,frozen,size", [(flashattn.FwdParams, FWD_PARAMS_0_1, 248),
                                              (flashattn.FwdParams, FWD_PARAMS_0_3, 488),
+                                             (flashattn.FwdParams, FWD_PARAMS_0_4, 496),
                                              (flashattn.PlanInfo, PLAN_INFO_0_1, 320)])
 def test_every_field_matches_the_c_layout(cls, frozen, size):
     fields = [name for name, _ in cls._fields_]
@@ -190,7 +192,10 @@ def test_varlen_arguments_are_checked_before_any_device_work(over, exc, match):
 
 
 @pytest.mark.parametrize("kw,exc,match", [
-    (dict(cache_leftpad=FakeCuda((2,), "<i4")), NotImplementedError, "cache_leftpad is not supported"),
+    (dict(cache_leftpad=FakeCuda((3,), "<i4")), ValueError, "cache_leftpad has 3 entries; expected batch = 2"),
+    (dict(cache_leftpad=FakeCuda((2,), "<i8")), TypeError, "cache_leftpad must be an int32 CUDA array"),
+    (dict(block_table=FakeCuda((2, 4), "<i4"), cache_leftpad=FakeCuda((2,), "<i4")), ValueError,
+     "cache_leftpad pads a dense cache"),
     (dict(k=FakeCuda((2, 1, 2, 64))), ValueError, "pass k and v together"),
     (dict(rotary_cos=FakeCuda((50, 16))), ValueError, "rotary_cos and rotary_sin together"),
     (dict(rotary_cos=FakeCuda((50, 16)), rotary_sin=FakeCuda((50, 16))), ValueError, "they need k and v"),

@@ -104,7 +104,7 @@ static int names_an_argument(const char *m) {
         "o =", "lse", "softmax_scale", "softcap", "window_left", "window_right", "alibi", "handle", "params",
         "info", "bytes", "device", "heads", "num_parts", "seqlen", "o_parts", "cu_seqlens", "total_q", "total_k",
         "seqused_k", "block_table", "page_size", "num_pages", "pages_per_seq", "kv_batch", "k_new", "v_new",
-        "seqlen_new", "rotary", "kv_indptr", "kv_last_page_len", "num_page_indices", "reserved1",
+        "seqlen_new", "rotary", "kv_indptr", "kv_last_page_len", "num_page_indices", "reserved1", "cache_leftpad",
     };
     for (size_t i = 0; i < sizeof words / sizeof words[0]; ++i)
         if (strstr(m, words[i])) return 1;
@@ -245,6 +245,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             }
         }
         if (which & 16) p.kv_batch_idx = (const int32_t *)pick_ptr(&in, 0x74000000), p.kv_batch = pick_i64(&in);
+        if ((which & 24) == 24 || take(&in, 1) % 4 == 0) p.cache_leftpad = (const int32_t *)pick_ptr(&in, 0x7b000000);
         if (which & 32) p.q_batch_stride = p.o_batch_stride = 0;
         if (which & 64) p.k_batch_stride = p.v_batch_stride = 0;
         if (which & 128) {
@@ -262,6 +263,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     const uint64_t size_mode = take(&in, 1) % 16;
     if (size_mode == 0) p.struct_size = FLASHATTN_FWD_PARAMS_SIZE_0_1;
+    else if (size_mode == 2) p.struct_size = FLASHATTN_FWD_PARAMS_SIZE_0_3;
     else if (size_mode == 1) p.struct_size = (size_t)take(&in, 2);
 
     size_t bytes = 12345;
@@ -318,7 +320,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const size_t want = (size_t)take(&in, 2) % sizeof buf;
     memset(buf, 0xA5, sizeof buf);
     if (flashattn_fwd_params_init_size((flashattn_fwd_params *)buf, want) == FLASHATTN_STATUS_SUCCESS)
-        CHECK(want == FLASHATTN_FWD_PARAMS_SIZE_0_1 || want == sizeof(flashattn_fwd_params), "init size %zu", want);
+        CHECK(want == FLASHATTN_FWD_PARAMS_SIZE_0_1 || want == FLASHATTN_FWD_PARAMS_SIZE_0_3 ||
+                  want == sizeof(flashattn_fwd_params),
+              "init size %zu", want);
     else
         CHECK(buf[0] == 0xA5, "init wrote on failure");
     for (size_t i = want; i < sizeof buf; ++i) CHECK(buf[i] == 0xA5, "init wrote byte %zu of %zu", i, want);
