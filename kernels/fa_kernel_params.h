@@ -156,6 +156,8 @@ typedef struct fa_merge_args {
     int64_t lse_out_batch_stride, lse_out_head_stride, lse_out_seq_stride;
     int32_t num_parts, batch, seqlen, heads, head_dim;
     int32_t dtype_parts, dtype_out, base2;
+    int32_t after_split;  /* launched right after a split FUSED_SM90 kernel, as its programmatic
+                             dependent (that kernel signals it with griddepcontrol.launch_dependents) */
 } fa_merge_args;
 
 /* Appending new keys to a cache and rotary embedding (kernels/append.cu), before the attention of a

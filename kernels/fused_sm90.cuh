@@ -403,6 +403,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     const smem_layout<Tr> sm(smem_u32(smem_raw));
 
     const int tid = threadIdx.x, wg = tid / kWarpgroupThreads, lane = tid % 32;
+    if (p.num_splits > 1 && tid == 0) launch_dependents(); /* the combine's blocks may start */
     const seq_view<kServing> sq(p);
     const auto &bnd = sq.bounds(p);
     const tile<Tr> tl(p, bnd);

@@ -5,13 +5,18 @@
  *     m = max_i LSE_i,  w_i = exp(LSE_i - m),  O = sum_i w_i O_i / sum_i w_i,  LSE = m + log(sum_i w_i)
  *
  * exp/log in base e or 2 (the LSE's base). An LSE of -inf or +inf (FlashAttention-2's empty row)
- * is an empty part: its O is never read. No contributing part: O = 0, LSE = -inf. A NaN LSE makes
+ * is an empty part: its O is never used. No contributing part: O = 0, LSE = -inf. A NaN LSE makes
  * the row NaN. Parts are added in index order: deterministic.
  *
- * One thread per output element (row, d): the threads of a row read the same LSEs (one cached load
- * each), take the max, then, part by part, the weight and that part's element of O, whose loads do
- * not wait on one another (an empty part's O is loaded but not used, never multiplied). Any number
- * of parts and any head dim; enough threads to fill the GPU even for a batch-1 decode.
+ * One thread per kVec consecutive elements of a row (4, with vector loads, when the head dim and
+ * every pointer and stride allow; else 1), so the 32 lanes of a warp cover a row of 128: each part's
+ * LSE is one load per thread, the same address across the row's lanes. One pass over the parts,
+ * with the running max: a part raising it rescales what is summed so far. Loads of a group of parts
+ * are issued together, before their arithmetic (an empty part's O is loaded but never multiplied).
+ * Any number of parts and any head dim.
+ *
+ * After a split FUSED_SM90 call the merge is launched as a programmatic dependent of the attention
+ * kernel (its blocks start while the attention finishes) and waits for it before its first load.
  */
 #include "fa_common.cuh"
 
@@ -37,70 +42,160 @@ template <> struct io<FA_DTYPE_F32> {
     static __device__ __forceinline__ void store(T *p, float x) { *p = x; }
 };
 
-template <int kIn, int kOut, bool kBase2>
+/* kVec consecutive elements at p, as floats (kVec = 4: one 16- or 8-byte load). */
+template <int kDtype, int kVec> struct vec_io {
+    using T = typename io<kDtype>::T;
+    static __device__ __forceinline__ void load(const T *p, float (&x)[kVec]) {
+#pragma unroll
+        for (int v = 0; v < kVec; ++v) x[v] = io<kDtype>::load(p + v);
+    }
+    static __device__ __forceinline__ void store(T *p, const float (&x)[kVec]) {
+#pragma unroll
+        for (int v = 0; v < kVec; ++v) io<kDtype>::store(p + v, x[v]);
+    }
+};
+template <> struct vec_io<FA_DTYPE_F32, 4> {
+    static __device__ __forceinline__ void load(const float *p, float (&x)[4]) {
+        const float4 t = *reinterpret_cast<const float4 *>(p);
+        x[0] = t.x, x[1] = t.y, x[2] = t.z, x[3] = t.w;
+    }
+    static __device__ __forceinline__ void store(float *p, const float (&x)[4]) {
+        *reinterpret_cast<float4 *>(p) = make_float4(x[0], x[1], x[2], x[3]);
+    }
+};
+template <int kDtype> struct vec16_io {
+    using T = typename io<kDtype>::T;
+    static __device__ __forceinline__ void load(const T *p, float (&x)[4]) {
+        const uint2 t = *reinterpret_cast<const uint2 *>(p);
+        const T *h = reinterpret_cast<const T *>(&t);
+#pragma unroll
+        for (int v = 0; v < 4; ++v) x[v] = io<kDtype>::load(h + v);
+    }
+    static __device__ __forceinline__ void store(T *p, const float (&x)[4]) {
+        uint2 t;
+        T *h = reinterpret_cast<T *>(&t);
+#pragma unroll
+        for (int v = 0; v < 4; ++v) io<kDtype>::store(h + v, x[v]);
+        *reinterpret_cast<uint2 *>(p) = t;
+    }
+};
+template <> struct vec_io<FA_DTYPE_F16, 4> : vec16_io<FA_DTYPE_F16> {};
+template <> struct vec_io<FA_DTYPE_BF16, 4> : vec16_io<FA_DTYPE_BF16> {};
+
+/* Waits for the kernel this one depends on programmatically (a no-op when launched without it). */
+__device__ __forceinline__ void wait_for_prerequisite() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+constexpr int kGroup = 4; /* parts whose loads are in flight together */
+
+template <int kIn, int kOut, bool kBase2, int kVec>
 __global__ void __launch_bounds__(kMergeThreads) merge_parts(const __grid_constant__ fa_merge_args a) {
-    using In = io<kIn>;
-    using Out = io<kOut>;
-    const int64_t total = (int64_t)a.batch * a.heads * a.seqlen * a.head_dim;
+    using In = vec_io<kIn, kVec>;
+    using Out = vec_io<kOut, kVec>;
+    wait_for_prerequisite();
+    const int chunks = a.head_dim / kVec;
+    const int64_t total = (int64_t)a.batch * a.heads * a.seqlen * chunks;
     for (int64_t idx = (int64_t)blockIdx.x * kMergeThreads + threadIdx.x; idx < total;
          idx += (int64_t)gridDim.x * kMergeThreads) {
-        const int d = (int)(idx % a.head_dim);
-        const int64_t row = idx / a.head_dim;
+        const int d = (int)(idx % chunks) * kVec;
+        const int64_t row = idx / chunks;
         const int s = (int)(row % a.seqlen);
         const int64_t bh = row / a.seqlen;
         const int h = (int)(bh % a.heads), b = (int)(bh / a.heads);
         const float *lse_row = a.lse_parts + b * a.lse_batch_stride + h * a.lse_head_stride + s * a.lse_seq_stride;
-        const typename In::T *o_el = (const typename In::T *)a.o_parts + b * a.o_batch_stride + s * a.o_seq_stride +
-                                     h * a.o_head_stride + d;
-        typename Out::T *out = (typename Out::T *)a.o + b * a.out_batch_stride + s * a.out_seq_stride +
-                               h * a.out_head_stride + d;
+        const typename io<kIn>::T *o_el = (const typename io<kIn>::T *)a.o_parts + b * a.o_batch_stride +
+                                          s * a.o_seq_stride + h * a.o_head_stride + d;
+        typename io<kOut>::T *out = (typename io<kOut>::T *)a.o + b * a.out_batch_stride + s * a.out_seq_stride +
+                                    h * a.out_head_stride + d;
         float *lse_out = (a.lse && d == 0) ? a.lse + b * a.lse_out_batch_stride + h * a.lse_out_head_stride +
                                                  s * a.lse_out_seq_stride
                                            : nullptr;
 
-        /* The max over the parts (an infinite LSE is an empty part), and whether any is NaN. */
-        float m = -INFINITY;
+        /* Running max m over the contributing parts so far, sum of their weights and weighted O,
+         * both relative to m. An infinite LSE is an empty part; a NaN one makes the row NaN. */
+        float m = -INFINITY, sum = 0.0f, acc[kVec];
+#pragma unroll
+        for (int v = 0; v < kVec; ++v) acc[v] = 0.0f;
         bool nan = false;
-        for (int i = 0; i < a.num_parts; ++i) {
-            const float l = lse_row[i * a.lse_part_stride];
-            nan |= l != l;
-            if (l != INFINITY) m = fmaxf(m, l);
+        for (int i0 = 0; i0 < a.num_parts; i0 += kGroup) {
+            float l[kGroup], x[kGroup][kVec];
+#pragma unroll
+            for (int u = 0; u < kGroup; ++u) { /* every load of the group first */
+                const int i = min(i0 + u, a.num_parts - 1);
+                l[u] = i0 + u < a.num_parts ? lse_row[i * a.lse_part_stride] : -INFINITY;
+                In::load(o_el + i * a.o_part_stride, x[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < kGroup; ++u) {
+                nan |= l[u] != l[u];
+                if (l[u] == INFINITY || l[u] == -INFINITY || l[u] != l[u]) continue;
+                if (l[u] > m) { /* a new max: rescale what is summed so far */
+                    const float c = kBase2 ? exp2f(m - l[u]) : expf(m - l[u]);
+                    sum *= c;
+#pragma unroll
+                    for (int v = 0; v < kVec; ++v) acc[v] *= c;
+                    m = l[u];
+                }
+                const float w = kBase2 ? exp2f(l[u] - m) : expf(l[u] - m);
+                sum += w;
+#pragma unroll
+                for (int v = 0; v < kVec; ++v) acc[v] += w * x[u][v];
+            }
         }
+        float res[kVec];
         if (nan || m == -INFINITY) { /* NaN in, NaN out; no contributing part: O = 0, LSE = -inf */
-            Out::store(out, nan ? NAN : 0.0f);
+#pragma unroll
+            for (int v = 0; v < kVec; ++v) res[v] = nan ? NAN : 0.0f;
+            Out::store(out, res);
             if (lse_out) *lse_out = nan ? NAN : -INFINITY;
             continue;
         }
-        float sum = 0.0f, acc = 0.0f;
-        for (int i = 0; i < a.num_parts; ++i) {
-            const float l = lse_row[i * a.lse_part_stride];
-            /* Loaded whatever the weight: independent loads keep many in flight (a predicated load
-             * measured 1269 against 1415 GB/s on a batch-1 decode). An empty part's value is
-             * discarded, never multiplied; a split that saw no key leaves its O unwritten, so this
-             * reads workspace nothing wrote (initcheck would say so) without using it. */
-            const float x = In::load(o_el + i * a.o_part_stride);
-            const float w = (l != INFINITY && l != -INFINITY) ? (kBase2 ? exp2f(l - m) : expf(l - m)) : 0.0f;
-            sum += w;
-            if (w > 0.0f) acc += w * x;
-        }
-        Out::store(out, acc * (1.0f / sum));
+        const float inv = 1.0f / sum;
+#pragma unroll
+        for (int v = 0; v < kVec; ++v) res[v] = acc[v] * inv;
+        Out::store(out, res);
         if (lse_out) *lse_out = m + (kBase2 ? log2f(sum) : logf(sum));
     }
 }
 
-template <int kIn, int kOut> int launch(const fa_merge_args *a, dim3 grid, cudaStream_t stream) {
-    if (a->base2)
-        merge_parts<kIn, kOut, true><<<grid, kMergeThreads, 0, stream>>>(*a);
-    else
-        merge_parts<kIn, kOut, false><<<grid, kMergeThreads, 0, stream>>>(*a);
-    return (int)cudaGetLastError();
+/* Whether every row of O_i and of the output starts on a 4-element boundary the vector loads and
+ * stores can use. */
+inline bool vectorizable(const fa_merge_args *a) {
+    const int in = a->dtype_parts == FA_DTYPE_F32 ? 4 : 2, out = a->dtype_out == FA_DTYPE_F32 ? 4 : 2;
+    const int64_t strides[] = {a->o_part_stride,   a->o_batch_stride, a->o_seq_stride,   a->o_head_stride,
+                               a->out_batch_stride, a->out_seq_stride, a->out_head_stride};
+    for (int64_t st : strides)
+        if (st % 4 != 0) return false;
+    return a->head_dim % 4 == 0 && (uintptr_t)a->o_parts % (4 * in) == 0 && (uintptr_t)a->o % (4 * out) == 0;
 }
 
-template <int kIn> int launch_in(const fa_merge_args *a, dim3 grid, cudaStream_t stream) {
+template <int kIn, int kOut, bool kBase2, int kVec> int launch_vec(const fa_merge_args *a, cudaStream_t stream) {
+    const int64_t total = (int64_t)a->batch * a->heads * a->seqlen * (a->head_dim / kVec);
+    const int64_t blocks = (total + kMergeThreads - 1) / kMergeThreads;
+    const dim3 grid((unsigned)(blocks < FA_GRID_STRIDE_MAX_BLOCKS ? blocks : FA_GRID_STRIDE_MAX_BLOCKS));
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = dim3(kMergeThreads), cfg.dynamicSmemBytes = 0, cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr, cfg.numAttrs = a->after_split ? 1 : 0;
+    return (int)cudaLaunchKernelEx(&cfg, merge_parts<kIn, kOut, kBase2, kVec>, *a);
+}
+
+template <int kIn, int kOut> int launch(const fa_merge_args *a, cudaStream_t stream) {
+    const bool vec = vectorizable(a);
+    if (a->base2) return vec ? launch_vec<kIn, kOut, true, 4>(a, stream) : launch_vec<kIn, kOut, true, 1>(a, stream);
+    return vec ? launch_vec<kIn, kOut, false, 4>(a, stream) : launch_vec<kIn, kOut, false, 1>(a, stream);
+}
+
+template <int kIn> int launch_in(const fa_merge_args *a, cudaStream_t stream) {
     switch (a->dtype_out) {
-    case FA_DTYPE_F16: return launch<kIn, FA_DTYPE_F16>(a, grid, stream);
-    case FA_DTYPE_BF16: return launch<kIn, FA_DTYPE_BF16>(a, grid, stream);
-    case FA_DTYPE_F32: return launch<kIn, FA_DTYPE_F32>(a, grid, stream);
+    case FA_DTYPE_F16: return launch<kIn, FA_DTYPE_F16>(a, stream);
+    case FA_DTYPE_BF16: return launch<kIn, FA_DTYPE_BF16>(a, stream);
+    case FA_DTYPE_F32: return launch<kIn, FA_DTYPE_F32>(a, stream);
     default: return (int)cudaErrorInvalidValue;
     }
 }
@@ -109,15 +204,12 @@ template <int kIn> int launch_in(const fa_merge_args *a, dim3 grid, cudaStream_t
 }  // namespace fa
 
 extern "C" __attribute__((visibility("hidden"))) int fa_merge_launch(const fa_merge_args *a, void *stream) {
-    const int64_t total = (int64_t)a->batch * a->heads * a->seqlen * a->head_dim;
-    if (total == 0) return 0;
-    const int64_t blocks = (total + fa::kMergeThreads - 1) / fa::kMergeThreads;
-    const dim3 grid((unsigned)(blocks < FA_GRID_STRIDE_MAX_BLOCKS ? blocks : FA_GRID_STRIDE_MAX_BLOCKS));
+    if ((int64_t)a->batch * a->heads * a->seqlen * a->head_dim == 0) return 0;
     const cudaStream_t s = (cudaStream_t)stream;
     switch (a->dtype_parts) {
-    case FA_DTYPE_F16: return fa::launch_in<FA_DTYPE_F16>(a, grid, s);
-    case FA_DTYPE_BF16: return fa::launch_in<FA_DTYPE_BF16>(a, grid, s);
-    case FA_DTYPE_F32: return fa::launch_in<FA_DTYPE_F32>(a, grid, s);
+    case FA_DTYPE_F16: return fa::launch_in<FA_DTYPE_F16>(a, s);
+    case FA_DTYPE_BF16: return fa::launch_in<FA_DTYPE_BF16>(a, s);
+    case FA_DTYPE_F32: return fa::launch_in<FA_DTYPE_F32>(a, s);
     default: return (int)cudaErrorInvalidValue;
     }
 }
@@ -137,5 +229,6 @@ extern "C" __attribute__((visibility("hidden"))) int fa_split_combine(const fa_k
     a.lse_out_batch_stride = hq * sq, a.lse_out_head_stride = sq, a.lse_out_seq_stride = 1;
     a.num_parts = kp->num_splits, a.batch = kp->batch, a.seqlen = kp->seqlen_q, a.heads = kp->heads_q;
     a.head_dim = kp->head_dim, a.dtype_parts = FA_DTYPE_F32, a.dtype_out = dtype, a.base2 = 0;
+    a.after_split = 1; /* a programmatic dependent of the split kernel just enqueued */
     return fa_merge_launch(&a, stream);
 }

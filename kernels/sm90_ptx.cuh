@@ -38,6 +38,10 @@ template <int kRegs> __device__ __forceinline__ void claim_registers() {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
 }
 
+/* Lets the kernel enqueued after this one as its programmatic dependent (the split combine) be
+ * scheduled now; it still waits (griddepcontrol.wait) for this grid to finish before reading. */
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+
 /* wgmma ordering. */
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }

@@ -686,6 +686,7 @@ TEST_F(Gpu, MergeMatchesOracle) {
         {40, 1, 5, 3, 96, F32, F32, 0, true, 0.25},   // more parts than a warp has lanes
         {3, 2, 11, 2, 1, F32, F16, 1, false, 0.5},     // head dim 1, many empty parts and rows
         {4, 1, 64, 16, 72, BF16, F32, 0, false, 1.0},  // every part empty: O = 0, LSE = -inf
+        {6, 2, 13, 5, 30, F16, BF16, 1, false, 0.2},   // head dim 30: one element per thread, not 4
     };
     for (const MergeCase &c : cases) check_merge(h, c);
 }
