@@ -225,13 +225,17 @@ __device__ __forceinline__ void produce(const tile<Tr> &tl, const smem_layout<Tr
 }
 
 /* The producer of a serving call whose page size the tensor-map boxes cannot tile (1, 19, ...): the
- * whole producer warpgroup copies each K/V tile row by row with cp.async into the same swizzled
- * layout the tensor memory accelerator writes (row r's 16-byte chunk c at (c ^ r % 8) * 16 of its
- * 128-byte row), key j of the sequence at row j % page_size of page table[j / page_size]; rows past
- * the sequence's keys and pages outside the pool are zero-filled. Each thread waits for its copies,
- * fences them for the tensor cores' proxy and arrives on the stage's full barrier (one arrival per
- * producer thread), one tile late. Q still comes by TMA. ptid: the thread's index in the producer
- * warpgroup. */
+ * whole producer warpgroup copies each K/V tile with cp.async into the same swizzled layout the
+ * tensor memory accelerator writes (row r's 16-byte chunk c at (c ^ r % 8) * 16 of its 128-byte
+ * row), key j of the sequence at row j % page_size of page table[j / page_size]; rows past the
+ * sequence's keys and pages outside the pool are zero-filled. Warp w copies tile rows
+ * [w kRowsW, (w + 1) kRowsW): lane l looks up row w kRowsW + l's page (a tile ahead of its use, so
+ * the table's latency hides behind the wait for a free stage), and each copy instruction covers
+ * whole rows, the lanes of one row reading its consecutive 16-byte chunks (a row's 2 x head_dim
+ * bytes are contiguous in any page layout), the row's source offset passed from the lane that
+ * looked it up. Each thread waits for its copies, fences them for the tensor cores' proxy and
+ * arrives on the stage's full barrier (one arrival per producer thread), one tile late. Q still
+ * comes by TMA. ptid: the thread's index in the producer warpgroup. */
 template <class Tr>
 __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, const seq_view<true> &sq, const tile<Tr> &tl,
                                                  const smem_layout<Tr> &sm, const CUtensorMap *tm_q, int ptid) {
@@ -245,29 +249,34 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
     }
     const int32_t *table = p.block_table + sq.s.page0;
     const int rows_valid = sq.s.kv_valid ? sq.s.seqlen_k : 0;
+    /* kRowsW rows per warp; a copy instruction covers kRPI rows of kLPR lanes, one chunk each. */
+    constexpr int kRowsW = Tr::kBlockN / 4, kLPR = Tr::kChunks, kRPI = 32 / kLPR, kIters = kRowsW / kRPI;
+    static_assert(Tr::kBlockN % 4 == 0 && kLPR <= 32 && 32 % kLPR == 0 && kRowsW % kRPI == 0 && kRowsW <= 32,
+                  "whole rows per copy instruction, one page lookup per lane");
+    const int w = ptid / 32, lane = ptid % 32;
+    const int row_l = w * kRowsW + lane; /* the tile row whose page this lane looks up (lane < kRowsW) */
+    const int ch = lane % kLPR;          /* the chunk this lane copies, of row w kRowsW + i kRPI + lane / kLPR */
+    const bool ch_valid = ch * 8 < p.head_dim;
+    auto page_of = [&](int tile) -> int { /* row_l's page in `tile`, or -1: zeros */
+        const int j = (tl.tile_begin + tile) * Tr::kBlockN + row_l;
+        if (tile >= tl.n_tiles || lane >= kRowsW || j >= rows_valid) return -1;
+        const int pi = j / p.page_size, page = pi < sq.s.pages ? table[pi] : -1;
+        return page >= 0 && page < p.num_pages ? page : -1;
+    };
     /* One tile's copies are announced (full barrier) once the next tile's are issued, so their
      * latencies overlap; never more than one tile late, which no stage wait below depends on (the
      * consumers free a stage using only tiles announced before it). */
     uint32_t pending = 0;
-    /* Thread ptid copies chunks [part * kPer, (part + 1) * kPer) of tile row r: one page lookup per
-     * thread and tile, its row's chunks in flight together. */
-    constexpr int kTPR = kWarpgroupThreads / Tr::kBlockN, kPer = Tr::kChunks / kTPR; /* threads per row */
-    static_assert(kWarpgroupThreads % Tr::kBlockN == 0 && Tr::kChunks % kTPR == 0, "rows split evenly");
-    const int r = ptid / kTPR, part = ptid % kTPR;
-    auto load_kv = [&](const T *base, int64_t page_stride, int64_t row_stride, uint32_t dst, uint32_t full, int tile) {
-        const int j = (tl.tile_begin + tile) * Tr::kBlockN + r;
-        bool valid = j < rows_valid;
-        const T *src = base;
-        if (valid) {
-            const int pi = j / p.page_size, page = pi < sq.s.pages ? table[pi] : -1;
-            valid = page >= 0 && page < p.num_pages;
-            src = base + (int64_t)page * page_stride + (int64_t)(j - pi * p.page_size) * row_stride;
-        }
+    auto load_kv = [&](const T *base, int64_t page_stride, int64_t row_stride, uint32_t dst, uint32_t full, int tile,
+                       int page) {
+        const int j = (tl.tile_begin + tile) * Tr::kBlockN + row_l;
+        const int64_t off = page >= 0 ? (int64_t)page * page_stride + (int64_t)(j % p.page_size) * row_stride : -1;
 #pragma unroll 1 /* cp.async does not wait: a rolled loop costs nothing, and spares the producer's registers */
-        for (int i = 0; i < kPer; ++i) {
-            const int ch = part * kPer + i;
-            const bool v = valid && ch * 8 < p.head_dim;
-            cp_async_16(dst + swz_off<Tr::kBlockN>(r, ch), v ? src + ch * 8 : base, v);
+        for (int i = 0; i < kIters; ++i) {
+            const int rw = i * kRPI + lane / kLPR; /* row of the warp's rows this lane copies now */
+            const int64_t o = __shfl_sync(0xffffffffu, off, rw);
+            const bool v = o >= 0 && ch_valid;
+            cp_async_16(dst + swz_off<Tr::kBlockN>(w * kRowsW + rw, ch), v ? base + o + ch * 8 : base, v);
         }
         cp_async_commit();
         /* The previous tile's copies have had this tile's issue time to land: announce them now. */
@@ -279,16 +288,19 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
         pending = full;
     };
     const T *k = (const T *)p.k + (int64_t)tl.hk * p.k_head_stride, *v = (const T *)p.v + (int64_t)tl.hk * p.v_head_stride;
-    load_kv(k, p.k_batch_stride, p.k_seq_stride, sm.k, sm.full_k, 0);
+    int page_j = page_of(0), page_next = page_of(1); /* tile j's (V_j), tile j + 1's (K_{j+1}) */
+    load_kv(k, p.k_batch_stride, p.k_seq_stride, sm.k, sm.full_k, 0, page_j);
     for (int j = 0; j < tl.n_tiles; ++j) {
+        const int page_after = page_of(j + 2); /* read now, used next iteration */
         if (j + 1 < tl.n_tiles) {
             const int st = (j + 1) & 1;
             if (j + 1 >= 2) mbar_wait(sm.empty_k + 8 * st, ((j - 1) >> 1) & 1);
-            load_kv(k, p.k_batch_stride, p.k_seq_stride, sm.k + st * Tr::kKVBytes, sm.full_k + 8 * st, j + 1);
+            load_kv(k, p.k_batch_stride, p.k_seq_stride, sm.k + st * Tr::kKVBytes, sm.full_k + 8 * st, j + 1, page_next);
         }
         const int st = j & 1;
         if (j >= 2) mbar_wait(sm.empty_v + 8 * st, ((j - 2) >> 1) & 1);
-        load_kv(v, p.v_batch_stride, p.v_seq_stride, sm.v + st * Tr::kKVBytes, sm.full_v + 8 * st, j);
+        load_kv(v, p.v_batch_stride, p.v_seq_stride, sm.v + st * Tr::kKVBytes, sm.full_v + 8 * st, j, page_j);
+        page_j = page_next, page_next = page_after;
     }
     cp_async_wait<0>();
     fence_proxy_async_shared();
