@@ -234,7 +234,7 @@ __device__ __forceinline__ void produce(const tile<Tr> &tl, const smem_layout<Tr
  * whole rows, the lanes of one row reading its consecutive 16-byte chunks (a row's 2 x head_dim
  * bytes are contiguous in any page layout), the row's source offset passed from the lane that
  * looked it up. Each thread waits for its copies, fences them for the tensor cores' proxy and
- * arrives on the stage's full barrier (one arrival per producer thread), one tile late. Q still
+ * arrives on the stage's full barrier (one arrival per producer thread), two tiles late. Q still
  * comes by TMA. ptid: the thread's index in the producer warpgroup. */
 template <class Tr>
 __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, const seq_view<true> &sq, const tile<Tr> &tl,
@@ -263,29 +263,37 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
         const int pi = j / p.page_size, page = pi < sq.s.pages ? table[pi] : -1;
         return page >= 0 && page < p.num_pages ? page : -1;
     };
-    /* One tile's copies are announced (full barrier) once the next tile's are issued, so their
-     * latencies overlap; never more than one tile late, which no stage wait below depends on (the
-     * consumers free a stage using only tiles announced before it). */
-    uint32_t pending = 0;
+    /* A tile's copies are announced (full barrier) two tiles later, once two more tiles' copies are
+     * issued, so up to three tiles' copies are in flight per thread. Never later than that: the
+     * stage a copy waits for held the tile four copies back (two K and two V stages), which the
+     * consumers free only after it was announced. */
+    uint32_t pending_old = 0, pending_new = 0; /* full barriers of the two tiles not yet announced */
+    static_assert(kRowsW % 8 == 0, "a warp's first row is a multiple of the 8-row swizzle period");
+    const int q = lane / kLPR; /* this lane's row within each copy instruction */
     auto load_kv = [&](const T *base, int64_t page_stride, int64_t row_stride, uint32_t dst, uint32_t full, int tile,
                        int page) {
         const int j = (tl.tile_begin + tile) * Tr::kBlockN + row_l;
         const int64_t off = page >= 0 ? (int64_t)page * page_stride + (int64_t)(j % p.page_size) * row_stride : -1;
+        /* swz_off(w kRowsW + i kRPI + q, ch), stepped: row r's byte row r * 128, its chunk at
+         * (ch % 8 ^ r % 8) * 16 of the 64-column region ch / 8. */
+        uint32_t d = dst + (uint32_t)((ch / 8) * (Tr::kBlockN * 128) + (w * kRowsW + q) * 128);
+        uint32_t r8 = (uint32_t)q;
+        int from = q;
+        const T *src = base + ch * 8;
 #pragma unroll 1 /* cp.async does not wait: a rolled loop costs nothing, and spares the producer's registers */
         for (int i = 0; i < kIters; ++i) {
-            const int rw = i * kRPI + lane / kLPR; /* row of the warp's rows this lane copies now */
-            const int64_t o = __shfl_sync(0xffffffffu, off, rw);
+            const int64_t o = __shfl_sync(0xffffffffu, off, from);
             const bool v = o >= 0 && ch_valid;
-            cp_async_16(dst + swz_off<Tr::kBlockN>(w * kRowsW + rw, ch), v ? base + o + ch * 8 : base, v);
+            cp_async_16(d + ((((uint32_t)ch % 8) ^ r8) << 4), v ? src + o : base, v);
+            d += kRPI * 128, r8 = (r8 + kRPI) % 8, from += kRPI;
         }
         cp_async_commit();
-        /* The previous tile's copies have had this tile's issue time to land: announce them now. */
-        if (pending != 0) {
-            cp_async_wait<1>();
+        if (pending_old != 0) { /* all but the two newest tiles' copies have landed: announce the oldest */
+            cp_async_wait<2>();
             fence_proxy_async_shared();
-            mbar_arrive(pending);
+            mbar_arrive(pending_old);
         }
-        pending = full;
+        pending_old = pending_new, pending_new = full;
     };
     const T *k = (const T *)p.k + (int64_t)tl.hk * p.k_head_stride, *v = (const T *)p.v + (int64_t)tl.hk * p.v_head_stride;
     int page_j = page_of(0), page_next = page_of(1); /* tile j's (V_j), tile j + 1's (K_{j+1}) */
@@ -304,7 +312,8 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
     }
     cp_async_wait<0>();
     fence_proxy_async_shared();
-    mbar_arrive(pending);
+    if (pending_old != 0) mbar_arrive(pending_old);
+    mbar_arrive(pending_new); /* n_tiles >= 1: at least K_0 and V_0 were issued */
 }
 
 /* The producer of a serving call (the producer warpgroup's first warp; lane 0 issues): the same
