@@ -135,10 +135,8 @@ FLASHATTN_API const char *flashattn_last_error(void);
  * Handle
  * ------------------------------------------------------------------------------------------- */
 
-/* Opaque. Caches the device's properties (compute capability, SM count, shared-memory limit), a
- * cuBLAS handle for the REFERENCE backend, and the last few dozen TMA descriptors FUSED_SM90 built
- * (by tensor address, shape and strides: a call on tensors described before skips the driver's
- * encoding; about 14 KB of host memory). Bound to one device for its lifetime. */
+/* Opaque. Caches the device's properties (compute capability, SM count, shared-memory limit) and a
+ * cuBLAS handle for the REFERENCE backend. Bound to one device for its lifetime. */
 typedef struct flashattn_handle flashattn_handle;
 
 /* Creates a handle for `device` (a CUDA device ordinal; -1 means the calling thread's current

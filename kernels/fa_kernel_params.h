@@ -6,7 +6,6 @@
 #ifndef FA_KERNEL_PARAMS_H
 #define FA_KERNEL_PARAMS_H
 
-#include <pthread.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -75,31 +74,10 @@ typedef struct fa_kernel_params {
     const int32_t *cache_leftpad; /* not paged: sequence b's keys start at row cache_leftpad[b] */
 } fa_kernel_params;
 
-/* FUSED_SM90's tensor maps, kept per handle by their encoding arguments: a call whose tensors an
- * earlier call described (a decode loop over the same caches) gets its three maps without asking
- * the driver. Direct-mapped on a hash of the key, guarded by `lock`; a map is a pure function of
- * its key, so a stale slot is never wrong, only replaced. */
-#define FA_MAP_CACHE_SLOTS 64
-typedef struct fa_map_key {
-    const void *ptr;
-    int64_t dims[4], strides[3];
-    int32_t dtype, box_rows, box_heads, reserved;
-} fa_map_key;
-typedef struct fa_map_slot {
-    fa_map_key key;
-    uint64_t map[16]; /* a CUtensorMap's 128 bytes (copied to an aligned one before use) */
-    int32_t used;
-} fa_map_slot;
-typedef struct fa_map_cache {
-    pthread_mutex_t lock;
-    fa_map_slot slots[FA_MAP_CACHE_SLOTS];
-} fa_map_cache;
-
 /* Launch shape decided by the planner; a launcher refuses one that its kernel was not built for. */
 typedef struct fa_launch {
     int32_t grid_x, grid_y, grid_z, threads;
     int32_t smem_bytes;
-    fa_map_cache *maps; /* the handle's tensor-map cache (FUSED_SM90), or NULL */
 } fa_launch;
 
 /* Tile configuration of the fused kernel for one compiled head dim. A warp owns

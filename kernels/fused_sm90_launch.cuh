@@ -6,8 +6,6 @@
 #pragma once
 
 #include <cudaTypedefs.h>
-#include <pthread.h>
-#include <string.h>
 
 #include "fused_sm90.cuh"
 
@@ -51,40 +49,6 @@ inline bool encode_map(CUtensorMap *map, int dtype, const void *ptr, int64_t hea
     return r == CUDA_SUCCESS;
 }
 
-static_assert(sizeof(CUtensorMap) == sizeof(((fa_map_slot *)nullptr)->map), "a slot holds one map");
-
-/* encode_map through the handle's cache (fa_map_cache; NULL: straight to the driver). */
-inline bool cached_map(fa_map_cache *cache, CUtensorMap *map, int dtype, const void *ptr, int64_t head_dim,
-                       int64_t seq, int64_t heads, int64_t batch, int64_t seq_stride, int64_t head_stride,
-                       int64_t batch_stride, int box_rows, int box_heads) {
-    if (cache == nullptr)
-        return encode_map(map, dtype, ptr, head_dim, seq, heads, batch, seq_stride, head_stride, batch_stride,
-                          box_rows, box_heads);
-    fa_map_key key;
-    memset(&key, 0, sizeof key); /* padding included: keys compare with memcmp */
-    key.ptr = ptr, key.dtype = dtype, key.box_rows = box_rows, key.box_heads = box_heads;
-    key.dims[0] = head_dim, key.dims[1] = seq, key.dims[2] = heads, key.dims[3] = batch;
-    key.strides[0] = seq_stride, key.strides[1] = head_stride, key.strides[2] = batch_stride;
-    uint64_t hash = 1469598103934665603ull; /* FNV-1a */
-    const unsigned char *kb = reinterpret_cast<const unsigned char *>(&key);
-    for (size_t i = 0; i < sizeof key; ++i) hash = (hash ^ kb[i]) * 1099511628211ull;
-    fa_map_slot *slot = &cache->slots[(hash ^ (hash >> 32)) % FA_MAP_CACHE_SLOTS];
-    pthread_mutex_lock(&cache->lock);
-    const bool hit = slot->used && memcmp(&slot->key, &key, sizeof key) == 0;
-    if (hit) memcpy(map, slot->map, sizeof *map);
-    pthread_mutex_unlock(&cache->lock);
-    if (hit) return true;
-    if (!encode_map(map, dtype, ptr, head_dim, seq, heads, batch, seq_stride, head_stride, batch_stride, box_rows,
-                    box_heads))
-        return false;
-    pthread_mutex_lock(&cache->lock);
-    slot->key = key;
-    memcpy(slot->map, map, sizeof *map);
-    slot->used = 1;
-    pthread_mutex_unlock(&cache->lock);
-    return true;
-}
-
 template <int kDtype, int kHeadDim, int kConsumers>
 int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
     using Tr = traits<kDtype, kHeadDim, kConsumers>;
@@ -110,11 +74,11 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
         else if (kp->cu_seqlens_k) kv_seq = kp->total_k, kv_batch = 1;
         else if (kp->kv_batch_idx) kv_batch = kp->kv_batch;
     }
-    if (!cached_map(l->maps, &tq, kDtype, kp->q, kp->head_dim, q_seq, kp->heads_q, q_batch, kp->q_seq_stride,
+    if (!encode_map(&tq, kDtype, kp->q, kp->head_dim, q_seq, kp->heads_q, q_batch, kp->q_seq_stride,
                     kp->q_head_stride, kp->q_batch_stride, q_rows, q_heads) ||
-        !cached_map(l->maps, &tk, kDtype, kp->k, kp->head_dim, kv_seq, kp->heads_kv, kv_batch, kp->k_seq_stride,
+        !encode_map(&tk, kDtype, kp->k, kp->head_dim, kv_seq, kp->heads_kv, kv_batch, kp->k_seq_stride,
                     kp->k_head_stride, kp->k_batch_stride, kv_box, 1) ||
-        !cached_map(l->maps, &tv, kDtype, kp->v, kp->head_dim, kv_seq, kp->heads_kv, kv_batch, kp->v_seq_stride,
+        !encode_map(&tv, kDtype, kp->v, kp->head_dim, kv_seq, kp->heads_kv, kv_batch, kp->v_seq_stride,
                     kp->v_head_stride, kp->v_batch_stride, kv_box, 1))
         return (int)cudaErrorInvalidValue; /* the planner checked the limits; not expected */
     const bool transform = kp->softcap > 0.0f || kp->alibi_slopes != nullptr;

@@ -88,18 +88,12 @@ flashattn_status flashattn_handle_create(flashattn_handle **handle, int device) 
         free(h);
         return fa_fail(FLASHATTN_STATUS_OUT_OF_HOST_MEMORY, "pthread_mutex_init failed");
     }
-    if (pthread_mutex_init(&h->maps.lock, NULL) != 0) {
-        pthread_mutex_destroy(&h->cublas_lock);
-        free(h);
-        return fa_fail(FLASHATTN_STATUS_OUT_OF_HOST_MEMORY, "pthread_mutex_init failed");
-    }
     /* cublasCreate binds to the current device: switch to ours and back. */
     int prev = 0;
     cudaError_t err = cudaGetDevice(&prev);
     if (err == cudaSuccess) err = cudaSetDevice(caps.device);
     if (err != cudaSuccess) {
         pthread_mutex_destroy(&h->cublas_lock);
-        pthread_mutex_destroy(&h->maps.lock);
         free(h);
         return fa_fail(FLASHATTN_STATUS_CUDA_ERROR, "selecting device %d failed: %s", caps.device,
                        cudaGetErrorString(err));
@@ -111,7 +105,6 @@ flashattn_status flashattn_handle_create(flashattn_handle **handle, int device) 
     if (cst != CUBLAS_STATUS_SUCCESS || err != cudaSuccess) {
         if (cb) cublasDestroy(cb);
         pthread_mutex_destroy(&h->cublas_lock);
-        pthread_mutex_destroy(&h->maps.lock);
         free(h);
         if (cst != CUBLAS_STATUS_SUCCESS)
             return fa_fail(FLASHATTN_STATUS_CUBLAS_ERROR, "cublasCreate failed: %s",
@@ -129,7 +122,6 @@ flashattn_status flashattn_handle_destroy(flashattn_handle *handle) {
     if (handle == NULL) return FLASHATTN_STATUS_SUCCESS;
     cublasStatus_t cst = cublasDestroy((cublasHandle_t)handle->cublas);
     pthread_mutex_destroy(&handle->cublas_lock);
-    pthread_mutex_destroy(&handle->maps.lock);
     free(handle);
     if (cst != CUBLAS_STATUS_SUCCESS)
         return fa_fail(FLASHATTN_STATUS_CUBLAS_ERROR, "cublasDestroy failed: %s",

@@ -73,7 +73,7 @@ flashattn_status fa_dispatch(const flashattn_handle *h, const fa_plan *plan, voi
         return fa_fail(FLASHATTN_STATUS_UNSUPPORTED, "%s kernel for head dim %d not compiled", what,
                        plan->cfg.head_dim);
     const fa_launch l = {plan->grid_x, plan->grid_y, plan->grid_z, plan->threads,
-                         (int32_t)plan->smem_bytes, (fa_map_cache *)&h->maps};
+                         (int32_t)plan->smem_bytes};
     if (kp.num_splits > 1) { /* the splits' partial results live in the caller's workspace */
         kp.o_accum = (float *)((char *)workspace + plan->o_accum_off);
         kp.lse_accum = (float *)((char *)workspace + plan->lse_accum_off);

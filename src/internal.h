@@ -41,7 +41,6 @@ struct flashattn_handle {
     fa_device_caps caps;
     void *cublas;                 /* cublasHandle_t */
     pthread_mutex_t cublas_lock;  /* serialises stream/workspace binding + enqueue on `cublas` */
-    fa_map_cache maps;            /* FUSED_SM90's tensor maps of earlier calls */
 };
 
 /* Where the REFERENCE backend's regions lie in the workspace (byte offsets from its start). */
