@@ -72,6 +72,8 @@ typedef struct fa_plan {
                              rotated, at workspace offset q_rot_off) */
     fa_append_args app;
     int64_t q_rot_off;
+    int32_t gqa_rows;     /* FUSED decode: the query heads of a KV group run as the rows of one
+                             tile (fa_fused_gqa_rows) */
 } fa_plan;
 
 /* errors.c */

@@ -399,6 +399,27 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
     return splits > 1 ? split_workspace(p, splits, plan) : 1;
 }
 
+/* FUSED decode with grouped query heads: with one query row per sequence, the group's query heads
+ * can be read as the positions of one head (Q and O's head stride becomes the position stride), so
+ * one tile holds the whole group and K and V are read once per KV head instead of once per query
+ * head (FlashAttention-2 does the same for decode). The LSE layout [batch, heads_q, 1] is
+ * [batch, heads_kv, group] already. Exact only where no row's visible keys or bias depend on its
+ * position: one query, no top-left causal mask (bottom-right with one query hides nothing), no left
+ * window, no ALiBi; and not with rotary tables (the rotated copy of Q has strides of its own).
+ * Writes the re-read params into *rows and returns 1, else returns 0. */
+static int fused_gqa_rows(const flashattn_fwd_params *p, flashattn_fwd_params *rows) {
+    const int64_t group = p->heads_kv > 0 ? p->heads_q / p->heads_kv : 0;
+    if (p->seqlen_q != 1 || group < 2 || p->cu_seqlens_q != NULL || p->mask == FLASHATTN_MASK_CAUSAL_TOP_LEFT ||
+        p->window_left >= 0 || p->alibi_slopes != NULL || p->rotary_cos != NULL)
+        return 0;
+    *rows = *p;
+    rows->seqlen_q = group, rows->heads_q = p->heads_kv, rows->mask = FLASHATTN_MASK_NONE;
+    rows->window_right = -1; /* with one query, bottom-right: never narrower than the keys */
+    rows->q_seq_stride = p->q_head_stride, rows->q_head_stride = group * p->q_head_stride;
+    rows->o_seq_stride = p->o_head_stride, rows->o_head_stride = group * p->o_head_stride;
+    return 1;
+}
+
 flashattn_status fa_plan_make(const fa_device_caps *caps, const flashattn_fwd_params *p,
                               int ref_lowprec, fa_plan *out) {
     flashattn_fwd_params full; /* the caller's fields, with defaults for any it does not know */
@@ -444,6 +465,13 @@ flashattn_status fa_plan_make(const fa_device_caps *caps, const flashattn_fwd_pa
     /* No queries: nothing to do, unless keys are appended (the cache is still written). */
     plan.noop = (p->seqlen_q == 0 && p->k_new == NULL);
 
+    flashattn_fwd_params gqa_rows;
+    const flashattn_fwd_params *pk = p; /* what the attention kernel runs (p, or p re-read) */
+    if (backend == FLASHATTN_BACKEND_FUSED && fused_gqa_rows(p, &gqa_rows)) {
+        plan.gqa_rows = 1;
+        pk = &gqa_rows;
+        fill_kernel_params(pk, &plan.kp);
+    }
     if (backend == FLASHATTN_BACKEND_FUSED || backend == FLASHATTN_BACKEND_FUSED_SM90) {
         const int sm90 = backend == FLASHATTN_BACKEND_FUSED_SM90;
         plan.cfg = sm90 ? *fa_sm90_config_for_call(fa_sm90_kernel_head_dim(p->head_dim), p)
@@ -451,7 +479,7 @@ flashattn_status fa_plan_make(const fa_device_caps *caps, const flashattn_fwd_pa
         plan.threads = 32 * plan.cfg.warps;
         plan.smem_bytes = sm90 ? fa_sm90_smem_bytes(plan.cfg.head_dim, plan.cfg.block_m, plan.cfg.block_n)
                                : fa_fused_smem_bytes(&plan.cfg);
-        if (!fused_grid_plan(caps, p, sm90, &plan))
+        if (!fused_grid_plan(caps, pk, sm90, &plan))
             return fa_fail(FLASHATTN_STATUS_INDEX_OVERFLOW,
                            "the split-key workspace (float32 partial O of splits x batch x heads_q x "
                            "seqlen_q x head_dim = %d x %lld x %lld x %lld x %lld) overflows int64 bytes",
@@ -533,5 +561,6 @@ void fa_plan_describe(const fa_plan *plan, flashattn_plan_info *info) {
              bname, info->kernel_name,
              info->grid_x, info->grid_y, info->grid_z, plan->threads, (ll)plan->smem_bytes,
              info->num_splits, (ll)plan->workspace_bytes,
-             plan->noop ? " (no-op: seqlen_q=0)" : plan->kp.pack_gqa ? " gqa_packed" : "", serving);
+             plan->noop ? " (no-op: seqlen_q=0)" : plan->kp.pack_gqa ? " gqa_packed" : plan->gqa_rows ? " gqa_rows" : "",
+             serving);
 }

@@ -701,6 +701,53 @@ TEST(Planning, Sm90DecodePacksQueryGroupsAndSplitsKeys) {
     EXPECT_EQ(0, pre.workspace_bytes);
 }
 
+TEST(Planning, FusedDecodeRunsAGroupsQueryHeadsAsTheRowsOfOneTile) {
+    // One query row per sequence, 32 query heads over 8 KV heads, on a GPU where FUSED runs: the
+    // 4 heads of a group are the 4 rows of one tile (Q's and O's head stride read as the position
+    // stride), one block per KV head; the LSE layout is unchanged.
+    flashattn_fwd_params p = valid_params();
+    p.batch = 3, p.seqlen_q = 1, p.seqlen_k = 4096, p.heads_q = 32, p.heads_kv = 8, p.head_dim = 128;
+    p.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, p.window_right = 0;
+    flashattn_fwd_params_set_packed_strides(&p);
+    const fa_plan plan = plan_ok(p, a100_caps());
+    ASSERT_EQ(FLASHATTN_BACKEND_FUSED, plan.backend);
+    EXPECT_EQ(1, plan.gqa_rows);
+    EXPECT_EQ(8, plan.grid_y);
+    EXPECT_EQ(3, plan.grid_z);
+    EXPECT_EQ(1, plan.grid_x);
+    EXPECT_EQ(4, plan.kp.seqlen_q);
+    EXPECT_EQ(1, plan.kp.head_group);
+    EXPECT_EQ(128, plan.kp.q_seq_stride);
+    EXPECT_EQ(4 * 128, plan.kp.q_head_stride);
+    EXPECT_EQ(p.q_batch_stride, plan.kp.q_batch_stride);
+    EXPECT_EQ(128, plan.kp.o_seq_stride);
+    EXPECT_EQ(4 * 128, plan.kp.o_head_stride);
+    EXPECT_EQ(-4, plan.kp.key_lo_off);  // every row sees every key
+    EXPECT_EQ(4096, plan.kp.key_hi_off);
+    flashattn_plan_info info;
+    flashattn_plan_info_init(&info);
+    fa_plan_describe(&plan, &info);
+    EXPECT_NE(std::string(info.description).find("gqa_rows"), std::string::npos) << info.description;
+    // Where a row's visible keys or bias depend on its position, or Q is rotated: one head per block.
+    const std::vector<std::function<void(flashattn_fwd_params &)>> position_dependent = {
+        [](auto &q) { q.mask = FLASHATTN_MASK_CAUSAL_TOP_LEFT; },
+        [](auto &q) { q.window_left = 100; },
+        [](auto &q) { q.alibi_slopes = (const float *)0x500000; },
+        [](auto &q) { q.seqlen_q = 2; },
+        [](auto &q) { q.heads_kv = 32; },
+    };
+    for (const auto &change : position_dependent) {
+        flashattn_fwd_params c = p;
+        change(c);
+        flashattn_fwd_params_set_packed_strides(&c);
+        const fa_plan other = plan_ok(c, a100_caps());
+        EXPECT_EQ(0, other.gqa_rows);
+        EXPECT_EQ(c.heads_q, other.grid_y);
+    }
+    // FUSED_SM90 packs its own way (pack_gqa); the re-read is FUSED's.
+    if (fa_sm90_compiled(FLASHATTN_DTYPE_BFLOAT16, 128)) EXPECT_EQ(0, plan_ok(p, h200_caps()).gqa_rows);
+}
+
 TEST(Planning, PackGqaDecision) {
     EXPECT_TRUE(fa_should_pack_gqa(1, 4, 128, 1));     // decode, 4 query heads per KV head
     EXPECT_TRUE(fa_should_pack_gqa(1, 4, 128, 64));    // Sq = block_m / 2 still packs
