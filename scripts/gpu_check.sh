@@ -95,7 +95,7 @@ if [[ " $steps " == *" abtree "* ]]; then
 fi
 if want peers && [ -f benchmarks/compare_peers.py ]; then
   FLASHATTN_LIBRARY=$PWD/build/libflashattn.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 \
-    python3 benchmarks/compare_peers.py --json "$OUT/peers.json" > "$OUT/peers.log" 2>&1
+    python3 benchmarks/compare_peers.py --flush-l2 --json "$OUT/peers.json" > "$OUT/peers.log" 2>&1
   summary+=("peers: see peers.log")
 fi
 [ -f "$OUT/correctness.txt" ] && cat "$OUT/correctness.txt"
