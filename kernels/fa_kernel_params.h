@@ -45,10 +45,11 @@ typedef struct fa_kernel_params {
     int32_t key_lo_off, key_hi_off;
     int32_t num_m_blocks;       /* fused: query tiles per (batch, head) */
 
-    /* FUSED_SM90 only. pack_gqa: a tile holds the head_group query heads of one KV head, pack_rows
+    /* pack_gqa (FUSED_SM90 only): a tile holds the head_group query heads of one KV head, pack_rows
      * query positions each (rows hg * pack_rows + i), so K and V are read once per group; the grid's
-     * y is then the KV head. num_splits > 1: the key range of each tile is split that many ways;
-     * each split writes its normalised O (fp32) and LSE to o_accum / lse_accum
+     * y is then the KV head. num_splits > 1 (both fused kernels; grid x = query tiles x splits,
+     * split = x % num_splits): the key range of each tile is split that many ways; each split writes
+     * its normalised O (fp32) and LSE to o_accum / lse_accum
      * ([split][batch][heads_q][seqlen_q](head_dim)), and fa_split_combine merges them. */
     int32_t pack_gqa, pack_rows, num_splits;
     float *o_accum, *lse_accum;
@@ -157,7 +158,8 @@ typedef struct fa_merge_args {
     int32_t num_parts, batch, seqlen, heads, head_dim;
     int32_t dtype_parts, dtype_out, base2;
     int32_t after_split;  /* launched right after a split FUSED_SM90 kernel, as its programmatic
-                             dependent (that kernel signals it with griddepcontrol.launch_dependents) */
+                             dependent (that kernel signals it with griddepcontrol.launch_dependents);
+                             0 after FUSED's (an ordinary launch) */
 } fa_merge_args;
 
 /* Appending new keys to a cache and rotary embedding (kernels/append.cu), before the attention of a
@@ -184,9 +186,10 @@ int fa_append_launch(const fa_append_args *a, void *stream);
 /* Enqueues the merge; returns a cudaError_t value. */
 int fa_merge_launch(const fa_merge_args *a, void *stream);
 
-/* Merges the num_splits partial results of a split FUSED_SM90 call into O and LSE (through
- * fa_merge_launch, kernels/merge.cu). */
-int fa_split_combine(const fa_kernel_params *kp, int dtype, void *stream);
+/* Merges the num_splits partial results of a split fused call into O and LSE (through
+ * fa_merge_launch, kernels/merge.cu). after_sm90: the split kernel was FUSED_SM90's, which lets the
+ * merge start early as its programmatic dependent. */
+int fa_split_combine(const fa_kernel_params *kp, int dtype, int after_sm90, void *stream);
 
 /* REFERENCE backend pieces (kernels/reference.cu). dtype: 0 float16, 1 bfloat16. `lowprec` rounds
  * scores and probabilities to dtype (plain low-precision attention, the tests' baseline). */

@@ -251,8 +251,9 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
-    /* Heaviest (latest, for causal) query tiles first: they start while the grid fills. */
-    const int m_block = p.num_m_blocks - 1 - (int)blockIdx.x;
+    /* Heaviest (latest, for causal) query tiles first: they start while the grid fills. A split
+     * call has num_splits blocks per query tile, each over its share of the tile's keys. */
+    const int m_block = p.num_m_blocks - 1 - (int)blockIdx.x / p.num_splits;
     const int h = blockIdx.y, b = blockIdx.z, hk = h / p.head_group;
     const auto &bnd = ctx.bounds();
     const int m0 = m_block * kBlockM;
@@ -265,10 +266,29 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
     T *og = ctx.o(b, h);
     float *lse = ctx.lse(b, h);
 
-    /* Keys any row of this block can see: [key_lo, key_hi). */
+    /* Keys any row of this block can see: [key_lo, key_hi), in key tiles; this split's share of
+     * them: tiles [tile_begin, tile_begin + n_tiles). */
     const int key_lo = max(0, m0 + bnd.key_lo_off);
     const int key_hi = min(bnd.seqlen_k, row_last + bnd.key_hi_off + 1);
-    if (key_hi <= key_lo) { /* no row sees a key: O = 0, LSE = -inf */
+    int tile_begin = 0, n_tiles = 0;
+    if (key_hi > key_lo) {
+        const int tile_first = key_lo / kBlockN;
+        const int tiles_all = (key_hi + kBlockN - 1) / kBlockN - tile_first;
+        const int per_split = (tiles_all + p.num_splits - 1) / p.num_splits, split = (int)blockIdx.x % p.num_splits;
+        tile_begin = tile_first + split * per_split;
+        n_tiles = max(0, min(per_split, tiles_all - split * per_split));
+    }
+    /* This split's slot of row m0 + r in the partial results ([split][batch][heads_q][seqlen_q]);
+     * recomputed where used, so nothing of it stays live through the main loop. */
+    auto part_row0 = [&]() {
+        return (((int64_t)((int)blockIdx.x % p.num_splits) * p.batch + b) * p.heads_q + h) * p.seqlen_q + m0;
+    };
+    if (n_tiles == 0 && p.num_splits > 1) { /* no key in this split: an empty part (LSE = -inf; O unread) */
+        for (int r = threadIdx.x; r < kBlockM; r += Tr::kThreads)
+            if (m0 + r < bnd.seqlen_q) p.lse_accum[part_row0() + r] = -INFINITY;
+        return;
+    }
+    if (n_tiles == 0) { /* no row sees a key: O = 0, LSE = -inf */
         for (int c = threadIdx.x; c < kBlockM * Tr::kChunks; c += Tr::kThreads) {
             const int r = c / Tr::kChunks, ch = c % Tr::kChunks;
             if (m0 + r < bnd.seqlen_q && ch * 8 < p.head_dim)
@@ -280,9 +300,6 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
                 if (m0 + r < bnd.seqlen_q) lse[m0 + r] = -INFINITY;
         return;
     }
-    const int tile_begin = key_lo / kBlockN;
-    const int n_tiles = (key_hi + kBlockN - 1) / kBlockN - tile_begin;
-
     /* Prologue: Q and the first key tile in group 0, the second key tile in group 1. */
     load_tile<Tr, kBlockM>(sQ, qg, p.q_seq_stride, m0, bnd.seqlen_q, p.head_dim);
     kv.load(sK, sV, tile_begin * kBlockN);
@@ -404,6 +421,28 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
     }
     cp_async_wait<0>();
 
+    /* A split's epilogue: its normalised O in fp32, straight from the registers, and its LSE. */
+    if (p.num_splits > 1) {
+        const int64_t row0 = part_row0();
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const float l = quad_sum(row_sum[mt][r]);
+                const float inv = softmax_inv(l);
+                const int row_local = (warp * kMT + mt) * 16 + g + 8 * r;
+                if (m0 + row_local >= bnd.seqlen_q) continue;
+                float *dst = p.o_accum + (row0 + row_local) * p.head_dim;
+#pragma unroll
+                for (int j = 0; j < Tr::kOTiles; ++j)
+                    if (8 * j + 2 * t < p.head_dim) /* head_dim is a multiple of 8: both or neither */
+                        *reinterpret_cast<float2 *>(dst + 8 * j + 2 * t) =
+                            make_float2(o_acc[mt][j][2 * r] * inv, o_acc[mt][j][2 * r + 1] * inv);
+                if (t == 0) p.lse_accum[row0 + row_local] = softmax_lse(l, row_max[mt][r], mult);
+            }
+        return;
+    }
+
     /* Epilogue: normalise, stage O through sQ (free now: the loop ended on a barrier), store. */
     T *sO = sQ;
 #pragma unroll
@@ -448,7 +487,8 @@ fused_fwd_kernel(const __grid_constant__ fa_kernel_params p) {
 template <int kDtype, int kHeadDim>
 int launch_fused(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
     using Tr = fused_traits<kDtype, kHeadDim>;
-    if (l->threads != Tr::kThreads || l->smem_bytes != Tr::kSmemBytes)
+    if (l->threads != Tr::kThreads || l->smem_bytes != Tr::kSmemBytes || kp->num_splits < 1 ||
+        (kp->num_splits > 1 && (kp->o_accum == nullptr || kp->lse_accum == nullptr)))
         return (int)cudaErrorInvalidConfiguration; /* planner and kernel disagree: refuse */
     const bool transform = kp->softcap > 0.0f || kp->alibi_slopes != nullptr;
     static std::atomic<unsigned long long> configured[4]; /* per kernel below: devices configured */
@@ -461,7 +501,9 @@ int launch_fused(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
     if (err != cudaSuccess) return (int)err;
     kernel<<<dim3(l->grid_x, l->grid_y, l->grid_z), Tr::kThreads, Tr::kSmemBytes,
              (cudaStream_t)stream>>>(*kp);
-    return (int)cudaGetLastError();
+    const cudaError_t launched = cudaGetLastError();
+    if (launched != cudaSuccess || kp->num_splits <= 1) return (int)launched;
+    return fa_split_combine(kp, kDtype, 0, stream);
 }
 
 }  // namespace fa

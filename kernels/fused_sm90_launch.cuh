@@ -94,7 +94,7 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
                                                                                                          tv);
     err = cudaGetLastError();
     if (err != cudaSuccess || kp->num_splits <= 1) return (int)err;
-    return fa_split_combine(kp, kDtype, stream);
+    return fa_split_combine(kp, kDtype, 1, stream);
 }
 
 }  // namespace sm90

@@ -16,7 +16,8 @@
  * Any number of parts and any head dim.
  *
  * After a split FUSED_SM90 call the merge is launched as a programmatic dependent of the attention
- * kernel (its blocks start while the attention finishes) and waits for it before its first load.
+ * kernel (its blocks start while the attention finishes) and waits for it before its first load;
+ * after a split FUSED call (sm_80 and newer) it is an ordinary launch.
  */
 #include "fa_common.cuh"
 
@@ -214,10 +215,10 @@ extern "C" __attribute__((visibility("hidden"))) int fa_merge_launch(const fa_me
     }
 }
 
-/* The split partial results of FUSED_SM90 (fa_kernel_params.o_accum / lse_accum, laid out
+/* The split partial results of a fused kernel (fa_kernel_params.o_accum / lse_accum, laid out
  * [split][batch][heads_q][seqlen_q](head_dim), fp32, natural-log LSE) merged into O and LSE. */
 extern "C" __attribute__((visibility("hidden"))) int fa_split_combine(const fa_kernel_params *kp, int dtype,
-                                                                      void *stream) {
+                                                                      int after_sm90, void *stream) {
     const int64_t sq = kp->seqlen_q, hq = kp->heads_q, d = kp->head_dim;
     fa_merge_args a = {};
     a.o_parts = kp->o_accum, a.lse_parts = kp->lse_accum, a.o = kp->o, a.lse = kp->lse;
@@ -229,6 +230,6 @@ extern "C" __attribute__((visibility("hidden"))) int fa_split_combine(const fa_k
     a.lse_out_batch_stride = hq * sq, a.lse_out_head_stride = sq, a.lse_out_seq_stride = 1;
     a.num_parts = kp->num_splits, a.batch = kp->batch, a.seqlen = kp->seqlen_q, a.heads = kp->heads_q;
     a.head_dim = kp->head_dim, a.dtype_parts = FA_DTYPE_F32, a.dtype_out = dtype, a.base2 = 0;
-    a.after_split = 1; /* a programmatic dependent of the split kernel just enqueued */
+    a.after_split = after_sm90; /* a programmatic dependent of the FUSED_SM90 kernel just enqueued */
     return fa_merge_launch(&a, stream);
 }

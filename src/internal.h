@@ -113,11 +113,11 @@ FA_HIDDEN int fa_sm90_kernel_head_dim(int64_t head_dim);
 FA_HIDDEN const fa_fused_config *fa_sm90_config_for(int kernel_head_dim);
 /* The row of FA_SM90_CONFIGS that runs this call (its masked_max_seqlen_q rule). */
 FA_HIDDEN const fa_fused_config *fa_sm90_config_for_call(int kernel_head_dim, const flashattn_fwd_params *p);
-/* FUSED_SM90's decode decisions (plan.c says why): pack a KV group's query heads into one tile, and
- * split the key range when the tiles cannot fill the GPU. */
-#define FA_SM90_MAX_SPLITS 64
+/* The fused backends' decode decisions (plan.c says why): FUSED_SM90 packs a KV group's query heads
+ * into one tile; both split the key range when the tiles cannot fill the GPU. */
+#define FA_MAX_SPLITS 64
 FA_HIDDEN int fa_should_pack_gqa(int sm90, int64_t group, int64_t block_m, int64_t seqlen_q);
-FA_HIDDEN int64_t fa_num_splits(int sm90, int64_t sm_count, int64_t ctas, int64_t key_tiles);
+FA_HIDDEN int64_t fa_num_splits(int64_t sm_count, int64_t ctas, int64_t key_tiles);
 /* Whether AUTO prefers FUSED_SM90 over FUSED for this head dim (when both can run the call). */
 FA_HIDDEN int fa_sm90_auto_prefers(int64_t head_dim);
 FA_HIDDEN void fa_plan_describe(const fa_plan *plan, flashattn_plan_info *info);

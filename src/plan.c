@@ -355,12 +355,12 @@ int fa_should_pack_gqa(int sm90, int64_t group, int64_t block_m, int64_t seqlen_
     return sm90 && group > 1 && group <= block_m && seqlen_q * 2 <= block_m;
 }
 
-/* How many ways FUSED_SM90 splits each tile's key range: when the tiles (ctas) are too few to fill
- * the GPU, as many as fit in one wave of blocks (one block per SM, so rounded down), at least 2 key
- * tiles per split and at most FA_SM90_MAX_SPLITS; 1 (no split) otherwise. */
-int64_t fa_num_splits(int sm90, int64_t sm_count, int64_t ctas, int64_t key_tiles) {
-    if (!sm90 || ctas <= 0 || ctas >= sm_count) return 1;
-    const int64_t splits = min64(sm_count / ctas, min64(key_tiles / 2, FA_SM90_MAX_SPLITS));
+/* How many ways a fused kernel splits each tile's key range: when the tiles (ctas) are too few to
+ * fill the GPU, as many as fit in one wave of one block per SM (rounded down), at least 2 key tiles
+ * per split and at most FA_MAX_SPLITS; 1 (no split) otherwise. */
+int64_t fa_num_splits(int64_t sm_count, int64_t ctas, int64_t key_tiles) {
+    if (ctas <= 0 || ctas >= sm_count) return 1;
+    const int64_t splits = min64(sm_count / ctas, min64(key_tiles / 2, FA_MAX_SPLITS));
     return splits < 2 ? 1 : splits;
 }
 
@@ -393,7 +393,7 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
     const int64_t ctas = mblocks * plan->grid_y * p->batch;
     const int64_t key_tiles = (p->seqlen_k + plan->cfg.block_n - 1) / plan->cfg.block_n;
     /* A ragged Q's rows are not [batch, seqlen_q]: the split combine does not take them. */
-    const int64_t splits = p->cu_seqlens_q ? 1 : fa_num_splits(sm90, caps->sm_count, ctas, key_tiles);
+    const int64_t splits = p->cu_seqlens_q ? 1 : fa_num_splits(caps->sm_count, ctas, key_tiles);
     plan->kp.num_splits = (int32_t)splits;
     plan->grid_x = (int32_t)(mblocks * splits);
     return splits > 1 ? split_workspace(p, splits, plan) : 1;

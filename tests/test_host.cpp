@@ -426,7 +426,9 @@ TEST(Serving, ValidServingParamsPassAndPlanAsDenseCallsDo) {
             // AUTO: FUSED_SM90 on Hopper (head dim 128, pages of 16 keys), FUSED elsewhere.
             EXPECT_EQ(caps.cc_major == 9 ? FLASHATTN_BACKEND_FUSED_SM90 : FLASHATTN_BACKEND_FUSED, plan.backend);
             EXPECT_EQ(1, plan.kp.serving);
-            EXPECT_EQ(0, plan.workspace_bytes);  // packed Q (or enough tiles): no split
+            // No split for a packed Q; a dense one splits when its tiles are too few.
+            if (p.cu_seqlens_q) EXPECT_EQ(1, plan.kp.num_splits);
+            EXPECT_EQ(plan.kp.num_splits > 1, plan.workspace_bytes > 0);
             EXPECT_EQ(p.batch, plan.grid_z);
         }
     const fa_device_caps caps = h200_caps();
@@ -605,17 +607,38 @@ fa_plan plan_ok(const flashattn_fwd_params &p, const fa_device_caps &caps) {
 
 TEST(Planning, AutoPicksFusedWithTheTableTiles) {
     flashattn_fwd_params p = valid_params();
+    p.batch = 14;  // 14 x 8 heads: enough tiles for the A100's 108 SMs, so no split
+    flashattn_fwd_params_set_packed_strides(&p);
     const fa_plan plan = plan_ok(p, a100_caps());
     if (!fa_fused_compiled(FLASHATTN_DTYPE_BFLOAT16, 128)) GTEST_SKIP() << "d128 not compiled in";
     EXPECT_EQ(FLASHATTN_BACKEND_FUSED, plan.backend);
     EXPECT_EQ(128, plan.cfg.head_dim);
+    EXPECT_EQ(1, plan.kp.num_splits);
     EXPECT_EQ(0, plan.workspace_bytes);
     EXPECT_EQ((100 + plan.cfg.block_m - 1) / plan.cfg.block_m, plan.grid_x);
     EXPECT_EQ(8, plan.grid_y);
-    EXPECT_EQ(2, plan.grid_z);
+    EXPECT_EQ(14, plan.grid_z);
     EXPECT_EQ(32 * plan.cfg.warps, plan.threads);
     EXPECT_EQ(fa_fused_smem_bytes(&plan.cfg), plan.smem_bytes);
     EXPECT_EQ(4, plan.kp.head_group);
+}
+
+TEST(Planning, FusedSplitsTheKeysOfCallsWithTooFewTiles) {
+    // 2 x 8 heads x 1 query tile = 16 blocks for 108 SMs: the keys split as FUSED_SM90's do (at
+    // least 2 key tiles each), with a workspace for the partial results, merged after.
+    flashattn_fwd_params p = valid_params();
+    p.seqlen_k = 4096;
+    flashattn_fwd_params_set_packed_strides(&p);
+    const fa_plan plan = plan_ok(p, a100_caps());
+    if (!fa_fused_compiled(FLASHATTN_DTYPE_BFLOAT16, 128)) GTEST_SKIP() << "d128 not compiled in";
+    ASSERT_EQ(FLASHATTN_BACKEND_FUSED, plan.backend);
+    EXPECT_EQ(6, plan.kp.num_splits);  // 108 / 16 blocks
+    EXPECT_EQ(6, plan.grid_x);
+    EXPECT_GE(plan.workspace_bytes, 6LL * 2 * 8 * 100 * (128 + 1) * 4);
+    EXPECT_GE(plan.lse_accum_off, plan.o_accum_off + 6LL * 2 * 8 * 100 * 128 * 4);
+    // A packed (ragged) Q is never split: the merge takes [batch, seqlen_q] rows only.
+    flashattn_fwd_params r = valid_varlen_packed();
+    EXPECT_EQ(1, plan_ok(r, a100_caps()).kp.num_splits);
 }
 
 TEST(Planning, AutoPicksSm90OnHopperWhereTheTableSaysSo) {
@@ -714,7 +737,8 @@ TEST(Planning, FusedDecodeRunsAGroupsQueryHeadsAsTheRowsOfOneTile) {
     EXPECT_EQ(1, plan.gqa_rows);
     EXPECT_EQ(8, plan.grid_y);
     EXPECT_EQ(3, plan.grid_z);
-    EXPECT_EQ(1, plan.grid_x);
+    EXPECT_EQ(4, plan.kp.num_splits);  // 24 blocks for 108 SMs: the keys split 4 ways
+    EXPECT_EQ(4, plan.grid_x);
     EXPECT_EQ(4, plan.kp.seqlen_q);
     EXPECT_EQ(1, plan.kp.head_group);
     EXPECT_EQ(128, plan.kp.q_seq_stride);
@@ -759,14 +783,13 @@ TEST(Planning, PackGqaDecision) {
 }
 
 TEST(Planning, NumSplitsFillsOneWave) {
-    EXPECT_EQ(16, fa_num_splits(1, 132, 8, 64));   // 8 tiles: 132 / 8 = 16 splits fit one wave
-    EXPECT_EQ(4, fa_num_splits(1, 132, 8, 8));     // at least 2 key tiles per split
-    EXPECT_EQ(1, fa_num_splits(1, 132, 8, 3));     // one split of 2+ tiles would be all of them
-    EXPECT_EQ(64, fa_num_splits(1, 132, 1, 1024)); // at most FA_SM90_MAX_SPLITS
-    EXPECT_EQ(1, fa_num_splits(1, 132, 132, 1024)); // the tiles fill the GPU already
-    EXPECT_EQ(1, fa_num_splits(1, 132, 67, 1024)); // 132 / 67 = 1: no room for a second split
-    EXPECT_EQ(1, fa_num_splits(1, 132, 0, 1024));  // nothing to run (Sq = 0)
-    EXPECT_EQ(1, fa_num_splits(0, 132, 8, 64));    // FUSED never splits
+    EXPECT_EQ(16, fa_num_splits(132, 8, 64));   // 8 tiles: 132 / 8 = 16 splits fit one wave
+    EXPECT_EQ(4, fa_num_splits(132, 8, 8));     // at least 2 key tiles per split
+    EXPECT_EQ(1, fa_num_splits(132, 8, 3));     // one split of 2+ tiles would be all of them
+    EXPECT_EQ(64, fa_num_splits(132, 1, 1024)); // at most FA_MAX_SPLITS
+    EXPECT_EQ(1, fa_num_splits(132, 132, 1024)); // the tiles fill the GPU already
+    EXPECT_EQ(1, fa_num_splits(132, 67, 1024)); // 132 / 67 = 1: no room for a second split
+    EXPECT_EQ(1, fa_num_splits(132, 0, 1024));  // nothing to run (Sq = 0)
 }
 
 TEST(Planning, Sm90HeadDim64UsesTwoConsumersForShortMaskedCalls) {
