@@ -236,8 +236,9 @@ template <typename Tr> struct serving_ctx {
 
 /* One block's work: kBlockM query rows (query tile blockIdx.x, heaviest first) of one (batch entry,
  * head); ctx says where its inputs and outputs are (dense_ctx or serving_ctx). kTransform: softcap
- * and/or ALiBi present. */
-template <int kDtype, int kHeadDim, bool kTransform, class Ctx>
+ * and/or ALiBi present. kSplit: the call splits each tile's keys num_splits ways (blockIdx.x =
+ * query tile x num_splits + split); this block writes its split's partial result. */
+template <int kDtype, int kHeadDim, bool kTransform, bool kSplit, class Ctx>
 __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const Ctx &ctx) {
     using Tr = fused_traits<kDtype, kHeadDim>;
     using T = typename Tr::T;
@@ -253,7 +254,7 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
     const int g = lane / 4, t = lane % 4;
     /* Heaviest (latest, for causal) query tiles first: they start while the grid fills. A split
      * call has num_splits blocks per query tile, each over its share of the tile's keys. */
-    const int m_block = p.num_m_blocks - 1 - (int)blockIdx.x / p.num_splits;
+    const int m_block = p.num_m_blocks - 1 - (kSplit ? (int)blockIdx.x / p.num_splits : (int)blockIdx.x);
     const int h = blockIdx.y, b = blockIdx.z, hk = h / p.head_group;
     const auto &bnd = ctx.bounds();
     const int m0 = m_block * kBlockM;
@@ -270,25 +271,27 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
      * them: tiles [tile_begin, tile_begin + n_tiles). */
     const int key_lo = max(0, m0 + bnd.key_lo_off);
     const int key_hi = min(bnd.seqlen_k, row_last + bnd.key_hi_off + 1);
-    int tile_begin = 0, n_tiles = 0;
-    if (key_hi > key_lo) {
-        const int tile_first = key_lo / kBlockN;
-        const int tiles_all = (key_hi + kBlockN - 1) / kBlockN - tile_first;
-        const int per_split = (tiles_all + p.num_splits - 1) / p.num_splits, split = (int)blockIdx.x % p.num_splits;
-        tile_begin = tile_first + split * per_split;
-        n_tiles = max(0, min(per_split, tiles_all - split * per_split));
-    }
     /* This split's slot of row m0 + r in the partial results ([split][batch][heads_q][seqlen_q]);
      * recomputed where used, so nothing of it stays live through the main loop. */
     auto part_row0 = [&]() {
         return (((int64_t)((int)blockIdx.x % p.num_splits) * p.batch + b) * p.heads_q + h) * p.seqlen_q + m0;
     };
-    if (n_tiles == 0 && p.num_splits > 1) { /* no key in this split: an empty part (LSE = -inf; O unread) */
-        for (int r = threadIdx.x; r < kBlockM; r += Tr::kThreads)
-            if (m0 + r < bnd.seqlen_q) p.lse_accum[part_row0() + r] = -INFINITY;
-        return;
+    int tile_begin = 0, n_tiles = 0;
+    if constexpr (kSplit) {
+        if (key_hi > key_lo) {
+            const int tile_first = key_lo / kBlockN;
+            const int tiles_all = (key_hi + kBlockN - 1) / kBlockN - tile_first;
+            const int per_split = (tiles_all + p.num_splits - 1) / p.num_splits, split = (int)blockIdx.x % p.num_splits;
+            tile_begin = tile_first + split * per_split;
+            n_tiles = max(0, min(per_split, tiles_all - split * per_split));
+        }
+        if (n_tiles == 0) { /* no key in this split: an empty part (LSE = -inf; O unread) */
+            for (int r = threadIdx.x; r < kBlockM; r += Tr::kThreads)
+                if (m0 + r < bnd.seqlen_q) p.lse_accum[part_row0() + r] = -INFINITY;
+            return;
+        }
     }
-    if (n_tiles == 0) { /* no row sees a key: O = 0, LSE = -inf */
+    if (!kSplit && key_hi <= key_lo) { /* no row sees a key: O = 0, LSE = -inf */
         for (int c = threadIdx.x; c < kBlockM * Tr::kChunks; c += Tr::kThreads) {
             const int r = c / Tr::kChunks, ch = c % Tr::kChunks;
             if (m0 + r < bnd.seqlen_q && ch * 8 < p.head_dim)
@@ -299,6 +302,10 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
             for (int r = threadIdx.x; r < kBlockM; r += Tr::kThreads)
                 if (m0 + r < bnd.seqlen_q) lse[m0 + r] = -INFINITY;
         return;
+    }
+    if constexpr (!kSplit) {
+        tile_begin = key_lo / kBlockN;
+        n_tiles = (key_hi + kBlockN - 1) / kBlockN - tile_begin;
     }
     /* Prologue: Q and the first key tile in group 0, the second key tile in group 1. */
     load_tile<Tr, kBlockM>(sQ, qg, p.q_seq_stride, m0, bnd.seqlen_q, p.head_dim);
@@ -422,7 +429,7 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
     cp_async_wait<0>();
 
     /* A split's epilogue: its normalised O in fp32, straight from the registers, and its LSE. */
-    if (p.num_splits > 1) {
+    if constexpr (kSplit) {
         const int64_t row0 = part_row0();
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt)
@@ -472,17 +479,29 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
 /* kTransform: softcap and/or ALiBi present. A separate instantiation keeps their registers and
  * code out of the plain kernel's main loop. kServing: a serving call (fa_kernel_params.serving),
  * each sequence's counts, offsets and rows from the device arrays; its own instantiation, so the
- * dense kernels carry none of it. */
-template <int kDtype, int kHeadDim, bool kTransform, bool kServing>
+ * dense kernels carry none of it. kSplit: the keys are split (num_splits > 1); its own
+ * instantiation too, so unsplit calls run the kernel they always did. */
+template <int kDtype, int kHeadDim, bool kTransform, bool kServing, bool kSplit>
 __global__ void __launch_bounds__(fused_traits<kDtype, kHeadDim>::kThreads,
                                   fused_traits<kDtype, kHeadDim>::kMinBlocks)
 fused_fwd_kernel(const __grid_constant__ fa_kernel_params p) {
     using Tr = fused_traits<kDtype, kHeadDim>;
     if constexpr (!kServing)
-        fused_fwd_block<kDtype, kHeadDim, kTransform>(p, dense_ctx<Tr>{p});
+        fused_fwd_block<kDtype, kHeadDim, kTransform, kSplit>(p, dense_ctx<Tr>{p});
     else
-        fused_fwd_block<kDtype, kHeadDim, kTransform>(p, serving_ctx<Tr>{p, serving_seq(p, blockIdx.z)});
+        fused_fwd_block<kDtype, kHeadDim, kTransform, kSplit>(p, serving_ctx<Tr>{p, serving_seq(p, blockIdx.z)});
 }
+
+template <int kDtype, int kHeadDim, bool kSplit> struct fused_kernels {
+    using Kernel = void (*)(fa_kernel_params);
+    /* The instantiation for (serving, transform). */
+    static Kernel pick(bool serving, bool transform) {
+        return serving ? (transform ? fused_fwd_kernel<kDtype, kHeadDim, true, true, kSplit>
+                                    : fused_fwd_kernel<kDtype, kHeadDim, false, true, kSplit>)
+                       : (transform ? fused_fwd_kernel<kDtype, kHeadDim, true, false, kSplit>
+                                    : fused_fwd_kernel<kDtype, kHeadDim, false, false, kSplit>);
+    }
+};
 
 template <int kDtype, int kHeadDim>
 int launch_fused(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
@@ -490,19 +509,17 @@ int launch_fused(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
     if (l->threads != Tr::kThreads || l->smem_bytes != Tr::kSmemBytes || kp->num_splits < 1 ||
         (kp->num_splits > 1 && (kp->o_accum == nullptr || kp->lse_accum == nullptr)))
         return (int)cudaErrorInvalidConfiguration; /* planner and kernel disagree: refuse */
-    const bool transform = kp->softcap > 0.0f || kp->alibi_slopes != nullptr;
-    static std::atomic<unsigned long long> configured[4]; /* per kernel below: devices configured */
-    const int which = (kp->serving ? 2 : 0) + (transform ? 1 : 0);
-    auto kernel = kp->serving ? (transform ? fused_fwd_kernel<kDtype, kHeadDim, true, true>
-                                           : fused_fwd_kernel<kDtype, kHeadDim, false, true>)
-                              : (transform ? fused_fwd_kernel<kDtype, kHeadDim, true, false>
-                                           : fused_fwd_kernel<kDtype, kHeadDim, false, false>);
+    const bool transform = kp->softcap > 0.0f || kp->alibi_slopes != nullptr, split = kp->num_splits > 1;
+    static std::atomic<unsigned long long> configured[8]; /* per kernel below: devices configured */
+    const int which = (split ? 4 : 0) + (kp->serving ? 2 : 0) + (transform ? 1 : 0);
+    auto kernel = split ? fused_kernels<kDtype, kHeadDim, true>::pick(kp->serving, transform)
+                        : fused_kernels<kDtype, kHeadDim, false>::pick(kp->serving, transform);
     const cudaError_t err = set_smem_once(kernel, Tr::kSmemBytes, configured[which]);
     if (err != cudaSuccess) return (int)err;
     kernel<<<dim3(l->grid_x, l->grid_y, l->grid_z), Tr::kThreads, Tr::kSmemBytes,
              (cudaStream_t)stream>>>(*kp);
     const cudaError_t launched = cudaGetLastError();
-    if (launched != cudaSuccess || kp->num_splits <= 1) return (int)launched;
+    if (launched != cudaSuccess || !split) return (int)launched;
     return fa_split_combine(kp, kDtype, 0, stream);
 }
 
