@@ -180,7 +180,8 @@ typedef enum flashattn_backend {
     FLASHATTN_BACKEND_AUTO = 0,       /* the fastest backend that supports the call on this device */
     FLASHATTN_BACKEND_REFERENCE = 1,  /* cuBLAS GEMMs + softmax kernel; needs a workspace */
     FLASHATTN_BACKEND_FUSED = 2,      /* FlashAttention kernel on tensor cores (mma.sync, sm_80 and
-                                         newer); no workspace */
+                                         newer). Needs a workspace only when it splits the keys of a
+                                         call with too few query tiles to fill the GPU */
     FLASHATTN_BACKEND_FUSED_SM90 = 3  /* FlashAttention kernel on Hopper's TMA and warpgroup MMAs
                                          (wgmma); compute capability 9.0 only, and only in builds for
                                          sm_90a (the default); head dims that are multiples of 8 up to
@@ -372,9 +373,9 @@ typedef struct flashattn_fwd_params {
  *    FUSED_SM90 reads pages with the tensor memory accelerator when the page size is a multiple of
  *    its key tile (flashattn_fwd_plan's block_n: 128 at head dims up to 128, 64 above) or a multiple
  *    of 8 that divides it (8, 16, 32, 64, 128, 256, ... at head dim 128), and gathers rows with
- *    cp.async otherwise (slower); it splits the keys of decode-shaped calls only when Q is not
- *    packed. REFERENCE runs them too, as the oracle: it gathers each sequence's Q, K and V into dense
- *    copies at the capacities in its workspace, then computes as for a dense call.
+ *    cp.async otherwise (slower). Both fused kernels split the keys of decode-shaped calls only
+ *    when Q is not packed. REFERENCE runs them too, as the oracle: it gathers each sequence's Q, K
+ *    and V into dense copies at the capacities in its workspace, then computes as for a dense call.
  */
 
 /* Sets every field that a struct of `struct_size` bytes has to its default, and struct_size to that
@@ -408,7 +409,7 @@ FLASHATTN_API flashattn_status flashattn_fwd_params_set_packed_strides(flashattn
  * ------------------------------------------------------------------------------------------- */
 
 /* Bytes of device workspace flashattn_fwd needs for these params, in *bytes: the REFERENCE backend's
- * score matrix (and, for a serving call, its dense copies of Q, K and V); FUSED_SM90's per-split
+ * score matrix (and, for a serving call, its dense copies of Q, K and V); a fused kernel's per-split
  * partial results when it splits the key range of a call with too few query tiles to fill the GPU
  * (decode-shaped calls: flashattn_fwd_plan reports num_splits); the rotated copy of Q when rotary
  * tables are set; otherwise 0. Always ask rather than assume 0. Returns: SUCCESS or any validation status
