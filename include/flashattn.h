@@ -180,8 +180,9 @@ typedef enum flashattn_backend {
     FLASHATTN_BACKEND_AUTO = 0,       /* the fastest backend that supports the call on this device */
     FLASHATTN_BACKEND_REFERENCE = 1,  /* cuBLAS GEMMs + softmax kernel; needs a workspace */
     FLASHATTN_BACKEND_FUSED = 2,      /* FlashAttention kernel on tensor cores (mma.sync, sm_80 and
-                                         newer). Needs a workspace only when it splits the keys of a
-                                         call with too few query tiles to fill the GPU */
+                                         newer). Asks for a workspace only to split the keys of a
+                                         call with too few query tiles to fill the GPU (0.4.0); given
+                                         less (NULL, as before 0.4.0), it runs the call unsplit */
     FLASHATTN_BACKEND_FUSED_SM90 = 3  /* FlashAttention kernel on Hopper's TMA and warpgroup MMAs
                                          (wgmma); compute capability 9.0 only, and only in builds for
                                          sm_90a (the default); head dims that are multiples of 8 up to
@@ -468,6 +469,8 @@ FLASHATTN_API flashattn_status flashattn_fwd_plan(const flashattn_handle *handle
  * workspace: device memory of at least flashattn_fwd_workspace_size bytes, 256-byte aligned (any
  *   cudaMalloc pointer is), or NULL when that size is 0. It must stay valid, and not be used by
  *   anything else, until the enqueued work completes on `stream`. Its contents on entry do not matter.
+ *   One exception keeps callers of 0.1-0.3 working: a FUSED call given less than it asks for only to
+ *   split its keys (NULL included) runs without splitting, as it did then.
  * stream: the CUDA stream to enqueue on (0 is the legacy default stream). The calling thread's current
  *   device must be the handle's device.
  *

@@ -315,6 +315,12 @@ flashattn_status fa_fwd_ex(const flashattn_handle *h, const flashattn_fwd_params
     fa_plan plan;
     flashattn_status st = plan_for(h, p, ref_lowprec, &plan);
     if (st != FLASHATTN_STATUS_SUCCESS) return st;
+    /* FUSED needed no workspace before 0.4.0: given less than its split asks for, it runs unsplit. */
+    if (plan.backend == FLASHATTN_BACKEND_FUSED && plan.kp.num_splits > 1 &&
+        (workspace == NULL || (uint64_t)workspace_bytes < (uint64_t)plan.workspace_bytes)) {
+        st = plan_for(h, p, ref_lowprec | FA_PLAN_NO_SPLIT, &plan);
+        if (st != FLASHATTN_STATUS_SUCCESS) return st;
+    }
     if (plan.workspace_bytes > 0) {
         if (workspace == NULL)
             return fa_fail(FLASHATTN_STATUS_NULL_POINTER,

@@ -103,9 +103,13 @@ FA_HIDDEN void fa_outer_extents(const flashattn_fwd_params *p, int64_t *q_outer,
 /* Whether a loaded params uses any serving field (ragged, seqused, paged, indexed KV, append). */
 FA_HIDDEN int fa_is_serving(const flashattn_fwd_params *p);
 
-/* plan.c: validate, then choose a backend and its launch shape. Pure: no CUDA calls. */
+/* plan.c: validate, then choose a backend and its launch shape. Pure: no CUDA calls. options:
+ * FA_PLAN_REF_LOWPREC (REFERENCE as plain low-precision attention, the tests' baseline) and
+ * FA_PLAN_NO_SPLIT (never split the keys: FUSED given no workspace, as before 0.4.0). */
+#define FA_PLAN_REF_LOWPREC 1
+#define FA_PLAN_NO_SPLIT 2
 FA_HIDDEN flashattn_status fa_plan_make(const fa_device_caps *caps, const flashattn_fwd_params *p,
-                                        int ref_lowprec, fa_plan *out);
+                                        int options, fa_plan *out);
 FA_HIDDEN int fa_fused_kernel_head_dim(int64_t head_dim);
 FA_HIDDEN const fa_fused_config *fa_fused_config_for(int kernel_head_dim);
 /* FUSED_SM90: the compiled-for head dim that runs head_dim (0 if none), and its tile row. */

@@ -379,7 +379,7 @@ static int split_workspace(const flashattn_fwd_params *p, int64_t splits, fa_pla
 /* The grid of a fused plan (plan->cfg set): a block per query tile (times splits), head (or KV
  * head, when packed) and batch entry. Returns 0 only if the split workspace overflows. */
 static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_params *p, int sm90,
-                           fa_plan *plan) {
+                           int no_split, fa_plan *plan) {
     const int64_t group = p->heads_q / p->heads_kv;
     const int64_t block_m = plan->cfg.block_m;
     const int pack = fa_should_pack_gqa(sm90, group, block_m, p->seqlen_q);
@@ -393,7 +393,7 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
     const int64_t ctas = mblocks * plan->grid_y * p->batch;
     const int64_t key_tiles = (p->seqlen_k + plan->cfg.block_n - 1) / plan->cfg.block_n;
     /* A ragged Q's rows are not [batch, seqlen_q]: the split combine does not take them. */
-    const int64_t splits = p->cu_seqlens_q ? 1 : fa_num_splits(caps->sm_count, ctas, key_tiles);
+    const int64_t splits = p->cu_seqlens_q || no_split ? 1 : fa_num_splits(caps->sm_count, ctas, key_tiles);
     plan->kp.num_splits = (int32_t)splits;
     plan->grid_x = (int32_t)(mblocks * splits);
     return splits > 1 ? split_workspace(p, splits, plan) : 1;
@@ -421,7 +421,7 @@ static int fused_gqa_rows(const flashattn_fwd_params *p, flashattn_fwd_params *r
 }
 
 flashattn_status fa_plan_make(const fa_device_caps *caps, const flashattn_fwd_params *p,
-                              int ref_lowprec, fa_plan *out) {
+                              int options, fa_plan *out) {
     flashattn_fwd_params full; /* the caller's fields, with defaults for any it does not know */
     flashattn_status st = fa_validate_load(p, &full);
     if (st != FLASHATTN_STATUS_SUCCESS) return st;
@@ -434,7 +434,7 @@ flashattn_status fa_plan_make(const fa_device_caps *caps, const flashattn_fwd_pa
     fa_plan plan;
     memset(&plan, 0, sizeof plan);
     plan.dtype = p->dtype;
-    plan.ref_lowprec = ref_lowprec;
+    plan.ref_lowprec = (options & FA_PLAN_REF_LOWPREC) != 0;
     fill_kernel_params(p, &plan.kp);
 
     char why_fused[256], why_sm90[256], why_ref[256];
@@ -479,7 +479,7 @@ flashattn_status fa_plan_make(const fa_device_caps *caps, const flashattn_fwd_pa
         plan.threads = 32 * plan.cfg.warps;
         plan.smem_bytes = sm90 ? fa_sm90_smem_bytes(plan.cfg.head_dim, plan.cfg.block_m, plan.cfg.block_n)
                                : fa_fused_smem_bytes(&plan.cfg);
-        if (!fused_grid_plan(caps, pk, sm90, &plan))
+        if (!fused_grid_plan(caps, pk, sm90, (options & FA_PLAN_NO_SPLIT) != 0, &plan))
             return fa_fail(FLASHATTN_STATUS_INDEX_OVERFLOW,
                            "the split-key workspace (float32 partial O of splits x batch x heads_q x "
                            "seqlen_q x head_dim = %d x %lld x %lld x %lld x %lld) overflows int64 bytes",

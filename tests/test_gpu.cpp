@@ -417,6 +417,23 @@ TEST_F(Gpu, WorkspaceChecks) {
     EXPECT_EQ(0u, need);
     EXPECT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd(h, &p, nullptr, 0, 0)) << flashattn_last_error();
     CUDA_CHECK(cudaDeviceSynchronize());
+    // FUSED needed no workspace before 0.4.0: a call it would split, given none, runs unsplit, right.
+    Case s;
+    s.sq = 1, s.sk = 4096, s.hq = 4, s.hkv = 4, s.d = 128;
+    Inputs sin(s);
+    DevBuf<uint16_t> so(sin.qs.numel);
+    CUDA_CHECK(cudaMemset(so.p, 0xff, so.n * 2));
+    flashattn_fwd_params sp = make_params(sin, so.p, nullptr, FLASHATTN_BACKEND_FUSED);
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_workspace_size(h, &sp, &need));
+    EXPECT_GT(need, 0u);  // with a workspace it splits the keys
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd(h, &sp, nullptr, 0, 0)) << flashattn_last_error();
+    CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> got;
+    for (uint16_t x : so.download()) got.push_back(to_f32(s.dtype, x));
+    const Oracle ora = oracle(sin);
+    const Result low = run(h, sin, FLASHATTN_BACKEND_REFERENCE, true);
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, low.status) << flashattn_last_error();
+    EXPECT_LE(max_abs_diff(got, ora.o), 2 * max_abs_diff(low.o, ora.o) + 1e-5);
 }
 
 TEST_F(Gpu, WrongDeviceIsRefused) {

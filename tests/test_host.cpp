@@ -639,6 +639,13 @@ TEST(Planning, FusedSplitsTheKeysOfCallsWithTooFewTiles) {
     // A packed (ragged) Q is never split: the merge takes [batch, seqlen_q] rows only.
     flashattn_fwd_params r = valid_varlen_packed();
     EXPECT_EQ(1, plan_ok(r, a100_caps()).kp.num_splits);
+    // The plan flashattn_fwd falls back to when a caller gives FUSED no workspace (as before 0.4.0).
+    const fa_device_caps caps = a100_caps();
+    fa_plan unsplit;
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, fa_plan_make(&caps, &p, FA_PLAN_NO_SPLIT, &unsplit));
+    EXPECT_EQ(1, unsplit.kp.num_splits);
+    EXPECT_EQ(1, unsplit.grid_x);
+    EXPECT_EQ(0, unsplit.workspace_bytes);
 }
 
 TEST(Planning, AutoPicksSm90OnHopperWhereTheTableSaysSo) {

@@ -145,7 +145,8 @@ static void check_plan(const fa_device_caps *caps, const flashattn_fwd_params *p
     else if (full.cu_seqlens_k) ko = 1, kr = full.total_k;
     else if (full.kv_batch_idx) ko = full.kv_batch;
     CHECK(plan.kp.serving == (full.cu_seqlens_q || full.cu_seqlens_k || full.seqused_k || full.block_table ||
-                              full.kv_batch_idx || full.k_new), "serving flag");
+                              full.kv_batch_idx || full.k_new || full.cache_leftpad), "serving flag");
+    CHECK(!full.cache_leftpad || !full.block_table, "leftpad with pages");
     if (full.k_new) {
         CHECK(plan.append && full.seqused_k && !full.cu_seqlens_q && !full.cu_seqlens_k, "append fields");
         CHECK(extent_bytes(full.batch, full.seqlen_new, full.heads_kv, full.head_dim, full.k_new_batch_stride,
@@ -176,8 +177,24 @@ static void check_plan(const fa_device_caps *caps, const flashattn_fwd_params *p
     if (full.lse) CHECK((__int128)qo * full.heads_q * qr * 4 <= max, "lse extent");
     if (full.alibi_slopes)
         CHECK(((__int128)(full.batch - 1) * full.alibi_batch_stride + full.heads_q) * 4 <= max, "alibi extent");
-    CHECK(plan.kp.seqlen_q == full.seqlen_q && plan.kp.seqlen_k == full.seqlen_k && plan.kp.batch == full.batch &&
-          plan.kp.heads_q == full.heads_q, "int32 kernel dims");
+    if (plan.gqa_rows) /* FUSED decode: a group's query heads as one head's rows, only where exact */
+        CHECK(plan.backend == FLASHATTN_BACKEND_FUSED && full.seqlen_q == 1 && full.heads_q > full.heads_kv &&
+                  plan.kp.seqlen_q == full.heads_q / full.heads_kv && plan.kp.heads_q == full.heads_kv &&
+                  plan.kp.head_group == 1 && full.mask != FLASHATTN_MASK_CAUSAL_TOP_LEFT && full.window_left < 0 &&
+                  !full.alibi_slopes && !full.rotary_cos && !full.cu_seqlens_q,
+              "gqa rows");
+    else
+        CHECK(plan.kp.seqlen_q == full.seqlen_q && plan.kp.heads_q == full.heads_q, "int32 kernel dims");
+    CHECK(plan.kp.seqlen_k == full.seqlen_k && plan.kp.batch == full.batch, "int32 kernel dims");
+    if (plan.kp.num_splits > 1) { /* the partial results fit the workspace; without splitting, none needed for them */
+        CHECK(plan.backend != FLASHATTN_BACKEND_REFERENCE && plan.o_accum_off >= 0 &&
+                  plan.lse_accum_off > plan.o_accum_off && plan.lse_accum_off < plan.workspace_bytes,
+              "split regions");
+        fa_plan unsplit;
+        CHECK(fa_plan_make(caps, p, FA_PLAN_NO_SPLIT, &unsplit) == FLASHATTN_STATUS_SUCCESS &&
+                  unsplit.kp.num_splits == 1 && unsplit.workspace_bytes < plan.workspace_bytes,
+              "the unsplit plan");
+    }
 }
 
 /* How often each status came back (printed at exit): a fuzzer that never plans successfully tests
