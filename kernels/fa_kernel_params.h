@@ -117,7 +117,8 @@ static inline int64_t fa_fused_smem_bytes(const fa_fused_config *c) {
  * for head dims in [auto_min_head_dim, head_dim]; a forced FUSED_SM90 call runs any multiple of 8 up
  * to 256 on the smallest head dim that holds it. A head dim's row with masked_max_seqlen_q = 0 is its
  * default; a row with masked_max_seqlen_q > 0 replaces it for causal or windowed calls with
- * seqlen_q <= masked_max_seqlen_q. docs/performance.md records the measurements behind each choice. */
+ * seqlen_q <= masked_max_seqlen_q, and for decode-shaped calls (2 x seqlen_q <= its block_m).
+ * docs/performance.md records the measurements behind each choice. */
 /*                     head_dim block_n consumers auto_min_head_dim masked_max_seqlen_q */
 #define FA_SM90_CONFIGS(X)      \
     X(64, 128, 3, 33, 0)        \

@@ -53,11 +53,16 @@ const fa_fused_config *fa_sm90_config_for(int kernel_head_dim) {
 
 const fa_fused_config *fa_sm90_config_for_call(int kernel_head_dim, const flashattn_fwd_params *p) {
     const int masked = p->mask != FLASHATTN_MASK_NONE || p->window_left >= 0 || p->window_right >= 0;
-    for (int i = 0; i < FA_NUM_SM90_CONFIGS; ++i)
-        if (fa_sm90_configs[i].cfg.head_dim == kernel_head_dim && masked &&
-            p->seqlen_q <= fa_sm90_configs[i].masked_max_sq &&
+    for (int i = 0; i < FA_NUM_SM90_CONFIGS; ++i) {
+        const int alt = fa_sm90_configs[i].masked_max_sq > 0;
+        /* Decode-shaped: a few query rows per head (packed by KV group when grouped) fill less than
+         * one consumer's share of the smaller tile, so the larger one only adds idle consumers. */
+        const int decode = 2 * p->seqlen_q <= fa_sm90_configs[i].cfg.block_m;
+        if (fa_sm90_configs[i].cfg.head_dim == kernel_head_dim && alt &&
+            ((masked && p->seqlen_q <= fa_sm90_configs[i].masked_max_sq) || decode) &&
             fa_sm90_variant_compiled(p->dtype, kernel_head_dim, fa_sm90_configs[i].cfg.block_m / 64))
             return &fa_sm90_configs[i].cfg;
+    }
     return fa_sm90_config_for(kernel_head_dim);
 }
 

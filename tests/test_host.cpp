@@ -819,6 +819,18 @@ TEST(Planning, Sm90HeadDim64UsesTwoConsumersForShortMaskedCalls) {
     EXPECT_EQ(192, plan.cfg.block_m);                      // long: three
     EXPECT_EQ(512, plan.threads);
     EXPECT_EQ((2048 + 191) / 192, plan.grid_x);
+    // Decode-shaped, unmasked: the query rows fill less than one consumer's 64, so two consumers.
+    p.window_left = -1, p.seqlen_q = 1, p.heads_q = 32, p.heads_kv = 8;
+    flashattn_fwd_params_set_packed_strides(&p);
+    plan = plan_ok(p, h200_caps());
+    EXPECT_EQ(128, plan.cfg.block_m);
+    EXPECT_EQ(1, plan.kp.pack_gqa);
+    p.seqlen_q = 64;
+    flashattn_fwd_params_set_packed_strides(&p);
+    EXPECT_EQ(128, plan_ok(p, h200_caps()).cfg.block_m);
+    p.seqlen_q = 65;  // more rows: the three-consumer tile again (unmasked)
+    flashattn_fwd_params_set_packed_strides(&p);
+    EXPECT_EQ(192, plan_ok(p, h200_caps()).cfg.block_m);
 }
 
 TEST(Planning, AutoUsesTheSm90RangesOfTheTable) {
