@@ -19,6 +19,9 @@
  *
  * Tiles that no query row of the block can see are never loaded or computed. Rows that see no key
  * get O = 0 and LSE = -inf. No atomics and a fixed reduction order: results are deterministic.
+ * A call with too few query tiles to fill the GPU splits each tile's keys over num_splits blocks
+ * (the kSplit instantiation): each writes its normalised fp32 O and LSE to the workspace, and the
+ * merge kernel (merge.cu) combines them in split order.
  *
  * Fragment layouts follow the PTX ISA's mma.m16n8k16 description (lane = 4*g + t):
  *   A (16x16): {(g, 2t..2t+1), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..)}
