@@ -522,6 +522,14 @@ def _int32_array(obj, name, ndim, device):
     return ptr, shape, strides
 
 
+def _per_sequence(obj, name, batch, device):
+    """The pointer of an int32 CUDA array with one entry per sequence (_int32_array's rules)."""
+    ptr, shape, _ = _int32_array(obj, name, 1, device)
+    if shape[0] != batch:
+        raise ValueError(f"{name} has {shape[0]} entries; expected batch = {batch}")
+    return ptr
+
+
 def _serving_call(qa, ka, va, p, out_shape, lse_shape, D, softmax_scale, causal, window_size, softcap,
                   alibi_slopes, return_lse, stream, keep):
     """Sets the shared fields of a serving call, allocates out (at the padded head dim) and LSE, runs
@@ -643,10 +651,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     else:
         p.total_k = ka.shape[0]
     if seqused_k is not None:
-        su, su_shape, _ = _int32_array(seqused_k, "seqused_k", 1, dev)
-        if su_shape[0] != B:
-            raise ValueError(f"seqused_k has {su_shape[0]} entries; expected batch = {B}")
-        p.seqused_k = su
+        p.seqused_k = _per_sequence(seqused_k, "seqused_k", B, dev)
     out, lse = _serving_call(qa, ka, va, p, (total_q, Hq, D), (Hq, total_q), D, softmax_scale, causal, window_size,
                              softcap, alibi_slopes, return_attn_probs, stream, keep)
     return (out, lse, None) if return_attn_probs else out
@@ -707,17 +712,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         p.seqlen_k = ka.shape[1]
         p.k_batch_stride, p.v_batch_stride = ka.strides[0], va.strides[0]
         if cache_batch_idx is not None:
-            ptr, shape, _ = _int32_array(cache_batch_idx, "cache_batch_idx", 1, dev)
-            if shape[0] != B:
-                raise ValueError(f"cache_batch_idx has {shape[0]} entries; expected batch = {B}")
-            p.kv_batch_idx, p.kv_batch = ptr, ka.shape[0]
+            p.kv_batch_idx, p.kv_batch = _per_sequence(cache_batch_idx, "cache_batch_idx", B, dev), ka.shape[0]
         elif ka.shape[0] != B:
             raise ValueError(f"k_cache has batch {ka.shape[0]} but q has {B} (pass cache_batch_idx to index it)")
         if cache_leftpad is not None:
-            ptr, shape, _ = _int32_array(cache_leftpad, "cache_leftpad", 1, dev)
-            if shape[0] != B:
-                raise ValueError(f"cache_leftpad has {shape[0]} entries; expected batch = {B}")
-            p.cache_leftpad = ptr
+            p.cache_leftpad = _per_sequence(cache_leftpad, "cache_leftpad", B, dev)
             keep.append(cache_leftpad)
     if cache_seqlens is not None:
         if isinstance(cache_seqlens, int):
@@ -725,10 +724,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                 raise TypeError("cache_seqlens as an int needs torch tensors; pass an int32 CUDA array")
             import torch
             cache_seqlens = torch.full((B,), cache_seqlens, dtype=torch.int32, device=qa.obj.device)
-        ptr, shape, _ = _int32_array(cache_seqlens, "cache_seqlens", 1, dev)
-        if shape[0] != B:
-            raise ValueError(f"cache_seqlens has {shape[0]} entries; expected batch = {B}")
-        p.seqused_k = ptr
+        p.seqused_k = _per_sequence(cache_seqlens, "cache_seqlens", B, dev)
         keep.append(cache_seqlens)
     if k is not None:
         na, nv = _Array(k, "k"), _Array(v, "v")
