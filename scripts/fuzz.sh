@@ -30,8 +30,15 @@ mkdir -p "$out/corpus"
   tests/fuzz/fuzz_plan.c src/api.c src/validate.c src/plan.c src/errors.c src/variants.c src/merge.c \
   -L"$cuda_home/lib64" -L"$cuda_home/lib" -Wl,-rpath,"$cuda_home/lib64" -lcudart -lcublas -lpthread -lm \
   -o "$out/fuzz_plan"
+# Inputs that once failed (kept in tests/fuzz/regressions) run first, each on its own.
+echo "fuzz: replaying $(ls tests/fuzz/regressions | wc -l) saved inputs from tests/fuzz/regressions"
+"$out/fuzz_plan" tests/fuzz/regressions/* 2> "$out/regressions.log" || {
+  tail -40 "$out/regressions.log"; echo "fuzz: FAILED on a saved input (log: $out/regressions.log)"; exit 1; }
 echo "fuzz: running fuzz_plan for ${seconds} s"
-"$out/fuzz_plan" -max_total_time="$seconds" -print_final_stats=1 "$out/corpus" 2> "$out/fuzz.log" || {
+# A failing input is written under $out (never into the source tree); keep it in tests/fuzz/regressions
+# once the failure is fixed.
+"$out/fuzz_plan" -artifact_prefix="$out/" -max_total_time="$seconds" -print_final_stats=1 "$out/corpus" \
+  2> "$out/fuzz.log" || {
   tail -40 "$out/fuzz.log"; echo "fuzz: FAILED (log: $out/fuzz.log)"; exit 1; }
 grep -E "^stat::number_of_executed_units|^statuses:" "$out/fuzz.log" || true
 echo "fuzz: passed"
