@@ -4,6 +4,7 @@
     out = flashattn.flash_attn_func(q, k, v, causal=True)     # FlashAttention-2's function
     out = flashattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, block_table=pages)
     out = flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens)
+    out = flashattn.flash_attn_qkvpacked_func(qkv)   # and the kvpacked / varlen packed forms
 
 Lower level, mirroring the C ABI: Handle, FwdParams, PlanInfo, workspace_size, supported, plan, fwd,
 and the Status / Dtype / Mask / Backend constants. Errors: FlashAttnError (status, name, message).
@@ -13,8 +14,9 @@ The library is loaded on first use: FLASHATTN_LIBRARY, next to this package, or 
 from ._lib import (Backend, Dtype, FlashAttnError, FwdParams, LseBase, Mask, MergeParams, PlanInfo, Status,
                    library_path, load_library)
 from ._version import __version__
-from .api import (Handle, flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, fwd, get_handle,
-                  merge_attn_states, plan, supported, workspace_size)
+from .api import (Handle, flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func, flash_attn_varlen_func,
+                  flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func, flash_attn_with_kvcache, fwd,
+                  get_handle, merge_attn_states, plan, supported, workspace_size)
 
 
 def library_version():
@@ -27,6 +29,7 @@ def build_info():
     return load_library().flashattn_build_info().decode()
 
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "merge_attn_states", "Handle", "get_handle", "FwdParams", "PlanInfo", "workspace_size", "supported",
+__all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_func",
+           "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func", "flash_attn_with_kvcache", "merge_attn_states", "Handle", "get_handle", "FwdParams", "PlanInfo", "workspace_size", "supported",
            "plan", "fwd", "FlashAttnError", "Status", "Dtype", "LseBase", "Mask", "Backend", "MergeParams", "load_library",
            "library_version", "library_path", "build_info", "__version__"]

@@ -763,6 +763,66 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     return (out, lse) if return_softmax_lse else out
 
 
+# ---- FlashAttention-2's packed-input forms: views of one tensor, then the functions above -------------
+
+def _unpack(x, name, axis, count, ndim, layout):
+    """The `count` views x[..., i, ...] (index i on `axis`) of a packed q/k/v tensor: no copy."""
+    a = _Array(x, name)
+    if len(a.shape) != ndim or a.shape[axis] != count:
+        raise ValueError(f"{name} has shape {a.shape}; expected {layout}")
+    if not hasattr(x, "__getitem__"):
+        raise TypeError(f"{name} must be a torch tensor or a CuPy array (packed inputs are split by indexing)")
+    lead = (slice(None),) * axis
+    return [x[lead + (i,)] for i in range(count)]
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False,
+                              *, out=None, stream=None, backend=Backend.AUTO):
+    """FlashAttention-2's flash_attn_qkvpacked_func: flash_attn_func on qkv (batch, seqlen, 3, nheads,
+    headdim), q, k and v read in place (qkv[:, :, 0], [:, :, 1], [:, :, 2]; no copy). Same arguments,
+    returns and errors as flash_attn_func."""
+    q, k, v = _unpack(qkv, "qkv", 2, 3, 5, "(batch, seqlen, 3, nheads, headdim)")
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs, out=out, stream=stream, backend=backend)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False,
+                             *, out=None, stream=None, backend=Backend.AUTO):
+    """FlashAttention-2's flash_attn_kvpacked_func: flash_attn_func on q (batch, seqlen_q, nheads,
+    headdim) and kv (batch, seqlen_k, 2, nheads_k, headdim), k and v read in place (kv[:, :, 0] and
+    [:, :, 1]). Same arguments, returns and errors as flash_attn_func."""
+    k, v = _unpack(kv, "kv", 2, 2, 5, "(batch, seqlen_k, 2, nheads_k, headdim)")
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs, out=out, stream=stream, backend=backend)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
+                                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False, *, stream=None, backend=Backend.AUTO):
+    """FlashAttention-2's flash_attn_varlen_qkvpacked_func: flash_attn_varlen_func on qkv (total, 3,
+    nheads, headdim) with the same offsets for queries and keys (cu_seqlens int32 CUDA (batch + 1,),
+    max_seqlen a host int). Returns out (total, nheads, headdim); with return_attn_probs, (out,
+    softmax_lse (nheads, total) fp32, None)."""
+    q, k, v = _unpack(qkv, "qkv", 1, 3, 4, "(total, 3, nheads, headdim)")
+    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p,
+                                  softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                                  return_attn_probs, stream=stream, backend=backend)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                                    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None, deterministic=False, return_attn_probs=False,
+                                    *, stream=None, backend=Backend.AUTO):
+    """FlashAttention-2's flash_attn_varlen_kvpacked_func: flash_attn_varlen_func on q (total_q, nheads,
+    headdim) and kv (total_k, 2, nheads_k, headdim), k and v read in place (kv[:, 0] and kv[:, 1])."""
+    k, v = _unpack(kv, "kv", 1, 2, 4, "(total_k, 2, nheads_k, headdim)")
+    return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                                  softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                                  return_attn_probs, stream=stream, backend=backend)
+
+
 def merge_attn_states(outs, lses, *, lse_base2=False, stream=None):
     """Merges partial attention results over disjoint key sets into the result over their union.
 

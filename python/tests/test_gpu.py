@@ -340,6 +340,40 @@ def test_varlen_seqused_k_overrides_the_counts():
     check_sequence(out[3:], lse[:, 3:], q[3:], k[cap_k:cap_k + 7], v[cap_k:cap_k + 7], True)
 
 
+@pytest.mark.parametrize("d", [64, 59])
+def test_packed_forms_read_q_k_v_in_place(d):
+    """FlashAttention-2's qkvpacked/kvpacked forms (dense and varlen) against the unpacked calls on
+    copies of the same data (the same kernels, so the same bits) and against fp32 attention."""
+    B, S, H, Hkv = 2, 77, 4, 2
+    qkv = rand(B, S, 3, H, d)
+    q, k, v = (qkv[:, :, i].contiguous() for i in range(3))
+    out, lse, _ = flashattn.flash_attn_qkvpacked_func(qkv, causal=True, return_attn_probs=True)
+    want, want_lse, _ = flashattn.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    check(q, k, v, causal=True)
+
+    kv = rand(B, 130, 2, Hkv, d)
+    out = flashattn.flash_attn_kvpacked_func(q, kv, window_size=(40, 3))
+    assert torch.equal(out, flashattn.flash_attn_func(q, kv[:, :, 0].contiguous(), kv[:, :, 1].contiguous(),
+                                                      window_size=(40, 3)))
+
+    lens = [5, 0, 61, 11]
+    cu = torch.tensor([0, 5, 5, 66, 77], dtype=torch.int32, device="cuda")
+    packed = rand(sum(lens), 3, H, d)
+    out, lse, _ = flashattn.flash_attn_varlen_qkvpacked_func(packed, cu, max(lens), causal=True, return_attn_probs=True)
+    qv, kvv, vv = (packed[:, i].contiguous() for i in range(3))
+    want, want_lse, _ = flashattn.flash_attn_varlen_func(qv, kvv, vv, cu, cu, max(lens), max(lens), causal=True,
+                                                         return_attn_probs=True)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+
+    kvp = rand(sum(lens), 2, Hkv, d)
+    qh = rand(sum(lens), H, d)
+    out = flashattn.flash_attn_varlen_kvpacked_func(qh, kvp, cu, cu, max(lens), max(lens), softcap=5.0)
+    want = flashattn.flash_attn_varlen_func(qh, kvp[:, 0].contiguous(), kvp[:, 1].contiguous(), cu, cu, max(lens),
+                                            max(lens), softcap=5.0)
+    assert torch.equal(out, want)
+
+
 @pytest.mark.parametrize("layout", ["dense", "indexed", "paged"])
 def test_kvcache_decode(layout):
     B, Hq, Hkv, D, cap = 4, 8, 2, 128, 600

@@ -1,6 +1,7 @@
 """Host-only tests of the Python package: loading, version check, ABI layout, errors, and behaviour
 without a GPU. They need libflashattn.so (FLASHATTN_LIBRARY) but no GPU."""
 import ctypes
+import inspect
 import os
 import re
 import subprocess
@@ -210,3 +211,67 @@ def test_kvcache_arguments_are_checked_before_any_device_work(kw, exc, match):
     q, kc, vc = FakeCuda((2, 1, 4, 64)), FakeCuda((2, 100, 2, 64)), FakeCuda((2, 100, 2, 64))
     with pytest.raises(exc, match=match):
         flashattn.flash_attn_with_kvcache(q, kc, vc, **kw)
+
+
+# FlashAttention-2's (2.6+) forward functions: every parameter, in order, with its default. The
+# library's keyword-only extensions (out=, stream=, backend=) come after them.
+_FA2 = {
+    "flash_attn_func": "q k v dropout_p=0.0 softmax_scale=None causal=False window_size=(-1, -1) softcap=0.0 "
+                       "alibi_slopes=None deterministic=False return_attn_probs=False",
+    "flash_attn_qkvpacked_func": "qkv dropout_p=0.0 softmax_scale=None causal=False window_size=(-1, -1) softcap=0.0 "
+                                 "alibi_slopes=None deterministic=False return_attn_probs=False",
+    "flash_attn_kvpacked_func": "q kv dropout_p=0.0 softmax_scale=None causal=False window_size=(-1, -1) softcap=0.0 "
+                                "alibi_slopes=None deterministic=False return_attn_probs=False",
+    "flash_attn_varlen_func": "q k v cu_seqlens_q cu_seqlens_k max_seqlen_q max_seqlen_k dropout_p=0.0 "
+                              "softmax_scale=None causal=False window_size=(-1, -1) softcap=0.0 alibi_slopes=None "
+                              "deterministic=False return_attn_probs=False block_table=None",
+    "flash_attn_varlen_qkvpacked_func": "qkv cu_seqlens max_seqlen dropout_p=0.0 softmax_scale=None causal=False "
+                                        "window_size=(-1, -1) softcap=0.0 alibi_slopes=None deterministic=False "
+                                        "return_attn_probs=False",
+    "flash_attn_varlen_kvpacked_func": "q kv cu_seqlens_q cu_seqlens_k max_seqlen_q max_seqlen_k dropout_p=0.0 "
+                                       "softmax_scale=None causal=False window_size=(-1, -1) softcap=0.0 "
+                                       "alibi_slopes=None deterministic=False return_attn_probs=False",
+    "flash_attn_with_kvcache": "q k_cache v_cache k=None v=None rotary_cos=None rotary_sin=None cache_seqlens=None "
+                               "cache_batch_idx=None cache_leftpad=None block_table=None softmax_scale=None "
+                               "causal=False window_size=(-1, -1) softcap=0.0 rotary_interleaved=True "
+                               "alibi_slopes=None num_splits=0 return_softmax_lse=False",
+}
+
+
+def _fa2_params(spec):
+    out = []
+    for item in re.findall(r"\S+=\([^)]*\)|\S+", spec):
+        name, _, default = item.partition("=")
+        out.append((name, eval(default) if default else inspect.Parameter.empty))
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(_FA2))
+def test_flashattention2_signatures(name):
+    """A caller of FlashAttention-2 switches by changing the import: same names, order and defaults."""
+    sig = inspect.signature(getattr(flashattn, name))
+    positional = [(p.name, p.default) for p in sig.parameters.values()
+                  if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    fa2 = _fa2_params(_FA2[name])
+    # Extensions may follow FA2's last parameter (varlen_func's seqused_k does).
+    assert positional[:len(fa2)] == fa2
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in sig.parameters.values()
+               if p.name in ("out", "stream", "backend"))
+
+
+@pytest.mark.parametrize("call,exc,match", [
+    (lambda: flashattn.flash_attn_qkvpacked_func(FakeCuda((2, 8, 2, 4, 64))), ValueError,
+     r"qkv has shape \(2, 8, 2, 4, 64\); expected \(batch, seqlen, 3, nheads, headdim\)"),
+    (lambda: flashattn.flash_attn_qkvpacked_func(FakeCuda((2, 8, 3, 4, 64))), TypeError,
+     "qkv must be a torch tensor or a CuPy array"),
+    (lambda: flashattn.flash_attn_kvpacked_func(FakeCuda((2, 8, 4, 64)), FakeCuda((2, 8, 4, 64))), ValueError,
+     r"kv has shape \(2, 8, 4, 64\); expected \(batch, seqlen_k, 2, nheads_k, headdim\)"),
+    (lambda: flashattn.flash_attn_varlen_qkvpacked_func(FakeCuda((10, 2, 4, 64)), FakeCuda((3,), "<i4"), 8),
+     ValueError, r"expected \(total, 3, nheads, headdim\)"),
+    (lambda: flashattn.flash_attn_varlen_kvpacked_func(FakeCuda((10, 4, 64)), FakeCuda((12, 3, 2, 64)),
+                                                       FakeCuda((3,), "<i4"), FakeCuda((3,), "<i4"), 8, 8),
+     ValueError, r"expected \(total_k, 2, nheads_k, headdim\)"),
+])
+def test_packed_forms_check_their_packing(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
