@@ -374,8 +374,8 @@ typedef struct flashattn_fwd_params {
  *    FUSED_SM90 reads pages with the tensor memory accelerator when the page size is a multiple of
  *    its key tile (flashattn_fwd_plan's block_n: 128 at head dims up to 128, 64 above) or a multiple
  *    of 8 that divides it (8, 16, 32, 64, 128, 256, ... at head dim 128), and gathers rows with
- *    cp.async otherwise (slower). Both fused kernels split the keys of decode-shaped calls only
- *    when Q is not packed. REFERENCE runs them too, as the oracle: it gathers each sequence's Q, K
+ *    cp.async otherwise (slower). Both fused kernels split the keys of decode-shaped calls (few
+ *    query tiles at the capacities), packed Q or not, as for dense calls. REFERENCE runs them too, as the oracle: it gathers each sequence's Q, K
  *    and V into dense copies at the capacities in its workspace, then computes as for a dense call.
  */
 

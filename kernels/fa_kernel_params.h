@@ -161,6 +161,12 @@ typedef struct fa_merge_args {
     int32_t after_split;  /* launched right after a split FUSED_SM90 kernel, as its programmatic
                              dependent (that kernel signals it with griddepcontrol.launch_dependents);
                              0 after FUSED's (an ordinary launch) */
+    /* Packed output rows (the split combine of a ragged-Q call; NULL otherwise): batch entry b's rows
+     * are out_rows[b] .. out_rows[b + 1] - 1 of total_rows (clamped as serving_seq clamps them, at
+     * most seqlen), row s at O + (out_rows[b] + s) out_seq_stride and LSE + (out_rows[b] + s)
+     * lse_out_seq_stride (the batch strides unused); rows past the entry's count are not written. */
+    const int32_t *out_rows;
+    int64_t total_rows;
 } fa_merge_args;
 
 /* Appending new keys to a cache and rotary embedding (kernels/append.cu), before the attention of a

@@ -106,13 +106,19 @@ __global__ void __launch_bounds__(kMergeThreads) merge_parts(const __grid_consta
         const int s = (int)(row % a.seqlen);
         const int64_t bh = row / a.seqlen;
         const int h = (int)(bh % a.heads), b = (int)(bh / a.heads);
+        int64_t out_row = s, out_b = b; /* where the row goes: [b][s], or packed row out_rows[b] + s */
+        if (a.out_rows != nullptr) {
+            const int64_t r0 = clamp64(a.out_rows[b], 0, a.total_rows);
+            if (s >= clamp64((int64_t)a.out_rows[b + 1] - r0, 0, a.total_rows - r0)) continue;
+            out_row = r0 + s, out_b = 0;
+        }
         const float *lse_row = a.lse_parts + b * a.lse_batch_stride + h * a.lse_head_stride + s * a.lse_seq_stride;
         const typename io<kIn>::T *o_el = (const typename io<kIn>::T *)a.o_parts + b * a.o_batch_stride +
                                           s * a.o_seq_stride + h * a.o_head_stride + d;
-        typename io<kOut>::T *out = (typename io<kOut>::T *)a.o + b * a.out_batch_stride + s * a.out_seq_stride +
-                                    h * a.out_head_stride + d;
-        float *lse_out = (a.lse && d == 0) ? a.lse + b * a.lse_out_batch_stride + h * a.lse_out_head_stride +
-                                                 s * a.lse_out_seq_stride
+        typename io<kOut>::T *out = (typename io<kOut>::T *)a.o + out_b * a.out_batch_stride +
+                                    out_row * a.out_seq_stride + h * a.out_head_stride + d;
+        float *lse_out = (a.lse && d == 0) ? a.lse + out_b * a.lse_out_batch_stride + h * a.lse_out_head_stride +
+                                                 out_row * a.lse_out_seq_stride
                                            : nullptr;
 
         /* Running max m over the contributing parts so far, sum of their weights and weighted O,
@@ -216,7 +222,8 @@ extern "C" __attribute__((visibility("hidden"))) int fa_merge_launch(const fa_me
 }
 
 /* The split partial results of a fused kernel (fa_kernel_params.o_accum / lse_accum, laid out
- * [split][batch][heads_q][seqlen_q](head_dim), fp32, natural-log LSE) merged into O and LSE. */
+ * [split][batch][heads_q][seqlen_q](head_dim), fp32, natural-log LSE, seqlen_q the capacity for a
+ * ragged Q) merged into O and LSE (for a ragged Q, into each sequence's packed rows). */
 extern "C" __attribute__((visibility("hidden"))) int fa_split_combine(const fa_kernel_params *kp, int dtype,
                                                                       int after_sm90, void *stream) {
     const int64_t sq = kp->seqlen_q, hq = kp->heads_q, d = kp->head_dim;
@@ -228,6 +235,10 @@ extern "C" __attribute__((visibility("hidden"))) int fa_split_combine(const fa_k
     a.lse_seq_stride = 1;
     a.out_batch_stride = kp->o_batch_stride, a.out_seq_stride = kp->o_seq_stride, a.out_head_stride = kp->o_head_stride;
     a.lse_out_batch_stride = hq * sq, a.lse_out_head_stride = sq, a.lse_out_seq_stride = 1;
+    if (kp->cu_seqlens_q != nullptr) { /* ragged Q: O [total_q, heads_q, head_dim], LSE [heads_q, total_q] */
+        a.out_rows = kp->cu_seqlens_q, a.total_rows = kp->total_q;
+        a.lse_out_batch_stride = 0, a.lse_out_head_stride = kp->total_q;
+    }
     a.num_parts = kp->num_splits, a.batch = kp->batch, a.seqlen = kp->seqlen_q, a.heads = kp->heads_q;
     a.head_dim = kp->head_dim, a.dtype_parts = FA_DTYPE_F32, a.dtype_out = dtype, a.base2 = 0;
     a.after_split = after_sm90; /* a programmatic dependent of the FUSED_SM90 kernel just enqueued */

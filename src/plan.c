@@ -397,8 +397,9 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
     plan->grid_z = (int32_t)p->batch;
     const int64_t ctas = mblocks * plan->grid_y * p->batch;
     const int64_t key_tiles = (p->seqlen_k + plan->cfg.block_n - 1) / plan->cfg.block_n;
-    /* A ragged Q's rows are not [batch, seqlen_q]: the split combine does not take them. */
-    const int64_t splits = p->cu_seqlens_q || no_split ? 1 : fa_num_splits(caps->sm_count, ctas, key_tiles);
+    /* A ragged Q splits as a dense one of its capacities: the partial results are [batch,
+     * seqlen_q] by capacity, and the combine writes each sequence's packed rows. */
+    const int64_t splits = no_split ? 1 : fa_num_splits(caps->sm_count, ctas, key_tiles);
     plan->kp.num_splits = (int32_t)splits;
     plan->grid_x = (int32_t)(mblocks * splits);
     return splits > 1 ? split_workspace(p, splits, plan) : 1;

@@ -426,8 +426,7 @@ TEST(Serving, ValidServingParamsPassAndPlanAsDenseCallsDo) {
             // AUTO: FUSED_SM90 on Hopper (head dim 128, pages of 16 keys), FUSED elsewhere.
             EXPECT_EQ(caps.cc_major == 9 ? FLASHATTN_BACKEND_FUSED_SM90 : FLASHATTN_BACKEND_FUSED, plan.backend);
             EXPECT_EQ(1, plan.kp.serving);
-            // No split for a packed Q; a dense one splits when its tiles are too few.
-            if (p.cu_seqlens_q) EXPECT_EQ(1, plan.kp.num_splits);
+            // Packed or not, a call splits its keys when its tiles are too few (a workspace).
             EXPECT_EQ(plan.kp.num_splits > 1, plan.workspace_bytes > 0);
             EXPECT_EQ(p.batch, plan.grid_z);
         }
@@ -492,8 +491,9 @@ TEST(Serving, Sm90TakesEveryPageSize) {
     }
 }
 
-TEST(Serving, Sm90SplitsDecodeOnlyWithDenseQ) {
-    // Decode over a paged cache: one query per sequence, few tiles, long keys.
+TEST(Serving, Sm90SplitsDecodeWithDenseOrPackedQ) {
+    // Decode over a paged cache: one query per sequence, few tiles, long keys. A packed Q (varlen
+    // decode) splits as the dense one does: same grid, same workspace.
     const fa_device_caps caps = h200_caps();
     flashattn_fwd_params p = valid_varlen_paged();
     p.batch = 1, p.seqlen_q = 1, p.seqlen_k = 8192, p.heads_q = 32, p.heads_kv = 8;
@@ -508,9 +508,12 @@ TEST(Serving, Sm90SplitsDecodeOnlyWithDenseQ) {
     EXPECT_GT(plan.kp.num_splits, 1);
     EXPECT_GT(plan.workspace_bytes, 0);
     p.cu_seqlens_q = (const int32_t *)0x700000, p.total_q = 1, p.q_batch_stride = p.o_batch_stride = 0;
-    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, fa_plan_make(&caps, &p, 0, &plan)) << flashattn_last_error();
-    EXPECT_EQ(1, plan.kp.num_splits);
-    EXPECT_EQ(0, plan.workspace_bytes);
+    fa_plan packed;
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, fa_plan_make(&caps, &p, 0, &packed)) << flashattn_last_error();
+    EXPECT_EQ(1, packed.kp.pack_gqa);
+    EXPECT_EQ(plan.kp.num_splits, packed.kp.num_splits);
+    EXPECT_EQ(plan.grid_x, packed.grid_x);
+    EXPECT_EQ(plan.workspace_bytes, packed.workspace_bytes);
 }
 
 TEST(Validation, ValidParamsPass) {
@@ -636,9 +639,14 @@ TEST(Planning, FusedSplitsTheKeysOfCallsWithTooFewTiles) {
     EXPECT_EQ(6, plan.grid_x);
     EXPECT_GE(plan.workspace_bytes, 6LL * 2 * 8 * 100 * (128 + 1) * 4);
     EXPECT_GE(plan.lse_accum_off, plan.o_accum_off + 6LL * 2 * 8 * 100 * 128 * 4);
-    // A packed (ragged) Q is never split: the merge takes [batch, seqlen_q] rows only.
+    // A packed (ragged) Q of the same capacities splits the same way: the partial results are
+    // [batch, seqlen_q] by capacity, and the combine writes each sequence's packed rows.
     flashattn_fwd_params r = valid_varlen_packed();
-    EXPECT_EQ(1, plan_ok(r, a100_caps()).kp.num_splits);
+    r.seqlen_k = 4096, r.total_k = 8192;
+    const fa_plan rp = plan_ok(r, a100_caps());
+    EXPECT_EQ(6, rp.kp.num_splits);
+    EXPECT_EQ(plan.workspace_bytes, rp.workspace_bytes);
+    EXPECT_EQ(plan.lse_accum_off, rp.lse_accum_off);
     // The plan flashattn_fwd falls back to when a caller gives FUSED no workspace (as before 0.4.0).
     const fa_device_caps caps = a100_caps();
     fa_plan unsplit;

@@ -257,7 +257,10 @@ struct DeviceRun {
     }
 };
 
-struct Stats { int seqs = 0, calls[4] = {0, 0, 0, 0}; double worst_ratio = 0, max_err = 0, max_lse_err = 0; };
+struct Stats {
+    int seqs = 0, calls[4] = {0, 0, 0, 0}, split_packed_q = 0;  // split_packed_q: fused calls with a packed Q that split
+    double worst_ratio = 0, max_err = 0, max_lse_err = 0;
+};
 
 // The backends that run serving calls on this device: REFERENCE (the gathered oracle), FUSED, and
 // FUSED_SM90 on Hopper builds.
@@ -333,6 +336,10 @@ void run_and_check(flashattn_handle *h, const Spec &spec, Stats &st) {
         flashattn_fwd_params pb = p;
         pb.backend = backend;
         ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_supported(h, &pb)) << flashattn_last_error();
+        flashattn_plan_info info;
+        flashattn_plan_info_init(&info);
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_plan(h, &pb, &info)) << flashattn_last_error();
+        st.split_packed_q += spec.packed_q && info.num_splits > 1;
         dev.poison();
         ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, call(h, p, backend)) << flashattn_last_error();
         check_outputs(h, r, dev.o.download(), dev.lse.download(), st);
@@ -399,6 +406,8 @@ TEST_F(Serving, PagedKvAnyPageSize) {
 TEST_F(Serving, DecodeOverCaches) {
     // Dense Q [B, 1] (one new token per sequence) over a paged, an indexed and a plain dense cache,
     // with capacities above every length.
+    // Then the same rows packed (cu_seqlens_q, as varlen decode passes them, one sequence with no
+    // query): the fused kernels split these too, and the combine writes the packed rows.
     Stats st;
     for (KvMode kv : {kPagedSeqused, kPagedCsr, kIndexedCache, kDenseSeqused})
         for (int64_t sq : {1, 4}) {
@@ -407,8 +416,12 @@ TEST_F(Serving, DecodeOverCaches) {
             s.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
             s.sq = std::vector<int64_t>(5, sq), s.sk = {1000, 7, 0, 513, 64};
             run_and_check(h, s, st);
+            s.packed_q = true, s.sq[1] = 0;
+            run_and_check(h, s, st);
         }
-    print_stats("decode over paged, indexed and dense caches", st);
+    EXPECT_GT(st.split_packed_q, 0) << "no packed-Q decode call was split";
+    print_stats("decode over paged, indexed and dense caches (dense and packed Q)", st);
+    printf("[ serving ] decode with packed Q: %d fused calls split their keys\n", st.split_packed_q);
 }
 
 TEST_F(Serving, LeftPaddedCachesSkipThePadding) {

@@ -159,7 +159,6 @@ static void check_plan(const fa_device_caps *caps, const flashattn_fwd_params *p
     if (plan.kp.serving && plan.backend == FLASHATTN_BACKEND_REFERENCE && !plan.noop)
         CHECK(plan.ref.gathered > 0 && plan.ref.gathered <= plan.ref.total && plan.ref.total <= plan.workspace_bytes,
               "reference gather region");
-    CHECK(!plan.kp.serving || !full.cu_seqlens_q || plan.kp.num_splits <= 1, "a split with packed Q");
     if (full.block_table) {
         CHECK(full.page_size >= 1 && full.num_pages >= 1 && full.pages_per_seq >= 1 &&
               full.seqlen_k <= full.pages_per_seq * full.page_size, "paged fields");
