@@ -27,6 +27,8 @@ SHAPES = [  # (label, B, Sq, Sk, Hq, Hkv, D, causal)
     ("prefill 16x512 16/16 d64 causal", 16, 512, 512, 16, 16, 64, True),
     ("decode 64x1 sk=4k 32/8 d128", 64, 1, 4096, 32, 8, 128, True),
     ("decode 16x1 sk=8k 32/8 d128", 16, 1, 8192, 32, 8, 128, True),
+    ("decode 1x1 sk=8k 32/8 d128", 1, 1, 8192, 32, 8, 128, True),
+    ("decode 2x1 sk=32k 32/8 d128", 2, 1, 32768, 32, 8, 128, True),
 ]
 PAGES = (1, 16, 256)
 

@@ -3,7 +3,7 @@
 # benchmark's default suite, and the side-by-side comparison with the peers; logs under $OUT, a
 # short table last.   Usage: scripts/gpu_check.sh [all|build|test|sanitize|bench|quick|hostcost|serving|peers|ab|abtree]...
 # (default: all; "quick" is the benchmark's quick suite, "hostcost" the Python host cost per call
-# beside SDPA's; "serving" the serving paths' speed beside the dense path and the peers; "abtree" builds the source tree in $AB_OLD too and times both builds on the default
+# beside SDPA's; "launchcost" the host cost of each launch form (benchmarks/launch_cost.cu); "serving" the serving paths' speed beside the dense path and the peers; "abtree" builds the source tree in $AB_OLD too and times both builds on the default
 # suite, alternating, for a refactor's before/after; AB_ARGS adds benchmark options to both, e.g.
 # "--backend fused"). "ab" times FUSED against FUSED_SM90 at every compiled head dim: the measurement
 # behind the AUTO ranges of FA_SM90_CONFIGS.
@@ -40,6 +40,10 @@ if want hostcost; then
   FLASHATTN_LIBRARY=$PWD/build/libflashattn.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 \
     python3 benchmarks/python_host_cost.py --json "$OUT/hostcost.json" > "$OUT/hostcost.log" 2>&1
   summary+=("$(tail -1 "$OUT/hostcost.log")")
+fi
+if want launchcost; then
+  nvcc -O2 -std=c++17 -arch=sm_90a benchmarks/launch_cost.cu -o build/launch_cost && ./build/launch_cost > "$OUT/launchcost.log" 2>&1
+  summary+=("launch cost: rc=$? (launchcost.log)")
 fi
 if want serving; then
   FLASHATTN_LIBRARY=$PWD/build/libflashattn.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 \
@@ -103,6 +107,7 @@ fi
 [ -f "$OUT/bench.log" ] && grep -vE '^#|^\[' "$OUT/bench.log" | cut -c1-150
 [ -f "$OUT/peers.log" ] && tail -70 "$OUT/peers.log"
 [ -f "$OUT/hostcost.log" ] && cat "$OUT/hostcost.log"
+[ -f "$OUT/launchcost.log" ] && cat "$OUT/launchcost.log"
 [ -f "$OUT/serving.log" ] && cat "$OUT/serving.log"
 [ -f "$OUT/ab_compare.txt" ] && cat "$OUT/ab_compare.txt"
 printf '%s\n' "${summary[@]}"
