@@ -121,9 +121,10 @@ __device__ __forceinline__ float transform_raw_score(const fa_kernel_params &p, 
 __device__ __forceinline__ fa_seq serving_seq(const fa_kernel_params &p, int b) {
     fa_seq s;
     int64_t sq = p.seqlen_q, q0 = 0;
-    if (p.cu_seqlens_q != nullptr) {
+    if (p.cu_seqlens_q != nullptr) { /* (with q_group_rows: one query at most, as that many rows) */
+        const int64_t g = p.q_group_rows > 1 ? p.q_group_rows : 1;
         q0 = clamp64(p.cu_seqlens_q[b], 0, p.total_q);
-        sq = clamp64((int64_t)p.cu_seqlens_q[b + 1] - q0, 0, min((int64_t)p.seqlen_q, p.total_q - q0));
+        sq = clamp64((int64_t)p.cu_seqlens_q[b + 1] - q0, 0, min((int64_t)p.seqlen_q / g, p.total_q - q0)) * g;
     }
     const bool paged = p.block_table != nullptr;
     int64_t sk = p.seqlen_k, k0 = 0;

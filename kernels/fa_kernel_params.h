@@ -73,6 +73,13 @@ typedef struct fa_kernel_params {
     int32_t num_page_indices;   /* page lists: entries of block_table */
     const int32_t *kv_indptr, *kv_last_page_len; /* page lists (CSR): sequence b's pages from kv_indptr[b] */
     const int32_t *cache_leftpad; /* not paged: sequence b's keys start at row cache_leftpad[b] */
+    /* FUSED decode over a packed Q with the grouped query heads read as rows (plan.gqa_rows with
+     * cu_seqlens_q; 0 otherwise): heads_q is heads_kv, and a sequence's query (it has at most one)
+     * is q_group_rows rows, one per query head of the group, q_seq_stride / o_seq_stride apart (the
+     * heads' stride); its packed row starts q_row0_stride / o_row0_stride elements per row of Q / O
+     * from the tensor's start, and its LSE rows are total_q apart ([heads_q, total_q]). */
+    int32_t q_group_rows;
+    int64_t q_row0_stride, o_row0_stride;
 } fa_kernel_params;
 
 /* Launch shape decided by the planner; a launcher refuses one that its kernel was not built for. */

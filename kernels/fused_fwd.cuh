@@ -197,6 +197,7 @@ template <typename Tr> struct dense_ctx {
     __device__ __forceinline__ float *lse(int b, int h) const {
         return p.lse ? p.lse + ((int64_t)b * p.heads_q + h) * p.seqlen_q : nullptr;
     }
+    static constexpr int64_t lse_stride() { return 1; } /* between the LSEs of consecutive rows */
 };
 
 /* A serving call: sequence b's counts and rows, read once from the device arrays (serving_seq). */
@@ -208,8 +209,11 @@ template <typename Tr> struct serving_ctx {
     /* Query tiles past the sequence's queries do nothing (the grid covers the capacity). */
     __device__ __forceinline__ bool beyond(int m0) const { return m0 >= s.seqlen_q; }
     __device__ __forceinline__ int64_t q_batch(int b) const { return p.cu_seqlens_q != nullptr ? 0 : b; }
+    /* A packed Q's rows with q_group_rows: rows of the tile are the group's heads (q_seq_stride). */
+    __device__ __forceinline__ bool group_rows() const { return p.q_group_rows > 1; }
     __device__ __forceinline__ const T *q(int b, int h) const {
-        return (const T *)p.q + q_batch(b) * p.q_batch_stride + s.q_row0 * p.q_seq_stride + h * p.q_head_stride;
+        return (const T *)p.q + q_batch(b) * p.q_batch_stride + s.q_row0 * (group_rows() ? p.q_row0_stride : p.q_seq_stride) +
+               h * p.q_head_stride;
     }
     __device__ __forceinline__ serving_kv<Tr> kv(int b, int hk) const {
         /* Paged: the pools' page stride is the batch stride. Packed: the sequence's first row. */
@@ -228,13 +232,17 @@ template <typename Tr> struct serving_ctx {
         return kv;
     }
     __device__ __forceinline__ T *o(int b, int h) const {
-        return (T *)p.o + q_batch(b) * p.o_batch_stride + s.q_row0 * p.o_seq_stride + h * p.o_head_stride;
+        return (T *)p.o + q_batch(b) * p.o_batch_stride + s.q_row0 * (group_rows() ? p.o_row0_stride : p.o_seq_stride) +
+               h * p.o_head_stride;
     }
+    /* LSE [heads_q, total_q] for a packed Q (KV head h's first query head's row with q_group_rows),
+     * else [batch, heads_q, seqlen_q]. */
     __device__ __forceinline__ float *lse(int b, int h) const {
         if (p.lse == nullptr) return nullptr;
-        return p.cu_seqlens_q != nullptr ? p.lse + (int64_t)h * p.total_q + s.q_row0
-                                         : p.lse + ((int64_t)b * p.heads_q + h) * p.seqlen_q;
+        if (p.cu_seqlens_q == nullptr) return p.lse + ((int64_t)b * p.heads_q + h) * p.seqlen_q;
+        return p.lse + (int64_t)h * (group_rows() ? p.q_group_rows : 1) * p.total_q + s.q_row0;
     }
+    __device__ __forceinline__ int64_t lse_stride() const { return group_rows() ? p.total_q : 1; }
 };
 
 /* One block's work: kBlockM query rows (query tile blockIdx.x, heaviest first) of one (batch entry,
@@ -303,7 +311,7 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
         }
         if (lse)
             for (int r = threadIdx.x; r < kBlockM; r += Tr::kThreads)
-                if (m0 + r < bnd.seqlen_q) lse[m0 + r] = -INFINITY;
+                if (m0 + r < bnd.seqlen_q) lse[(m0 + r) * ctx.lse_stride()] = -INFINITY;
         return;
     }
     if constexpr (!kSplit) {
@@ -467,7 +475,7 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
                 *reinterpret_cast<uint32_t *>(sO + row_local * kStride + 8 * j + 2 * t) =
                     pack_pair<kDtype>(o_acc[mt][j][2 * r] * inv, o_acc[mt][j][2 * r + 1] * inv);
             if (lse && t == 0 && m0 + row_local < bnd.seqlen_q)
-                lse[m0 + row_local] = softmax_lse(l, row_max[mt][r], mult);
+                lse[(m0 + row_local) * ctx.lse_stride()] = softmax_lse(l, row_max[mt][r], mult);
         }
     __syncthreads();
     for (int c = threadIdx.x; c < kBlockM * Tr::kChunks; c += Tr::kThreads) {

@@ -226,7 +226,11 @@ extern "C" __attribute__((visibility("hidden"))) int fa_merge_launch(const fa_me
  * ragged Q) merged into O and LSE (for a ragged Q, into each sequence's packed rows). */
 extern "C" __attribute__((visibility("hidden"))) int fa_split_combine(const fa_kernel_params *kp, int dtype,
                                                                       int after_sm90, void *stream) {
-    const int64_t sq = kp->seqlen_q, hq = kp->heads_q, d = kp->head_dim;
+    /* Grouped query heads read as rows (q_group_rows, FUSED's packed decode): the partial results'
+     * [heads_kv][group] rows are [heads_q][1]; O's heads are q_seq_stride apart, its packed rows
+     * o_row0_stride. */
+    const int64_t g = kp->q_group_rows > 1 ? kp->q_group_rows : 1, d = kp->head_dim;
+    const int64_t sq = g > 1 ? 1 : kp->seqlen_q, hq = kp->heads_q * g;
     fa_merge_args a = {};
     a.o_parts = kp->o_accum, a.lse_parts = kp->lse_accum, a.o = kp->o, a.lse = kp->lse;
     a.o_part_stride = kp->batch * hq * sq * d, a.o_batch_stride = hq * sq * d, a.o_head_stride = sq * d;
@@ -234,12 +238,13 @@ extern "C" __attribute__((visibility("hidden"))) int fa_split_combine(const fa_k
     a.lse_part_stride = kp->batch * hq * sq, a.lse_batch_stride = hq * sq, a.lse_head_stride = sq;
     a.lse_seq_stride = 1;
     a.out_batch_stride = kp->o_batch_stride, a.out_seq_stride = kp->o_seq_stride, a.out_head_stride = kp->o_head_stride;
+    if (g > 1) a.out_seq_stride = kp->o_row0_stride, a.out_head_stride = kp->o_seq_stride;
     a.lse_out_batch_stride = hq * sq, a.lse_out_head_stride = sq, a.lse_out_seq_stride = 1;
     if (kp->cu_seqlens_q != nullptr) { /* ragged Q: O [total_q, heads_q, head_dim], LSE [heads_q, total_q] */
         a.out_rows = kp->cu_seqlens_q, a.total_rows = kp->total_q;
         a.lse_out_batch_stride = 0, a.lse_out_head_stride = kp->total_q;
     }
-    a.num_parts = kp->num_splits, a.batch = kp->batch, a.seqlen = kp->seqlen_q, a.heads = kp->heads_q;
+    a.num_parts = kp->num_splits, a.batch = kp->batch, a.seqlen = (int32_t)sq, a.heads = (int32_t)hq;
     a.head_dim = kp->head_dim, a.dtype_parts = FA_DTYPE_F32, a.dtype_out = dtype, a.base2 = 0;
     a.after_split = after_sm90; /* a programmatic dependent of the FUSED_SM90 kernel just enqueued */
     return fa_merge_launch(&a, stream);

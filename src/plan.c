@@ -411,11 +411,12 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
  * head (FlashAttention-2 does the same for decode). The LSE layout [batch, heads_q, 1] is
  * [batch, heads_kv, group] already. Exact only where no row's visible keys or bias depend on its
  * position: one query, no top-left causal mask (bottom-right with one query hides nothing), no left
- * window, no ALiBi; and not with rotary tables (the rotated copy of Q has strides of its own).
+ * window, no ALiBi; and not with rotary tables (the rotated copy of Q has strides of its own). A
+ * packed Q (seqlen_q = 1 as the capacity) is re-read the same way, with packed_gqa_rows' fields.
  * Writes the re-read params into *rows and returns 1, else returns 0. */
 static int fused_gqa_rows(const flashattn_fwd_params *p, flashattn_fwd_params *rows) {
     const int64_t group = p->heads_kv > 0 ? p->heads_q / p->heads_kv : 0;
-    if (p->seqlen_q != 1 || group < 2 || p->cu_seqlens_q != NULL || p->mask == FLASHATTN_MASK_CAUSAL_TOP_LEFT ||
+    if (p->seqlen_q != 1 || group < 2 || p->mask == FLASHATTN_MASK_CAUSAL_TOP_LEFT ||
         p->window_left >= 0 || p->alibi_slopes != NULL || p->rotary_cos != NULL)
         return 0;
     *rows = *p;
@@ -424,6 +425,15 @@ static int fused_gqa_rows(const flashattn_fwd_params *p, flashattn_fwd_params *r
     rows->q_seq_stride = p->q_head_stride, rows->q_head_stride = group * p->q_head_stride;
     rows->o_seq_stride = p->o_head_stride, rows->o_head_stride = group * p->o_head_stride;
     return 1;
+}
+
+/* A packed Q (max_seqlen_q = 1: each sequence has no query or one) read as fused_gqa_rows reads a
+ * dense one: the kernel takes each sequence's query as `group` rows (kp.q_group_rows), its packed
+ * row from the real row strides, its LSE rows [heads_q, total_q] total_q apart. */
+static void packed_gqa_rows(const flashattn_fwd_params *p, fa_kernel_params *kp) {
+    if (p->cu_seqlens_q == NULL) return;
+    kp->q_group_rows = (int32_t)(p->heads_q / p->heads_kv);
+    kp->q_row0_stride = p->q_seq_stride, kp->o_row0_stride = p->o_seq_stride;
 }
 
 flashattn_status fa_plan_make(const fa_device_caps *caps, const flashattn_fwd_params *p,
@@ -477,6 +487,7 @@ flashattn_status fa_plan_make(const fa_device_caps *caps, const flashattn_fwd_pa
         plan.gqa_rows = 1;
         pk = &gqa_rows;
         fill_kernel_params(pk, &plan.kp);
+        packed_gqa_rows(p, &plan.kp);
     }
     if (backend == FLASHATTN_BACKEND_FUSED || backend == FLASHATTN_BACKEND_FUSED_SM90) {
         const int sm90 = backend == FLASHATTN_BACKEND_FUSED_SM90;

@@ -785,6 +785,27 @@ TEST(Planning, FusedDecodeRunsAGroupsQueryHeadsAsTheRowsOfOneTile) {
     }
     // FUSED_SM90 packs its own way (pack_gqa); the re-read is FUSED's.
     if (fa_sm90_compiled(FLASHATTN_DTYPE_BFLOAT16, 128)) EXPECT_EQ(0, plan_ok(p, h200_caps()).gqa_rows);
+
+    // A packed Q of one query per sequence (varlen decode) is read the same way: each sequence's
+    // query as 4 rows (q_group_rows), its packed row from the real row strides; the same grid and
+    // splits as the dense call.
+    flashattn_fwd_params r = p;
+    r.cu_seqlens_q = (const int32_t *)0x700000, r.total_q = 3;
+    r.q_batch_stride = r.o_batch_stride = 0;
+    const fa_plan packed = plan_ok(r, a100_caps());
+    EXPECT_EQ(1, packed.gqa_rows);
+    EXPECT_EQ(4, packed.kp.q_group_rows);
+    EXPECT_EQ(32 * 128, packed.kp.q_row0_stride);
+    EXPECT_EQ(32 * 128, packed.kp.o_row0_stride);
+    EXPECT_EQ(128, packed.kp.q_seq_stride);
+    EXPECT_EQ(4 * 128, packed.kp.q_head_stride);
+    EXPECT_EQ(plan.grid_x, packed.grid_x);
+    EXPECT_EQ(plan.grid_y, packed.grid_y);
+    EXPECT_EQ(plan.kp.num_splits, packed.kp.num_splits);
+    EXPECT_EQ(plan.workspace_bytes, packed.workspace_bytes);
+    EXPECT_EQ(0, plan.kp.q_group_rows);  // the dense re-read needs none of it
+    r.seqlen_q = 2;  // a sequence may have two queries: one head per block
+    EXPECT_EQ(0, plan_ok(r, a100_caps()).gqa_rows);
 }
 
 TEST(Planning, PackGqaDecision) {

@@ -419,6 +419,12 @@ TEST_F(Serving, DecodeOverCaches) {
             s.packed_q = true, s.sq[1] = 0;
             run_and_check(h, s, st);
         }
+    // Varlen decode with a group of 8 query heads per KV head, head dim 64, softcap, over pages of 16.
+    Spec g8;
+    g8.kv = kPagedSeqused, g8.hq = 16, g8.hkv = 2, g8.d = 64, g8.softcap = 20.0f, g8.cap_k = 2100;
+    g8.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+    g8.sq = {1, 1, 0, 1}, g8.sk = {2000, 1, 77, 0};
+    run_and_check(h, g8, st);
     EXPECT_GT(st.split_packed_q, 0) << "no packed-Q decode call was split";
     print_stats("decode over paged, indexed and dense caches (dense and packed Q)", st);
     printf("[ serving ] decode with packed Q: %d fused calls split their keys\n", st.split_packed_q);

@@ -180,10 +180,12 @@ static void check_plan(const fa_device_caps *caps, const flashattn_fwd_params *p
         CHECK(plan.backend == FLASHATTN_BACKEND_FUSED && full.seqlen_q == 1 && full.heads_q > full.heads_kv &&
                   plan.kp.seqlen_q == full.heads_q / full.heads_kv && plan.kp.heads_q == full.heads_kv &&
                   plan.kp.head_group == 1 && full.mask != FLASHATTN_MASK_CAUSAL_TOP_LEFT && full.window_left < 0 &&
-                  !full.alibi_slopes && !full.rotary_cos && !full.cu_seqlens_q,
+                  !full.alibi_slopes && !full.rotary_cos &&
+                  plan.kp.q_group_rows == (full.cu_seqlens_q ? full.heads_q / full.heads_kv : 0),
               "gqa rows");
     else
-        CHECK(plan.kp.seqlen_q == full.seqlen_q && plan.kp.heads_q == full.heads_q, "int32 kernel dims");
+        CHECK(plan.kp.seqlen_q == full.seqlen_q && plan.kp.heads_q == full.heads_q && plan.kp.q_group_rows == 0,
+              "int32 kernel dims");
     CHECK(plan.kp.seqlen_k == full.seqlen_k && plan.kp.batch == full.batch, "int32 kernel dims");
     if (plan.kp.num_splits > 1) { /* the partial results fit the workspace; without splitting, none needed for them */
         CHECK(plan.backend != FLASHATTN_BACKEND_REFERENCE && plan.o_accum_off >= 0 &&
