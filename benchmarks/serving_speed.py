@@ -5,9 +5,11 @@ batch of equal lengths (flash_attn_varlen_func: AUTO and FUSED forced), as a den
 per-sequence lengths (flash_attn_with_kvcache), and with K/V in pages of several sizes (varlen with
 a block table for prefill, flash_attn_with_kvcache for decode); AUTO picks FUSED_SM90 on Hopper
 except for pages its tensor-map reads cannot tile (1 key), which run on FUSED; cuDNN's and FlashAttention-2's fused
-attention (PyTorch SDPA) on the dense tensors are the peers. CUDA-event timing of 10 calls back to
-back (GPU time: the host's enqueue cost is not counted), median of `iters` after warm-up, inputs
-drawn once per shape; TFLOP/s for prefill (causal counts half), GB/s of K/V read for decode.
+attention (PyTorch SDPA) on the dense tensors are the peers. GPU time: 10 calls captured in a CUDA
+graph, CUDA-event timing of its replays (the host's enqueue cost is not counted, and no call waits
+for it), median of `iters` after warm-up, inputs drawn once per shape (the same K/V call after
+call: a shape that fits in L2 is read from it); TFLOP/s for prefill (causal counts half), GB/s of
+K/V read for decode.
 
     FLASHATTN_LIBRARY=build/libflashattn.so PYTHONPATH=python python3 benchmarks/serving_speed.py
 """
@@ -34,20 +36,38 @@ PAGES = (1, 16, 256)
 
 
 def time_ms(fn, iters, warm=5, calls=10):
-    """GPU milliseconds per call: `calls` calls back to back between two events (the host runs ahead
-    after the first, so the host's enqueue cost is not counted), median over `iters` samples."""
+    """GPU milliseconds per call: `calls` calls captured in one CUDA graph and replayed between two
+    events, so no call waits for the host (the serving functions' host cost exceeds a small decode's
+    kernel time; eager timing would measure the host), median over `iters` replays. A function that
+    cannot be captured is timed eagerly, and its name gets a '*'."""
     for _ in range(warm):
         fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
+        run, eager = graph.replay, False
+    except Exception:  # noqa: BLE001 - any capture failure: time eagerly, and say so
+        torch.cuda.synchronize()
+        graph = None
+
+        def run():
+            for _ in range(calls):
+                fn()
+        eager = True
+    run()
     ts = []
     for _ in range(iters):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        for _ in range(calls):
-            fn()
+        run()
         b.record()
         b.synchronize()
         ts.append(a.elapsed_time(b) / calls)
-    return statistics.median(ts)
+    del graph
+    return statistics.median(ts), eager
 
 
 def to_pages(x, page, perm):
@@ -109,8 +129,8 @@ def main():
         kv_bytes = 2 * B * Sk * Hkv * D * 2
         row = {"shape": label}
         for name, fn in fns.items():
-            ms = time_ms(fn, args.iters)
-            row[name] = round(kv_bytes / ms / 1e6, 1) if decode else round(flops / ms / 1e9, 1)
+            ms, eager = time_ms(fn, args.iters)
+            row[name + ("*" if eager else "")] = round(kv_bytes / ms / 1e6, 1) if decode else round(flops / ms / 1e9, 1)
         rows.append(row)
         unit = "GB/s" if decode else "TFLOP/s"
         print(f"{label} ({unit}): " + "  ".join(f"{n} {x}" for n, x in row.items() if n != "shape"), flush=True)
