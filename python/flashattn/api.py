@@ -325,8 +325,9 @@ class _FastEntry:
     __slots__ = ("params", "addr", "ws_bytes", "handle", "fwd", "out_shape", "lse_shape", "out_like_q")
 
 
-_tls = threading.local()   # per thread: a FwdParams is mutated per call
-_torch_state = None        # (torch module, Tensor type, get_device, set_device, raw_stream), once torch is imported
+_tls = threading.local()   # per thread: a FwdParams is mutated per call; workspaces per (device, stream)
+_torch_state = None        # (torch module, Tensor type, get_device, set_device, raw_stream, capturing), once
+                           # torch is imported
 _FAST_CACHE_MAX = 512
 
 
@@ -339,7 +340,8 @@ def _torch():
         c = torch._C
         get_dev = getattr(c, "_cuda_getDevice", None) or torch.cuda.current_device
         raw = getattr(c, "_cuda_getCurrentRawStream", None) or (lambda d: torch.cuda.current_stream(d).cuda_stream)
-        _torch_state = (torch, torch.Tensor, get_dev, torch.cuda.set_device, raw)
+        capturing = getattr(c, "_cuda_isCurrentStreamCapturing", None) or torch.cuda.is_current_stream_capturing
+        _torch_state = (torch, torch.Tensor, get_dev, torch.cuda.set_device, raw, capturing)
     return _torch_state
 
 
@@ -393,20 +395,37 @@ def _fast_call(state, q, k, v, softmax_scale, causal, window_size, softcap, retu
     if return_lse:
         lse = q.new_empty(e.lse_shape, dtype=state[0].float32)
         p.lse = lse.data_ptr()
-    # The workspace tensor lives until the call is enqueued; freed after, PyTorch's allocator reuses
-    # it only for work ordered after ours on this stream.
-    ws = q.new_empty((e.ws_bytes,), dtype=state[0].uint8) if e.ws_bytes else None
+    stream = state[4](dev)
+    ws = _workspace(state, q, dev, stream, e.ws_bytes) if e.ws_bytes else None
     prev = state[2]()
     if prev != dev:
         state[3](dev)
     try:
-        st = e.fwd(e.handle, e.addr, ws.data_ptr() if ws is not None else None, e.ws_bytes, state[4](dev))
+        st = e.fwd(e.handle, e.addr, ws.data_ptr() if ws is not None else None, e.ws_bytes, stream)
     finally:
         if prev != dev:
             state[3](prev)
     if st != 0:
         _check(st, "flashattn_fwd")
     return (o, lse, None) if return_lse else o
+
+
+def _workspace(state, q, dev, stream, nbytes):
+    """A workspace tensor of at least `nbytes` for a call on (dev, stream): one per thread,
+    device and stream, kept and grown as needed (calls on one stream run in order, so each may reuse
+    it; a tensor dropped when it grows is reused by PyTorch's allocator only for work ordered after
+    ours on that stream). While the stream is being captured into a CUDA graph a new one is taken
+    from the graph's pool for every call, and never kept (it lives until the call is captured)."""
+    if state[5]():
+        return q.new_empty((nbytes,), dtype=state[0].uint8)
+    try:
+        cached = _tls.workspaces
+    except AttributeError:
+        cached = _tls.workspaces = {}
+    ws = cached.get((dev, stream))
+    if ws is None or ws.numel() < nbytes:
+        ws = cached[(dev, stream)] = q.new_empty((nbytes,), dtype=state[0].uint8)
+    return ws
 
 
 def _run(qa, p, stream):

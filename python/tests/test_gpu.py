@@ -229,6 +229,35 @@ def test_cached_calls_capture_in_a_cuda_graph():
         assert (out.float() - ref).abs().max() <= 2 * (low.float() - ref).abs().max() + 1e-5
 
 
+def test_cached_workspace_per_stream_and_under_capture():
+    """Split decode keeps a workspace per (device, stream): back-to-back calls on one stream reuse it,
+    another stream gets its own, a captured call takes one from the graph's pool; every result is
+    exact, and a graph replayed after eager calls still is."""
+    k, v = rand(1, 8192, 8, 128), rand(1, 8192, 8, 128)
+    qs = [rand(1, 1, 32, 128) for _ in range(4)]
+    want = [flashattn.flash_attn_func(q, k, v) for q in qs]
+    outs = [flashattn.flash_attn_func(q, k, v) for q in qs]  # reuse on the current stream, in order
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(20_000_000)
+        other = [flashattn.flash_attn_func(q, k, v) for q in qs]  # its own workspace on s
+    s.synchronize()
+    for a, b, c in zip(want, outs, other):
+        assert torch.equal(a, b) and torch.equal(a, c)
+    g = torch.cuda.CUDAGraph()
+    qg = qs[0].clone()
+    with torch.cuda.graph(g):
+        out = flashattn.flash_attn_func(qg, k, v)
+    for q, w in zip(qs[::-1], want[::-1]):
+        flashattn.flash_attn_func(q, k, v)  # eager calls between replays
+        qg.copy_(q)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, w)
+    check(qs[0], k, v)
+
+
 # ---- merge_attn_states: attention over two key halves, merged, is attention over all keys ------------
 
 def test_merging_two_key_halves_gives_attention_over_all_keys():
