@@ -61,9 +61,9 @@ if want sanitize; then
       >> "$OUT/sanitizer.log" 2>&1
     summary+=("sanitizer $tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.log" | tail -1)")
   done
-  # The serving paths: clamped out-of-range contents and every page size, under memcheck.
+  # The serving paths: clamped out-of-range contents, every page size, split decode (packed Q too), under memcheck.
   compute-sanitizer --tool memcheck --error-exitcode 1 ./build/tests/test_serving \
-    --gtest_filter='Serving.OutOfRangeContentsStayInsideTheTensors:Serving.PagedKvAnyPageSize:Serving.AppendWithRotary*' >> "$OUT/sanitizer.log" 2>&1
+    --gtest_filter='Serving.OutOfRangeContentsStayInsideTheTensors:Serving.PagedKvAnyPageSize:Serving.AppendWithRotary*:Serving.DecodeOverCaches' >> "$OUT/sanitizer.log" 2>&1
   summary+=("sanitizer memcheck (serving): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1)")
 fi
 if want bench; then
