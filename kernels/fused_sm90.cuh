@@ -443,23 +443,34 @@ __device__ __forceinline__ void merge_if_last(const fa_kernel_params &p, const t
         int head, pos;
         if (!tl.row_target(bnd, r, head, pos)) continue;
         const int64_t row = ((int64_t)tl.b * p.heads_q + head) * p.seqlen_q + pos;
-        float m = -INFINITY;
+        /* One pass with the running max m; the loads of kGroup splits are issued together, before
+         * their arithmetic, so the splits cost num_splits / kGroup trips to L2, not num_splits. */
+        constexpr int kGroup = 8;
+        float m = -INFINITY, sum = 0.0f, acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         bool nan = false;
-        for (int s = 0; s < p.num_splits; ++s) {
-            const float l = __ldcg(p.lse_accum + s * split_rows + row);
-            nan |= l != l;
-            m = fmaxf(m, l);
-        }
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sum = 0.0f;
-        if (m != -INFINITY && !nan)
-            for (int s = 0; s < p.num_splits; ++s) {
-                const float l = __ldcg(p.lse_accum + s * split_rows + row);
-                if (l == -INFINITY) continue;
-                const float w = expf(l - m);
-                const float4 x = __ldcg(reinterpret_cast<const float4 *>(p.o_accum + (s * split_rows + row) * p.head_dim) + c);
-                sum += w;
-                acc[0] += w * x.x, acc[1] += w * x.y, acc[2] += w * x.z, acc[3] += w * x.w;
+        for (int s0 = 0; s0 < p.num_splits; s0 += kGroup) {
+            float l[kGroup];
+            float4 x[kGroup];
+#pragma unroll
+            for (int u = 0; u < kGroup; ++u) {
+                const int64_t at = (int64_t)min(s0 + u, p.num_splits - 1) * split_rows + row;
+                l[u] = s0 + u < p.num_splits ? __ldcg(p.lse_accum + at) : -INFINITY;
+                x[u] = __ldcg(reinterpret_cast<const float4 *>(p.o_accum + at * p.head_dim) + c);
             }
+#pragma unroll
+            for (int u = 0; u < kGroup; ++u) {
+                nan |= l[u] != l[u];
+                if (l[u] == -INFINITY || l[u] != l[u]) continue; /* a split with no key */
+                if (l[u] > m) { /* a new max: rescale what is summed so far */
+                    const float cr = expf(m - l[u]);
+                    sum *= cr, acc[0] *= cr, acc[1] *= cr, acc[2] *= cr, acc[3] *= cr;
+                    m = l[u];
+                }
+                const float w = expf(l[u] - m);
+                sum += w;
+                acc[0] += w * x[u].x, acc[1] += w * x[u].y, acc[2] += w * x[u].z, acc[3] += w * x[u].w;
+            }
+        }
         const float inv = nan ? NAN : (sum > 0.0f ? 1.0f / sum : 0.0f);
         *reinterpret_cast<uint2 *>((T *)p.o + tl.b * p.o_batch_stride + head * p.o_head_stride +
                                    ((int64_t)pos + sq.q_row0()) * p.o_seq_stride + 4 * c) =
