@@ -438,10 +438,12 @@ __device__ __forceinline__ void merge_if_last(const fa_kernel_params &p, const t
     const auto &bnd = sq.bounds(p);
     const int chunks = p.head_dim / 4; /* 4 columns per task (head_dim is a multiple of 8) */
     const int64_t split_rows = (int64_t)p.batch * p.heads_q * p.seqlen_q;
-    for (int i = tid; i < Tr::kBlockM * chunks; i += nthreads) {
-        const int r = i / chunks, c = i % chunks;
-        int head, pos;
-        if (!tl.row_target(bnd, r, head, pos)) continue;
+    /* Tasks over the tile's real rows only (tl.heads heads x the positions the sequence has), so
+     * a decode tile's few rows spread over all the threads instead of queueing on one warp. */
+    const int positions = min(tl.rows_per_head, bnd.seqlen_q - tl.m0);
+    for (int i = tid; i < tl.heads * positions * chunks; i += nthreads) {
+        const int vr = i / chunks, c = i % chunks;
+        const int head = tl.h0 + vr / positions, pos = tl.m0 + vr % positions;
         const int64_t row = ((int64_t)tl.b * p.heads_q + head) * p.seqlen_q + pos;
         /* One pass with the running max m; the loads of kGroup splits are issued together, before
          * their arithmetic, so the splits cost num_splits / kGroup trips to L2, not num_splits. */
