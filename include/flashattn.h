@@ -412,8 +412,7 @@ FLASHATTN_API flashattn_status flashattn_fwd_params_set_packed_strides(flashattn
 /* Bytes of device workspace flashattn_fwd needs for these params, in *bytes: the REFERENCE backend's
  * score matrix (and, for a serving call, its dense copies of Q, K and V); a fused kernel's per-split
  * partial results when it splits the key range of a call with too few query tiles to fill the GPU
- * (decode-shaped calls: flashattn_fwd_plan reports num_splits; FUSED_SM90 also keeps a few bytes of
- * counters there, which flashattn_fwd clears itself); the rotated copy of Q when rotary
+ * (decode-shaped calls: flashattn_fwd_plan reports num_splits); the rotated copy of Q when rotary
  * tables are set; otherwise 0. Always ask rather than assume 0. Returns: SUCCESS or any validation status
  * flashattn_fwd can return (never WORKSPACE_TOO_SMALL, CUDA_ERROR or CUBLAS_ERROR). */
 FLASHATTN_API flashattn_status flashattn_fwd_workspace_size(const flashattn_handle *handle,

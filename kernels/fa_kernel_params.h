@@ -50,14 +50,9 @@ typedef struct fa_kernel_params {
      * y is then the KV head. num_splits > 1 (both fused kernels; grid x = query tiles x splits,
      * split = x % num_splits): the key range of each tile is split that many ways; each split writes
      * its normalised O (fp32) and LSE to o_accum / lse_accum
-     * ([split][batch][heads_q][seqlen_q](head_dim)), and fa_split_combine merges them (FUSED), or
-     * the last split of each tile does (FUSED_SM90, split_counters). */
+     * ([split][batch][heads_q][seqlen_q](head_dim)), and fa_split_combine merges them. */
     int32_t pack_gqa, pack_rows, num_splits;
     float *o_accum, *lse_accum;
-    /* FUSED_SM90 with num_splits > 1: one counter per query tile, head (KV head, packed) and batch
-     * entry, zero before the launch (the library clears them in the workspace); the last split of
-     * a tile to finish merges the tile's partial results into O and LSE (no combine kernel). */
-    int32_t *split_counters;
 
     float scale;                /* softmax scale (natural units) */
     float scale_log2;           /* scale * log2(e), folded once on the host */
@@ -170,6 +165,9 @@ typedef struct fa_merge_args {
     int64_t lse_out_batch_stride, lse_out_head_stride, lse_out_seq_stride;
     int32_t num_parts, batch, seqlen, heads, head_dim;
     int32_t dtype_parts, dtype_out, base2;
+    int32_t after_split;  /* launched right after a split FUSED_SM90 kernel, as its programmatic
+                             dependent (that kernel signals it with griddepcontrol.launch_dependents);
+                             0 after FUSED's (an ordinary launch) */
     /* Packed output rows (the split combine of a ragged-Q call; NULL otherwise): batch entry b's rows
      * are out_rows[b] .. out_rows[b + 1] - 1 of total_rows (clamped as serving_seq clamps them, at
      * most seqlen), row s at O + (out_rows[b] + s) out_seq_stride and LSE + (out_rows[b] + s)
@@ -202,9 +200,10 @@ int fa_append_launch(const fa_append_args *a, void *stream);
 /* Enqueues the merge; returns a cudaError_t value. */
 int fa_merge_launch(const fa_merge_args *a, void *stream);
 
-/* Merges the num_splits partial results of a split FUSED call into O and LSE (through
- * fa_merge_launch, kernels/merge.cu); FUSED_SM90 merges its own in the kernel. */
-int fa_split_combine(const fa_kernel_params *kp, int dtype, void *stream);
+/* Merges the num_splits partial results of a split fused call into O and LSE (through
+ * fa_merge_launch, kernels/merge.cu). after_sm90: the split kernel was FUSED_SM90's, which lets the
+ * merge start early as its programmatic dependent. */
+int fa_split_combine(const fa_kernel_params *kp, int dtype, int after_sm90, void *stream);
 
 /* REFERENCE backend pieces (kernels/reference.cu). dtype: 0 float16, 1 bfloat16. `lowprec` rounds
  * scores and probabilities to dtype (plain low-precision attention, the tests' baseline). */

@@ -531,7 +531,7 @@ int launch_fused(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
              (cudaStream_t)stream>>>(*kp);
     const cudaError_t launched = cudaGetLastError();
     if (launched != cudaSuccess || !split) return (int)launched;
-    return fa_split_combine(kp, kDtype, stream);
+    return fa_split_combine(kp, kDtype, 0, stream);
 }
 
 }  // namespace fa

@@ -40,8 +40,7 @@
  *   the kernel body      a consumer warpgroup's mainloop: S = Q K^T, mask and softmax (softmax.cuh),
  *                        O += P V, then 1/l and LSE, and the plain epilogue (O staged through shared
  *                        memory); kept in the body because nvcc compiles it differently as a function
- *   store_split_partial  the split epilogue (fp32 partial O and LSE in the workspace)
- *   merge_if_last        the last split of a tile to finish merges the tile's partial results
+ *   store_split_partial  the split epilogue (fp32 partial O for the combine kernel)
  * PTX wrappers are in sm90_ptx.cuh; the host side (tensor maps, launch) in fused_sm90_launch.cuh.
  */
 #pragma once
@@ -63,7 +62,6 @@ FA_SM90_CONFIGS(FA_SM90_CFG_SPEC)
 
 template <int kDtype, int kHeadDim, int kNumConsumers> struct traits {
     using T = typename elem<kDtype>::type;
-    static constexpr int kDtypeId = kDtype;
     static constexpr int kConsumers = kNumConsumers;
     static constexpr int kBlockM = 64 * kConsumers, kBlockN = cfg<kHeadDim, kConsumers>::block_n;
     static constexpr int kThreads = kWarpgroupThreads * (kConsumers + 1);
@@ -82,17 +80,15 @@ template <int kDtype, int kHeadDim, int kNumConsumers> struct traits {
 
 /* Shared memory: Q (1024-byte aligned for the swizzle atom), two stages of K, two of V, then the
  * mbarriers (8 bytes each): Q loaded; K and V stage s full (the TMA landed) and empty (every
- * consumer warp is done with it). full_* and empty_* are stage 0's; stage s's is 8 s bytes on; then
- * a split block's merge flag (merge_if_last). */
+ * consumer warp is done with it). full_* and empty_* are stage 0's; stage s's is 8 s bytes on. */
 template <class Tr> struct smem_layout {
-    uint32_t q, k, v, bar_q, full_k, full_v, empty_k, empty_v, last_flag;
+    uint32_t q, k, v, bar_q, full_k, full_v, empty_k, empty_v;
     __device__ __forceinline__ explicit smem_layout(uint32_t raw) {
         q = (raw + 1023u) & ~1023u;
         k = q + Tr::kQBytes;
         v = k + 2 * Tr::kKVBytes;
         bar_q = v + 2 * Tr::kKVBytes;
         full_k = bar_q + 8, full_v = bar_q + 24, empty_k = bar_q + 40, empty_v = bar_q + 56;
-        last_flag = bar_q + 72; /* a split block's "I merge" flag (merge_if_last), after the barriers */
     }
     /* Thread 0, before the block's first barrier: a load arrives once (with its byte count), a
      * stage is handed back once per consumer warp. */
@@ -410,82 +406,6 @@ __device__ __forceinline__ void store_split_partial(const fa_kernel_params &p, c
     }
 }
 
-/* A split call's merge, in the kernel: once this block's partial result (or its empty part) is in
- * o_accum / lse_accum, the block counts itself on its tile's counter (split_counters: the
- * num_splits blocks of one query tile, head and batch entry); the last block to arrive merges the
- * tile's rows: m = max_s LSE_s, w_s = exp(LSE_s - m), O = sum_s w_s O_s / sum_s w_s, LSE = m +
- * log(sum_s w_s), adding the splits in index order whichever block is last (deterministic); a split
- * with no key (LSE -inf) counts for nothing; no key at all: O = 0, LSE = -inf. The fences order each
- * block's partial stores before its count, and the count before the last block's loads (which
- * bypass L1). `nthreads` threads take part (tid in [0, nthreads)), on named barrier `bar`. */
-template <class Tr, class Seq>
-__device__ __forceinline__ void merge_if_last(const fa_kernel_params &p, const tile<Tr> &tl, const Seq &sq,
-                                              const smem_layout<Tr> &sm, int tid, int nthreads, int bar) {
-    __threadfence();
-    named_sync(bar, nthreads);
-    if (tid == 0) {
-        const int m_block = p.num_m_blocks - 1 - (int)blockIdx.x / p.num_splits;
-        const int64_t group = ((int64_t)blockIdx.z * gridDim.y + blockIdx.y) * p.num_m_blocks + m_block;
-        const uint32_t last = atomicAdd(p.split_counters + group, 1) == p.num_splits - 1;
-        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(sm.last_flag), "r"(last) : "memory");
-    }
-    named_sync(bar, nthreads);
-    uint32_t last;
-    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(last) : "r"(sm.last_flag) : "memory");
-    if (!last) return;
-    __threadfence();
-    using T = typename Tr::T;
-    const auto &bnd = sq.bounds(p);
-    const int chunks = p.head_dim / 4; /* 4 columns per task (head_dim is a multiple of 8) */
-    const int64_t split_rows = (int64_t)p.batch * p.heads_q * p.seqlen_q;
-    /* Tasks over the tile's real rows only (tl.heads heads x the positions the sequence has), so
-     * a decode tile's few rows spread over all the threads instead of queueing on one warp. */
-    const int positions = min(tl.rows_per_head, bnd.seqlen_q - tl.m0);
-    for (int i = tid; i < tl.heads * positions * chunks; i += nthreads) {
-        const int vr = i / chunks, c = i % chunks;
-        const int head = tl.h0 + vr / positions, pos = tl.m0 + vr % positions;
-        const int64_t row = ((int64_t)tl.b * p.heads_q + head) * p.seqlen_q + pos;
-        /* One pass with the running max m; the loads of kGroup splits are issued together, before
-         * their arithmetic, so the splits cost num_splits / kGroup trips to L2, not num_splits. */
-        constexpr int kGroup = 8;
-        float m = -INFINITY, sum = 0.0f, acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        bool nan = false;
-        for (int s0 = 0; s0 < p.num_splits; s0 += kGroup) {
-            float l[kGroup];
-            float4 x[kGroup];
-#pragma unroll
-            for (int u = 0; u < kGroup; ++u) {
-                const int64_t at = (int64_t)min(s0 + u, p.num_splits - 1) * split_rows + row;
-                l[u] = s0 + u < p.num_splits ? __ldcg(p.lse_accum + at) : -INFINITY;
-                x[u] = __ldcg(reinterpret_cast<const float4 *>(p.o_accum + at * p.head_dim) + c);
-            }
-#pragma unroll
-            for (int u = 0; u < kGroup; ++u) {
-                nan |= l[u] != l[u];
-                if (l[u] == -INFINITY || l[u] != l[u]) continue; /* a split with no key */
-                if (l[u] > m) { /* a new max: rescale what is summed so far */
-                    const float cr = expf(m - l[u]);
-                    sum *= cr, acc[0] *= cr, acc[1] *= cr, acc[2] *= cr, acc[3] *= cr;
-                    m = l[u];
-                }
-                const float w = expf(l[u] - m);
-                sum += w;
-                acc[0] += w * x[u].x, acc[1] += w * x[u].y, acc[2] += w * x[u].z, acc[3] += w * x[u].w;
-            }
-        }
-        const float inv = nan ? NAN : (sum > 0.0f ? 1.0f / sum : 0.0f);
-        *reinterpret_cast<uint2 *>((T *)p.o + tl.b * p.o_batch_stride + head * p.o_head_stride +
-                                   ((int64_t)pos + sq.q_row0()) * p.o_seq_stride + 4 * c) =
-            make_uint2(pack_pair<Tr::kDtypeId>(acc[0] * inv, acc[1] * inv), pack_pair<Tr::kDtypeId>(acc[2] * inv, acc[3] * inv));
-        if (c == 0 && p.lse != nullptr) {
-            const int64_t lse_row0 = sq.lse_row0(); /* as lse_slot places an unsplit call's LSE */
-            float *dst = lse_row0 >= 0 ? p.lse + (int64_t)head * p.total_q + lse_row0 + pos
-                                       : p.lse + ((int64_t)tl.b * p.heads_q + head) * p.seqlen_q + pos;
-            *dst = nan ? NAN : (sum > 0.0f ? m + logf(sum) : -INFINITY);
-        }
-    }
-}
-
 /* kTransform: softcap and/or ALiBi present. kServing: a serving call (fa_kernel_params.serving):
  * the sequence's counts, offsets and rows from the device arrays (seq_view), ragged Q/K/V and page
  * pools through the tensor maps; its own instantiation, so the dense kernels carry none of it. */
@@ -504,6 +424,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     const smem_layout<Tr> sm(smem_u32(smem_raw));
 
     const int tid = threadIdx.x, wg = tid / kWarpgroupThreads, lane = tid % 32;
+    if (p.num_splits > 1 && tid == 0) launch_dependents(); /* the combine's blocks may start */
     const seq_view<kServing> sq(p);
     const auto &bnd = sq.bounds(p);
     const tile<Tr> tl(p, bnd);
@@ -516,7 +437,6 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         if (m0 >= bnd.seqlen_q) return; /* past this sequence's queries (the grid covers the capacity) */
     if (n_tiles == 0) {
         store_empty(p, tl, sq, tid);
-        if (partial) merge_if_last(p, tl, sq, sm, tid, Tr::kThreads, 0);
         return;
     }
 
@@ -659,7 +579,6 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     }
     if (partial) {
         store_split_partial(p, tl, o, inv_r, valid_r, head_r, pos_r, t);
-        merge_if_last(p, tl, sq, sm, tid - kWarpgroupThreads, kNC * kWarpgroupThreads, split_barrier(kNC));
         return;
     }
     /* Epilogue: normalise; stage O (swizzled, conflict-free) in this consumer's own 64 rows of the Q

@@ -1,6 +1,6 @@
 /*
  * fused_sm90_launch.cuh - the host side of the FUSED_SM90 kernel (fused_sm90.cuh): the three TMA
- * tensor maps of Q, K and V, and the launch (a split call merges its splits in the kernel).
+ * tensor maps of Q, K and V, the launch, and the split combine when the plan splits the keys.
  * Included once per compiled variant by the generated instance files (FA_SM90_INSTANCE).
  */
 #pragma once
@@ -54,7 +54,7 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
     using Tr = traits<kDtype, kHeadDim, kConsumers>;
     if (l->threads != Tr::kThreads || l->smem_bytes != Tr::kSmemBytes ||
         (kp->pack_gqa && (kp->pack_rows < 1 || kp->pack_rows * kp->head_group > Tr::kBlockM)) ||
-        (kp->num_splits > 1 && (kp->o_accum == nullptr || kp->lse_accum == nullptr || kp->split_counters == nullptr)))
+        (kp->num_splits > 1 && (kp->o_accum == nullptr || kp->lse_accum == nullptr)))
         return (int)cudaErrorInvalidConfiguration; /* planner and kernel disagree: refuse */
     CUtensorMap tq, tk, tv;
     /* Q in boxes of one head x kBlockM positions, or (pack_gqa) head_group heads x pack_rows positions. */
@@ -92,7 +92,9 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
     if (err != cudaSuccess) return (int)err;
     kernel<<<dim3(l->grid_x, l->grid_y, l->grid_z), Tr::kThreads, Tr::kSmemBytes, (cudaStream_t)stream>>>(*kp, tq, tk,
                                                                                                          tv);
-    return (int)cudaGetLastError(); /* a split call's last block of each tile merged it (merge_if_last) */
+    err = cudaGetLastError();
+    if (err != cudaSuccess || kp->num_splits <= 1) return (int)err;
+    return fa_split_combine(kp, kDtype, 1, stream);
 }
 
 }  // namespace sm90

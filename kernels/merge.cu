@@ -15,8 +15,9 @@
  * are issued together, before their arithmetic (an empty part's O is loaded but never multiplied).
  * Any number of parts and any head dim.
  *
- * After a split FUSED call (sm_80 and newer) it is launched as an ordinary kernel (split FUSED_SM90
- * calls merge in their own kernel: fused_sm90.cuh, merge_if_last).
+ * After a split FUSED_SM90 call the merge is launched as a programmatic dependent of the attention
+ * kernel (its blocks start while the attention finishes) and waits for it before its first load;
+ * after a split FUSED call (sm_80 and newer) it is an ordinary launch.
  */
 #include "fa_common.cuh"
 
@@ -82,12 +83,20 @@ template <int kDtype> struct vec16_io {
 template <> struct vec_io<FA_DTYPE_F16, 4> : vec16_io<FA_DTYPE_F16> {};
 template <> struct vec_io<FA_DTYPE_BF16, 4> : vec16_io<FA_DTYPE_BF16> {};
 
+/* Waits for the kernel this one depends on programmatically (a no-op when launched without it). */
+__device__ __forceinline__ void wait_for_prerequisite() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 constexpr int kGroup = 4; /* parts whose loads are in flight together */
 
 template <int kIn, int kOut, bool kBase2, int kVec>
 __global__ void __launch_bounds__(kMergeThreads) merge_parts(const __grid_constant__ fa_merge_args a) {
     using In = vec_io<kIn, kVec>;
     using Out = vec_io<kOut, kVec>;
+    wait_for_prerequisite();
     const int chunks = a.head_dim / kVec;
     const int64_t total = (int64_t)a.batch * a.heads * a.seqlen * chunks;
     for (int64_t idx = (int64_t)blockIdx.x * kMergeThreads + threadIdx.x; idx < total;
@@ -174,8 +183,13 @@ template <int kIn, int kOut, bool kBase2, int kVec> int launch_vec(const fa_merg
     const int64_t total = (int64_t)a->batch * a->heads * a->seqlen * (a->head_dim / kVec);
     const int64_t blocks = (total + kMergeThreads - 1) / kMergeThreads;
     const dim3 grid((unsigned)(blocks < FA_GRID_STRIDE_MAX_BLOCKS ? blocks : FA_GRID_STRIDE_MAX_BLOCKS));
-    merge_parts<kIn, kOut, kBase2, kVec><<<grid, kMergeThreads, 0, stream>>>(*a);
-    return (int)cudaGetLastError();
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = dim3(kMergeThreads), cfg.dynamicSmemBytes = 0, cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr, cfg.numAttrs = a->after_split ? 1 : 0;
+    return (int)cudaLaunchKernelEx(&cfg, merge_parts<kIn, kOut, kBase2, kVec>, *a);
 }
 
 template <int kIn, int kOut> int launch(const fa_merge_args *a, cudaStream_t stream) {
@@ -211,7 +225,7 @@ extern "C" __attribute__((visibility("hidden"))) int fa_merge_launch(const fa_me
  * [split][batch][heads_q][seqlen_q](head_dim), fp32, natural-log LSE, seqlen_q the capacity for a
  * ragged Q) merged into O and LSE (for a ragged Q, into each sequence's packed rows). */
 extern "C" __attribute__((visibility("hidden"))) int fa_split_combine(const fa_kernel_params *kp, int dtype,
-                                                                      void *stream) {
+                                                                      int after_sm90, void *stream) {
     /* Grouped query heads read as rows (q_group_rows, FUSED's packed decode): the partial results'
      * [heads_kv][group] rows are [heads_q][1]; O's heads are q_seq_stride apart, its packed rows
      * o_row0_stride. */
@@ -232,5 +246,6 @@ extern "C" __attribute__((visibility("hidden"))) int fa_split_combine(const fa_k
     }
     a.num_parts = kp->num_splits, a.batch = kp->batch, a.seqlen = (int32_t)sq, a.heads = (int32_t)hq;
     a.head_dim = kp->head_dim, a.dtype_parts = FA_DTYPE_F32, a.dtype_out = dtype, a.base2 = 0;
+    a.after_split = after_sm90; /* a programmatic dependent of the FUSED_SM90 kernel just enqueued */
     return fa_merge_launch(&a, stream);
 }

@@ -17,12 +17,10 @@ constexpr int kWarpgroupThreads = 128;
 /* Named barriers (bar.sync ids; 0 is __syncthreads). With C consumer warpgroups:
  *   1 + c       consumer c's turn on the tensor cores: consumer c waits there, the consumer before it
  *               (c - 1 mod C) arrives, so kTurnThreads = two warpgroups take part;
- *   1 + C + c   consumer c's epilogue: its own 128 threads, once its rows of O are staged;
- *   1 + 2C      a split block's consumers, around the count of finished splits (merge_if_last). */
+ *   1 + C + c   consumer c's epilogue: its own 128 threads, once its rows of O are staged. */
 constexpr int kTurnThreads = 2 * kWarpgroupThreads;
 __device__ __forceinline__ int turn_barrier(int c) { return 1 + c; }
 __device__ __forceinline__ int epilogue_barrier(int c, int consumers) { return 1 + consumers + c; }
-__device__ __forceinline__ int split_barrier(int consumers) { return 1 + 2 * consumers; }
 
 __device__ __forceinline__ void named_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
@@ -40,6 +38,9 @@ template <int kRegs> __device__ __forceinline__ void claim_registers() {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
 }
 
+/* Lets the kernel enqueued after this one as its programmatic dependent (the split combine) be
+ * scheduled now; it still waits (griddepcontrol.wait) for this grid to finish before reading. */
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 
 /* wgmma ordering. */
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }

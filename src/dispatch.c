@@ -77,13 +77,6 @@ flashattn_status fa_dispatch(const flashattn_handle *h, const fa_plan *plan, voi
     if (kp.num_splits > 1) { /* the splits' partial results live in the caller's workspace */
         kp.o_accum = (float *)((char *)workspace + plan->o_accum_off);
         kp.lse_accum = (float *)((char *)workspace + plan->lse_accum_off);
-        if (plan->counters_bytes > 0) { /* FUSED_SM90 merges in the kernel: its counters start at zero */
-            kp.split_counters = (int32_t *)((char *)workspace + plan->counters_off);
-            const cudaError_t e = cudaMemsetAsync(kp.split_counters, 0, (size_t)plan->counters_bytes, (cudaStream_t)stream);
-            if (e != cudaSuccess)
-                return fa_fail(FLASHATTN_STATUS_CUDA_ERROR, "clearing the split counters in the workspace failed: %s",
-                               cudaGetErrorString(e));
-        }
     }
     const int err = launch(&kp, &l, stream);
     if (err != 0)

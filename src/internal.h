@@ -67,8 +67,7 @@ typedef struct fa_plan {
     int64_t smem_bytes;
     int64_t workspace_bytes;
     fa_ref_layout ref;    /* REFERENCE */
-    int64_t o_accum_off, lse_accum_off; /* a fused plan with kp.num_splits > 1: workspace offsets */
-    int64_t counters_off, counters_bytes; /* FUSED_SM90 split: its split counters (zeroed per launch) */
+    int64_t o_accum_off, lse_accum_off; /* FUSED_SM90 with kp.num_splits > 1: workspace offsets */
     int32_t append;       /* k_new set: the append kernel runs first (app; its q_out, when Q is
                              rotated, at workspace offset q_rot_off) */
     fa_append_args app;

@@ -370,20 +370,13 @@ int64_t fa_num_splits(int64_t sm_count, int64_t ctas, int64_t key_tiles) {
 }
 
 /* The split partial results in the workspace: float32 O [splits, batch, heads_q, seqlen_q, head_dim],
- * then float32 LSE [splits, batch, heads_q, seqlen_q]; then, for FUSED_SM90 (which merges them in
- * the kernel), `counters` int32 split counters, cleared by the library before each launch. 0 if the
- * size overflows int64. */
-static int split_workspace(const flashattn_fwd_params *p, int64_t splits, int64_t counters, fa_plan *plan) {
+ * then float32 LSE [splits, batch, heads_q, seqlen_q]. 0 if the size overflows int64. */
+static int split_workspace(const flashattn_fwd_params *p, int64_t splits, fa_plan *plan) {
     int64_t nrows, o_elems, at = 0;
     if (!mul_ok(splits * p->batch, p->heads_q, &nrows) || !mul_ok(nrows, p->seqlen_q, &nrows) ||
         !mul_ok(nrows, p->head_dim, &o_elems) || !add_region(&at, o_elems, 4, &plan->o_accum_off) ||
         !add_region(&at, nrows, 4, &plan->lse_accum_off))
         return 0;
-    plan->counters_off = -1, plan->counters_bytes = 0;
-    if (counters > 0) {
-        if (!add_region(&at, counters, 4, &plan->counters_off)) return 0;
-        plan->counters_bytes = counters * 4;
-    }
     plan->workspace_bytes = at;
     return 1;
 }
@@ -409,7 +402,7 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
     const int64_t splits = no_split ? 1 : fa_num_splits(caps->sm_count, ctas, key_tiles);
     plan->kp.num_splits = (int32_t)splits;
     plan->grid_x = (int32_t)(mblocks * splits);
-    return splits > 1 ? split_workspace(p, splits, sm90 ? ctas : 0, plan) : 1;
+    return splits > 1 ? split_workspace(p, splits, plan) : 1;
 }
 
 /* FUSED decode with grouped query heads: with one query row per sequence, the group's query heads
