@@ -1,0 +1,176 @@
+"""Side by side on one GPU, in one process: libflashattn (through the ctypes package) against
+PyTorch's scaled_dot_product_attention with its FLASH (FlashAttention-2) and CUDNN backends, on the
+same tensors, for every prefill and decode shape of the peer table (prefill: 16k tokens, hidden
+2048; decode: one query row against a long KV cache, grouped-query heads 32/8).
+
+    FLASHATTN_LIBRARY=build/libflashattn.so PYTHONPATH=python python3 benchmarks/compare_peers.py --json out.json
+
+Timing: CUDA events around each call, median of 30 after 5 warm-ups (the peer table's protocol):
+end to end, what a Python caller sees (a call whose host time exceeds its GPU time is timed at its
+host time). With --flush-l2, every row is also timed in GPU time with a cold L2: before each timed
+call a 512 MB buffer is overwritten (evicting the 50 MB L2, so a decode's K/V comes from DRAM, as in
+a server where other layers ran in between), and the events bracket only the call, which the host
+has enqueued while the GPU was still busy with the flush (so no host time is counted). Both are
+reported; for decode the flushed GPU time is what the kernel costs.
+FLOPs = 4*B*Hq*Sq*Sk*D, halved for causal when Sq == Sk; decode rows report K+V bytes read per second
+instead. The causal mask is bottom-right for libflashattn and top-left for PyTorch; with Sq == Sk
+they are the same mask.
+"""
+import argparse
+import json
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import flashattn
+
+
+def bench(fn, iters=30, warm=5, flush=None):
+    """Median milliseconds per call; with `flush` (a tensor), the L2 is overwritten before each call
+    and only the call's GPU time is counted."""
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if flush is not None:
+            flush.fill_(1)  # keeps the GPU busy while the call below is enqueued
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def shapes():
+    """(kind, dtype, batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal)"""
+    out = []
+    for d in (64, 128, 256):
+        for s in (512, 1024, 2048, 4096, 8192, 16384):
+            for c in (False, True):
+                out.append(("prefill", torch.bfloat16, 16384 // s, 2048 // d, 2048 // d, s, s, d, c))
+    for s in (512, 1024, 2048, 4096, 8192, 16384):
+        for c in (False, True):
+            out.append(("prefill", torch.float16, 16384 // s, 16, 16, s, s, 128, c))
+    out.append(("prefill-gqa", torch.bfloat16, 8, 32, 8, 2048, 2048, 128, True))
+    out.append(("prefill-gqa", torch.bfloat16, 2, 32, 8, 8192, 8192, 128, True))
+    for b, sk in ((1, 8192), (16, 8192), (64, 4096), (128, 2048), (8, 32768), (1, 131072)):
+        out.append(("decode", torch.bfloat16, b, 32, 8, 1, sk, 128, False))
+    out.append(("decode", torch.bfloat16, 16, 32, 8, 1, 8192, 64, False))  # head dim 64
+    out.append(("decode", torch.bfloat16, 16, 32, 8, 4, 8192, 128, False))  # speculative: 4 query rows
+    return out
+
+
+def ours_fn(q, k, v, o, causal):
+    """The library's forward with everything prepared once, as a server would call it."""
+    h = flashattn.get_handle(q.device.index)
+    p = flashattn.FwdParams.new()
+    p.dtype = flashattn.Dtype.BFLOAT16 if q.dtype == torch.bfloat16 else flashattn.Dtype.FLOAT16
+    p.batch, p.seqlen_q, p.heads_q, p.head_dim = q.shape
+    p.seqlen_k, p.heads_kv = k.shape[1], k.shape[2]
+    for name, t in (("q", q), ("k", k), ("v", v), ("o", o)):
+        setattr(p, name, t.data_ptr())
+        for field, st in zip(("batch", "seq", "head"), t.stride()[:3]):
+            setattr(p, f"{name}_{field}_stride", st)
+    p.mask = flashattn.Mask.CAUSAL_BOTTOM_RIGHT if causal else flashattn.Mask.NONE
+    nbytes = flashattn.workspace_size(h, p)  # split decode needs one
+    ws = torch.empty(nbytes, dtype=torch.uint8, device=q.device) if nbytes else None
+    stream = torch.cuda.current_stream().cuda_stream
+    info = flashattn.plan(h, p)
+    kernel = info.kernel_name.decode() + (f" splits={info.num_splits}" if info.num_splits > 1 else "")
+    return lambda: flashattn.fwd(h, p, ws.data_ptr() if ws is not None else 0, nbytes, stream), kernel
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--flush-l2", action="store_true",
+                    help="also time every row in GPU time with the L2 flushed before each call")
+    args = ap.parse_args()
+    flush = torch.empty(512 << 20, dtype=torch.uint8, device="cuda") if args.flush_l2 else None
+    props = torch.cuda.get_device_properties(0)
+    print(f"# {props.name}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, "
+          f"libflashattn {flashattn.library_version()}", flush=True)
+    rows = []
+    hdr = f"{'kind':<11} {'dtype':<5} {'b x hq/hkv':<10} {'sq':>5} {'sk':>6} {'d':>3} {'mask':<6} {'ours':>7} {'FA2':>7} {'cuDNN':>7} {'vs FA2':>7} {'vs cuDNN':>8} unit     check"
+    print(hdr, flush=True)
+    for kind, dt, b, hq, hkv, s, sk, d, causal in shapes():
+        torch.manual_seed(len(rows))
+        q = torch.randn(b, s, hq, d, device="cuda", dtype=dt)
+        k = torch.randn(b, sk, hkv, d, device="cuda", dtype=dt)
+        v = torch.randn(b, sk, hkv, d, device="cuda", dtype=dt)
+        o = torch.empty_like(q)
+        decode = kind == "decode"
+        # work per call: FLOPs (prefill, rate in TFLOP/s) or K+V bytes (decode, rate in GB/s)
+        work = 2 * b * sk * hkv * d * 2 if decode else 4 * b * hq * s * sk * d / (2 if causal else 1)
+        unit, key, per_ms = ("GB/s", "_gbps", 1e6) if decode else ("TFLOP/s", "_tflops", 1e9)
+        row = dict(kind=kind, dtype=str(dt).split(".")[-1], b=b, hq=hq, hkv=hkv, sq=s, sk=sk, d=d, causal=causal,
+                   unit=unit)
+        fn, kernel = ours_fn(q, k, v, o, causal)
+        row["kernel"] = kernel
+        row["ours_ms"] = bench(fn, args.iters)
+        if flush is not None:
+            row["ours_cold_ms"] = bench(fn, args.iters, flush=flush)
+        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        peer_out = None
+        for name, be in (("fa2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+            try:
+                with sdpa_kernel([be]):
+                    f = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=hq != hkv)
+                    row[name + "_ms"] = bench(f, args.iters)
+                    if flush is not None:
+                        row[name + "_cold_ms"] = bench(f, args.iters, flush=flush)
+                    if peer_out is None:
+                        peer_out = f().transpose(1, 2)
+            except RuntimeError as e:
+                row[name + "_error"] = str(e).splitlines()[0]
+        for name in ("ours", "fa2", "cudnn"):
+            if name + "_ms" in row:
+                row[name + key] = work / row[name + "_ms"] / per_ms
+            if name + "_cold_ms" in row:
+                row[name + "_cold" + key] = work / row[name + "_cold_ms"] / per_ms
+        fn()
+        torch.cuda.synchronize()
+        row["max_diff_vs_peer"] = (o.float() - peer_out.float()).abs().max().item() if peer_out is not None else None
+        r_fa2 = row["ours" + key] / row["fa2" + key] if "fa2" + key in row else float("nan")
+        r_cud = row["ours" + key] / row["cudnn" + key] if "cudnn" + key in row else float("nan")
+        row["ratio_vs_fa2"], row["ratio_vs_cudnn"] = r_fa2, r_cud
+        cold = ""
+        if flush is not None:
+            c_fa2 = row["ours_cold" + key] / row["fa2_cold" + key] if "fa2_cold" + key in row else float("nan")
+            c_cud = row["ours_cold" + key] / row["cudnn_cold" + key] if "cudnn_cold" + key in row else float("nan")
+            row["cold_ratio_vs_fa2"], row["cold_ratio_vs_cudnn"] = c_fa2, c_cud
+            cold = (f" | cold L2, GPU time: {row['ours_cold' + key]:7.1f} {row.get('fa2_cold' + key, float('nan')):7.1f} "
+                    f"{row.get('cudnn_cold' + key, float('nan')):7.1f} {c_fa2:5.2f} {c_cud:5.2f}")
+        rows.append(row)
+        ok = row["max_diff_vs_peer"] is not None and row["max_diff_vs_peer"] < 0.05
+        diff = "n/a" if row["max_diff_vs_peer"] is None else f"{row['max_diff_vs_peer']:.3g}"
+        print(f"{kind:<11} {row['dtype'][:5]:<5} {f'{b}x{hq}/{hkv}':<10} {s:>5} {sk:>6} {d:>3} {'causal' if causal else 'none':<6} "
+              f"{row['ours' + key]:7.1f} {row.get('fa2' + key, float('nan')):7.1f} {row.get('cudnn' + key, float('nan')):7.1f} "
+              f"{r_fa2:7.2f} {r_cud:8.2f} {unit:<8} {'ok' if ok else 'DIFF'} {diff}{cold}", flush=True)
+        del q, k, v, o, qt, kt, vt, peer_out
+    for label, sel in (("prefill", [r for r in rows if r["kind"] != "decode"]),
+                       ("decode", [r for r in rows if r["kind"] == "decode"])):
+        if not sel:
+            continue
+        for mode, pre in (("end to end", ""), ("cold L2, GPU time", "cold_")):
+            if pre and flush is None:
+                continue
+            beats = sum(r[pre + "ratio_vs_fa2"] >= 1.0 for r in sel)
+            beats_cudnn = sum(r[pre + "ratio_vs_cudnn"] >= 1.0 for r in sel)
+            print(f"{label} ({mode}): ours >= FA2 on {beats}/{len(sel)} shapes, >= cuDNN on {beats_cudnn}/{len(sel)}; "
+                  f"geomean vs FA2 {torch.tensor([r[pre + 'ratio_vs_fa2'] for r in sel]).log().mean().exp():.3f}, "
+                  f"vs cuDNN {torch.tensor([r[pre + 'ratio_vs_cudnn'] for r in sel]).log().mean().exp():.3f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(gpu=props.name, torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
+                           library=flashattn.library_version(), rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

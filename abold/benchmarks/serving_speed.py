@@ -1,0 +1,143 @@
+"""GPU time of the serving paths beside the dense path on the same work.
+
+Each shape is run as a dense batch (flash_attn_func: AUTO, and the FUSED backend forced), as a ragged
+batch of equal lengths (flash_attn_varlen_func: AUTO and FUSED forced), as a dense cache with
+per-sequence lengths (flash_attn_with_kvcache), and with K/V in pages of several sizes (varlen with
+a block table for prefill, flash_attn_with_kvcache for decode); AUTO picks FUSED_SM90 on Hopper
+except for pages its tensor-map reads cannot tile (1 key), which run on FUSED; cuDNN's and FlashAttention-2's fused
+attention (PyTorch SDPA) on the dense tensors are the peers. GPU time: 10 calls captured in a CUDA
+graph, CUDA-event timing of its replays (the host's enqueue cost is not counted, and no call waits
+for it), median of `iters` after warm-up, inputs drawn once per shape (the same K/V call after
+call: a shape that fits in L2 is read from it); TFLOP/s for prefill (causal counts half), GB/s of
+K/V read for decode.
+
+    FLASHATTN_LIBRARY=build/libflashattn.so PYTHONPATH=python python3 benchmarks/serving_speed.py
+"""
+import argparse
+import json
+import statistics
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import flashattn
+
+SHAPES = [  # (label, B, Sq, Sk, Hq, Hkv, D, causal)
+    ("prefill 8x2k 16/16 d128 causal", 8, 2048, 2048, 16, 16, 128, True),
+    ("prefill 4x4k 32/8 d128", 4, 4096, 4096, 32, 8, 128, False),
+    ("prefill 16x512 16/16 d64 causal", 16, 512, 512, 16, 16, 64, True),
+    ("decode 64x1 sk=4k 32/8 d128", 64, 1, 4096, 32, 8, 128, True),
+    ("decode 16x1 sk=8k 32/8 d128", 16, 1, 8192, 32, 8, 128, True),
+    ("decode 1x1 sk=8k 32/8 d128", 1, 1, 8192, 32, 8, 128, True),
+    ("decode 2x1 sk=32k 32/8 d128", 2, 1, 32768, 32, 8, 128, True),
+]
+PAGES = (1, 16, 256)
+
+
+def time_ms(fn, iters, warm=5, calls=10):
+    """GPU milliseconds per call: `calls` calls captured in one CUDA graph and replayed between two
+    events, so no call waits for the host (the serving functions' host cost exceeds a small decode's
+    kernel time; eager timing would measure the host), median over `iters` replays. A function that
+    cannot be captured is timed eagerly, and its name gets a '*'."""
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
+        run, eager = graph.replay, False
+    except Exception:  # noqa: BLE001 - any capture failure: time eagerly, and say so
+        torch.cuda.synchronize()
+        graph = None
+
+        def run():
+            for _ in range(calls):
+                fn()
+        eager = True
+    run()
+    ts = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        run()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) / calls)
+    del graph
+    return statistics.median(ts), eager
+
+
+def to_pages(x, page, perm):
+    """[B, S, H, D] -> a pool [B * ceil(S/page), page, H, D] with page i of the batch at perm[i]."""
+    B, S, H, D = x.shape
+    n = -(-S // page)
+    pad = torch.zeros(B, n * page - S, H, D, device=x.device, dtype=x.dtype)
+    pool = torch.empty(B * n, page, H, D, device=x.device, dtype=x.dtype)
+    pool[perm] = torch.cat([x, pad], 1).reshape(B * n, page, H, D)
+    return pool
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    rows = []
+    for label, B, Sq, Sk, Hq, Hkv, D, causal in SHAPES:
+        g = torch.Generator(device="cuda").manual_seed(1)
+        q = torch.randn(B, Sq, Hq, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        k = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        v = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        decode = Sq == 1
+        cu_q = torch.arange(0, (B + 1) * Sq, Sq, device="cuda", dtype=torch.int32)
+        cu_k = torch.arange(0, (B + 1) * Sk, Sk, device="cuda", dtype=torch.int32)
+        seqlens = torch.full((B,), Sk, device="cuda", dtype=torch.int32)
+        qp, kp, vp = (x.reshape(-1, *x.shape[2:]) for x in (q, k, v))
+        fns = {
+            "dense AUTO": lambda: flashattn.flash_attn_func(q, k, v, causal=causal),
+            "dense FUSED": lambda: flashattn.flash_attn_func(q, k, v, causal=causal, backend=flashattn.Backend.FUSED),
+            "varlen": lambda: flashattn.flash_attn_varlen_func(qp, kp, vp, cu_q, cu_k, Sq, Sk, causal=causal),
+            "varlen FUSED": lambda: flashattn.flash_attn_varlen_func(qp, kp, vp, cu_q, cu_k, Sq, Sk, causal=causal,
+                                                                     backend=flashattn.Backend.FUSED),
+            "cache": lambda: flashattn.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, causal=causal),
+        }
+        for page in PAGES:
+            perm = torch.randperm(B * -(-Sk // page), device="cuda")  # one shuffled page order for K and V
+            kpool, vpool = to_pages(k, page, perm), to_pages(v, page, perm)
+            table = perm.to(torch.int32).reshape(B, -1).contiguous()
+            if decode:
+                fns[f"paged {page}"] = (lambda kpool=kpool, vpool=vpool, table=table: flashattn.flash_attn_with_kvcache(
+                    q, kpool, vpool, cache_seqlens=seqlens, block_table=table, causal=causal))
+            else:
+                fns[f"paged {page}"] = (lambda kpool=kpool, vpool=vpool, table=table: flashattn.flash_attn_varlen_func(
+                    qp, kpool, vpool, cu_q, cu_k, Sq, Sk, causal=causal, block_table=table))
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+        for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
+            def peer(be=be):
+                with sdpa_kernel(be):
+                    return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal and not decode,
+                                                          enable_gqa=Hq != Hkv)
+            try:
+                peer()
+                fns[name] = peer
+            except RuntimeError:
+                pass
+        flops = 4 * B * Hq * Sq * Sk * D * (0.5 if causal and not decode else 1.0)
+        kv_bytes = 2 * B * Sk * Hkv * D * 2
+        row = {"shape": label}
+        for name, fn in fns.items():
+            ms, eager = time_ms(fn, args.iters)
+            row[name + ("*" if eager else "")] = round(kv_bytes / ms / 1e6, 1) if decode else round(flops / ms / 1e9, 1)
+        rows.append(row)
+        unit = "GB/s" if decode else "TFLOP/s"
+        print(f"{label} ({unit}): " + "  ".join(f"{n} {x}" for n, x in row.items() if n != "shape"), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

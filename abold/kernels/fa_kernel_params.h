@@ -1,0 +1,225 @@
+/*
+ * fa_kernel_params.h - the one struct every libflashattn kernel receives (by value, as a
+ * __grid_constant__ parameter), and the per-head-dim tile table of the fused kernel.
+ * Plain C so that the host planner (src/, C11) and the kernels (kernels/, CUDA C++) share it.
+ */
+#ifndef FA_KERNEL_PARAMS_H
+#define FA_KERNEL_PARAMS_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* log2(e) and ln(2): the kernels work in log2 units, with the softmax scale folded into log2(e);
+ * LSE goes back to natural-log units through ln(2). */
+#define FA_LOG2E 1.4426950408889634
+#define FA_LN2 0.6931471805599453
+
+/* CUDA's limit on grid y and z (the fused kernels put heads and batch there), and the grid.x of the
+ * grid-stride kernels (reference pieces, split combine): plenty of blocks to fill any GPU. */
+#define FA_MAX_GRID_YZ 65535
+#define FA_GRID_STRIDE_MAX_BLOCKS (65535 * 16)
+
+/* Element types, as flashattn_dtype numbers them (plan.c checks they agree). */
+enum { FA_DTYPE_F16 = 0, FA_DTYPE_BF16 = 1, FA_DTYPE_F32 = 2 };
+
+/* Visibility of key j to query i: key_lo_off <= j - i <= key_hi_off and j < seqlen_k. The host
+ * folds the causal mask and the sliding window into the two offsets and clamps them to
+ * [-seqlen_q, seqlen_k] so that "unbounded" needs no special case and nothing overflows int32. */
+typedef struct fa_kernel_params {
+    const void *q, *k, *v;
+    void *o;
+    float *lse;                 /* NULL: not written */
+    const float *alibi_slopes;  /* NULL: no ALiBi */
+
+    int64_t q_batch_stride, q_seq_stride, q_head_stride;
+    int64_t k_batch_stride, k_seq_stride, k_head_stride;
+    int64_t v_batch_stride, v_seq_stride, v_head_stride;
+    int64_t o_batch_stride, o_seq_stride, o_head_stride;
+    int64_t alibi_batch_stride;
+
+    int32_t batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
+    int32_t head_group;         /* heads_q / heads_kv */
+    int32_t key_lo_off, key_hi_off;
+    int32_t num_m_blocks;       /* fused: query tiles per (batch, head) */
+
+    /* pack_gqa (FUSED_SM90 only): a tile holds the head_group query heads of one KV head, pack_rows
+     * query positions each (rows hg * pack_rows + i), so K and V are read once per group; the grid's
+     * y is then the KV head. num_splits > 1 (both fused kernels; grid x = query tiles x splits,
+     * split = x % num_splits): the key range of each tile is split that many ways; each split writes
+     * its normalised O (fp32) and LSE to o_accum / lse_accum
+     * ([split][batch][heads_q][seqlen_q](head_dim)), and fa_split_combine merges them. */
+    int32_t pack_gqa, pack_rows, num_splits;
+    float *o_accum, *lse_accum;
+
+    float scale;                /* softmax scale (natural units) */
+    float scale_log2;           /* scale * log2(e), folded once on the host */
+    float softcap;              /* 0: off */
+    float softcap_inv_scale;    /* scale / softcap (0 when off) */
+
+    /* Serving calls (flashattn.h, "Serving calls"; FUSED only). serving = 0: every field below is
+     * unused and seqlen_q, seqlen_k, key_lo_off and key_hi_off hold for every batch entry. serving = 1:
+     * seqlen_q and seqlen_k are capacities; each sequence's counts come from the device arrays
+     * (clamped to the capacities and to total_q / total_k), and its visibility offsets are folded
+     * in the kernel from mask_kind and the windows, as the host folds them for dense calls. */
+    const int32_t *cu_seqlens_q, *cu_seqlens_k, *seqused_k, *block_table, *kv_batch_idx;
+    int64_t block_table_stride;
+    int32_t serving, page_size, num_pages, pages_per_seq, total_q, total_k, kv_batch;
+    int32_t mask_kind;          /* flashattn_mask */
+    int32_t window_left, window_right;  /* -1 unbounded; else clamped to <= 2^30 */
+    int32_t seqused_add;        /* keys appended by this call: sequence b has seqused_k[b] + seqused_add */
+    int32_t num_page_indices;   /* page lists: entries of block_table */
+    const int32_t *kv_indptr, *kv_last_page_len; /* page lists (CSR): sequence b's pages from kv_indptr[b] */
+    const int32_t *cache_leftpad; /* not paged: sequence b's keys start at row cache_leftpad[b] */
+    /* FUSED decode over a packed Q with the grouped query heads read as rows (plan.gqa_rows with
+     * cu_seqlens_q; 0 otherwise): heads_q is heads_kv, and a sequence's query (it has at most one)
+     * is q_group_rows rows, one per query head of the group, q_seq_stride / o_seq_stride apart (the
+     * heads' stride); its packed row starts q_row0_stride / o_row0_stride elements per row of Q / O
+     * from the tensor's start, and its LSE rows are total_q apart ([heads_q, total_q]). */
+    int32_t q_group_rows;
+    int64_t q_row0_stride, o_row0_stride;
+} fa_kernel_params;
+
+/* Launch shape decided by the planner; a launcher refuses one that its kernel was not built for. */
+typedef struct fa_launch {
+    int32_t grid_x, grid_y, grid_z, threads;
+    int32_t smem_bytes;
+} fa_launch;
+
+/* Tile configuration of the fused kernel for one compiled head dim. A warp owns
+ * block_m / warps query rows: 32 (two m16 tiles, so each K/V fragment read from shared memory feeds
+ * two MMAs) where the O accumulator fits in registers, else 16. Shared memory holds Q and two
+ * stages of K and V, each row padded by 8 elements (16 bytes) so ldmatrix is bank-conflict free. */
+typedef struct fa_fused_config {
+    int32_t head_dim, block_m, block_n, warps;
+} fa_fused_config;
+
+#define FA_SMEM_PAD 8
+
+/* X(head_dim, block_m, block_n, warps): the one table of tile choices; the planner expands it, and
+ * CMake generates one kernel instance per row from it (cmake/variants.cmake), so they cannot
+ * disagree. docs/performance.md records why. */
+/*                     head_dim block_m block_n warps */
+#define FA_FUSED_CONFIGS(X) \
+    X(32, 128, 128, 4)   \
+    X(64, 128, 128, 4)   \
+    X(96, 128, 64, 4)    \
+    X(128, 128, 64, 4)   \
+    X(160, 128, 64, 8)   \
+    X(192, 128, 64, 8)   \
+    X(256, 128, 64, 8)
+
+static inline int64_t fa_fused_smem_bytes(const fa_fused_config *c) {
+    const int64_t row_bytes = (int64_t)(c->head_dim + FA_SMEM_PAD) * 2;
+    return row_bytes * (c->block_m + 2 * 2 * (int64_t)c->block_n);
+}
+
+/* The Hopper-native backend (FUSED_SM90, sm_90a only): a producer warpgroup loads Q, K and V with
+ * the tensor memory accelerator (TMA) into 128-byte-swizzled shared memory (two stages of K and of
+ * V); `consumers` warpgroups of 64 query rows each (block_m = 64 x consumers) run wgmma and the
+ * softmax, taking turns on the tensor cores.
+ * X(head_dim, block_n, consumers, auto_min_head_dim, masked_max_seqlen_q): AUTO prefers this backend
+ * for head dims in [auto_min_head_dim, head_dim]; a forced FUSED_SM90 call runs any multiple of 8 up
+ * to 256 on the smallest head dim that holds it. A head dim's row with masked_max_seqlen_q = 0 is its
+ * default; a row with masked_max_seqlen_q > 0 replaces it for causal or windowed calls with
+ * seqlen_q <= masked_max_seqlen_q, and for decode-shaped calls (2 x seqlen_q <= its block_m).
+ * docs/performance.md records the measurements behind each choice. */
+/*                     head_dim block_n consumers auto_min_head_dim masked_max_seqlen_q */
+#define FA_SM90_CONFIGS(X)      \
+    X(64, 128, 3, 33, 0)        \
+    X(64, 128, 2, 33, 1024)     \
+    X(128, 128, 2, 65, 0)       \
+    X(256, 64, 2, 129, 0)
+
+/* Whether FUSED_SM90 reads a serving call's pages with the tensor memory accelerator: boxes of
+ * min(page_size, block_n) keys must tile a key tile on the 8-row swizzle atom (a multiple of the
+ * tile, or a multiple of 8 that divides it); other page sizes are gathered with cp.async. A macro, so
+ * the planner (C), the launcher and the kernel (device code) share it. */
+#define FA_SM90_TMA_PAGES(page_size, block_n) \
+    ((page_size) % (block_n) == 0 || ((block_n) % (page_size) == 0 && (page_size) % 8 == 0))
+
+static inline int64_t fa_sm90_smem_bytes(int head_dim, int block_m, int block_n) {
+    /* Q, two stages of K, two of V, 128 bytes of barriers, plus 1 KB to align the base to the
+     * 1024-byte swizzle atom. */
+    return 1024 + 2 * (int64_t)head_dim * (block_m + 4 * (int64_t)block_n) + 128;
+}
+
+/* Kernel launchers (the .cu files under kernels/). Each returns a cudaError_t value (0 = cudaSuccess) and enqueues
+ * on `stream` (a cudaStream_t). */
+typedef int (*fa_fused_launcher)(const fa_kernel_params *kp, const fa_launch *launch, void *stream);
+
+/* What the merge kernel (kernels/merge.cu) reads and writes: num_parts partial results (O in
+ * dtype_parts, LSE float32) of [batch, seqlen, heads, head_dim] rows, merged into O (dtype_out) and
+ * LSE (may be NULL). Element strides; LSE in base 2 when base2. Serves flashattn_merge and the
+ * split-key combine of FUSED_SM90. */
+typedef struct fa_merge_args {
+    const void *o_parts;
+    const float *lse_parts;
+    void *o;
+    float *lse;
+    int64_t o_part_stride, o_batch_stride, o_seq_stride, o_head_stride;
+    int64_t lse_part_stride, lse_batch_stride, lse_head_stride, lse_seq_stride;
+    int64_t out_batch_stride, out_seq_stride, out_head_stride;
+    int64_t lse_out_batch_stride, lse_out_head_stride, lse_out_seq_stride;
+    int32_t num_parts, batch, seqlen, heads, head_dim;
+    int32_t dtype_parts, dtype_out, base2;
+    int32_t after_split;  /* launched right after a split FUSED_SM90 kernel, as its programmatic
+                             dependent (that kernel signals it with griddepcontrol.launch_dependents);
+                             0 after FUSED's (an ordinary launch) */
+    /* Packed output rows (the split combine of a ragged-Q call; NULL otherwise): batch entry b's rows
+     * are out_rows[b] .. out_rows[b + 1] - 1 of total_rows (clamped as serving_seq clamps them, at
+     * most seqlen), row s at O + (out_rows[b] + s) out_seq_stride and LSE + (out_rows[b] + s)
+     * lse_out_seq_stride (the batch strides unused); rows past the entry's count are not written. */
+    const int32_t *out_rows;
+    int64_t total_rows;
+} fa_merge_args;
+
+/* Appending new keys to a cache and rotary embedding (kernels/append.cu), before the attention of a
+ * serving call: key i of sequence b (k_new, rotated) and its value go to cache position
+ * seqused_k[b] + i (dense entry b, cache entry kv_batch_idx[b], or through the block table); when
+ * q_out is set, Q rotated into it ([batch, seqlen_q, heads_q, head_dim], contiguous). Strides in
+ * elements: [0] batch (pages, for a paged cache), [1] sequence, [2] head. */
+typedef struct fa_append_args {
+    const void *k_new, *v_new, *q, *cos, *sin;
+    void *k_cache, *v_cache, *q_out;
+    const int32_t *seqused_k, *block_table, *kv_batch_idx;
+    int64_t k_new_stride[3], v_new_stride[3], k_stride[3], v_stride[3], q_stride[3];
+    int64_t block_table_stride;
+    const int32_t *kv_indptr;   /* page lists: sequence b's pages from block_table[kv_indptr[b]] */
+    int32_t num_page_indices, pages_per_seq;
+    int32_t batch, seqlen_new, seqlen_q, heads_q, heads_kv, head_dim;
+    int32_t seqlen_cap, page_size, num_pages, kv_batch;
+    int32_t rotary_dim, seqlen_ro, interleaved, q_at_cache_len, dtype;
+} fa_append_args;
+
+/* Enqueues the append (and the rotation of Q); returns a cudaError_t value. */
+int fa_append_launch(const fa_append_args *a, void *stream);
+
+/* Enqueues the merge; returns a cudaError_t value. */
+int fa_merge_launch(const fa_merge_args *a, void *stream);
+
+/* Merges the num_splits partial results of a split fused call into O and LSE (through
+ * fa_merge_launch, kernels/merge.cu). after_sm90: the split kernel was FUSED_SM90's, which lets the
+ * merge start early as its programmatic dependent. */
+int fa_split_combine(const fa_kernel_params *kp, int dtype, int after_sm90, void *stream);
+
+/* REFERENCE backend pieces (kernels/reference.cu). dtype: 0 float16, 1 bfloat16. `lowprec` rounds
+ * scores and probabilities to dtype (plain low-precision attention, the tests' baseline). */
+int fa_ref_prepare(const fa_kernel_params *kp, int dtype, void **ptr_arrays, float *scores,
+                   float *v_f32, float *o_f32, void *stream);
+int fa_ref_softmax(const fa_kernel_params *kp, int dtype, int lowprec, float *scores, int grid,
+                   void *stream);
+int fa_ref_store_o(const fa_kernel_params *kp, int dtype, const float *o_f32, void *stream);
+/* A serving call's Q, K and V gathered into `dst` (dense [batch, seqlen_q, heads_q, head_dim] Q,
+ * then [batch, seqlen_k, heads_kv, head_dim] K and V, zeros past each sequence's counts); *dense
+ * receives kp with q, k, v and their strides pointing there (its serving fields kept, so the
+ * softmax and the store still take each sequence's counts and rows from them). */
+int fa_ref_gather(const fa_kernel_params *kp, int dtype, void *dst, fa_kernel_params *dense, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FA_KERNEL_PARAMS_H */

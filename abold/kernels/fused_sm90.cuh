@@ -1,0 +1,612 @@
+/*
+ * fused_sm90.cuh - the FUSED_SM90 forward kernel: FlashAttention on Hopper's tensor memory
+ * accelerator (TMA) and warpgroup tensor-core instructions (wgmma), sm_90a. Same contract and
+ * semantics as the portable kernel in fused_fwd.cuh; a separate backend, so neither constrains the
+ * other.
+ *
+ * A block owns 64 x C query rows of one (batch, head) (C consumer warpgroups: 2 at head dims 128 and
+ * 256, 3 or 2 at 64; the table in fa_kernel_params.h) and has C + 1 warpgroups:
+ *   producer (warpgroup 0, one thread): TMA loads of Q once, then of K_j and V_j into two stages
+ *     each, as the consumers free them. Each load completes on a "full" mbarrier; each stage is
+ *     handed back on an "empty" mbarrier. It keeps 24 registers (setmaxnreg) so that the consumers
+ *     can have 240 (C = 2) or 160 (C = 3).
+ *   consumers (warpgroups 1..C): 64 query rows each, for the whole kernel. Per key tile j:
+ *
+ *     wait until K_j (and V_{j-1}) are in shared memory
+ *     take the tensor-core turn (named barriers; the consumers go round in turn, so one's
+ *       softmax runs while another's matrix products do)
+ *     issue S_j = Q K_j^T                                  wgmma, A and B from shared memory
+ *     issue O += P_{j-1} V_{j-1}                           wgmma, P from registers, V N-major
+ *     pass the turn
+ *     wait for S_j; hand back K_j; softcap/ALiBi/mask; online softmax (exp2, scale folded)
+ *     wait for P V; hand back V_{j-1}; O *= exp2(m_old - m_new); P_j = bf16/fp16(exp2(S - m_new))
+ *
+ *   and after the last tile O += P V once more, O /= l, LSE = (m + log2 l) ln 2; O is staged
+ *   through the consumer's own rows of the Q tile and stored with 16-byte writes.
+ *
+ * Shared-memory tiles are rows of 64 elements (128 bytes), 16-byte chunks XOR-swizzled by row % 8,
+ * one region per 64 columns of the head dim: the layout TMA writes with 128-byte swizzling and
+ * wgmma reads through its descriptors. Rows past the sequence and columns past head_dim are zeros
+ * (TMA fills out-of-bounds elements with zero). The accumulator layout of wgmma m64nNk16 (per warp:
+ * rows g and g + 8 of its 16, columns 8i + 2t, +1) equals mma.sync's, and so does the
+ * A-in-registers layout, so the softmax and the S -> P repacking are those of the portable kernel.
+ * No atomics, fixed order: deterministic.
+ *
+ * The pieces, in the order data flows through them:
+ *   tile                 which query rows and key tiles the block owns (row_target, lse_slot)
+ *   store_empty          the answer for a tile no row of which sees a key
+ *   smem_layout          where Q, the K/V stages and the mbarriers live; init_barriers
+ *   produce              the producer warpgroup's TMA loop
+ *   the kernel body      a consumer warpgroup's mainloop: S = Q K^T, mask and softmax (softmax.cuh),
+ *                        O += P V, then 1/l and LSE, and the plain epilogue (O staged through shared
+ *                        memory); kept in the body because nvcc compiles it differently as a function
+ *   store_split_partial  the split epilogue (fp32 partial O for the combine kernel)
+ * PTX wrappers are in sm90_ptx.cuh; the host side (tensor maps, launch) in fused_sm90_launch.cuh.
+ */
+#pragma once
+
+#include "sm90_ptx.cuh"
+#include "sm90_wgmma.cuh"
+#include "softmax.cuh"
+
+namespace fa {
+namespace sm90 {
+
+template <int kHeadDim, int kConsumers> struct cfg;
+#define FA_SM90_CFG_SPEC(hd, bn, nc, auto_min, masked_max_sq)                                       \
+    template <> struct cfg<hd, nc> {                                                                \
+        static constexpr int block_n = bn;                                                          \
+    };
+FA_SM90_CONFIGS(FA_SM90_CFG_SPEC)
+#undef FA_SM90_CFG_SPEC
+
+template <int kDtype, int kHeadDim, int kNumConsumers> struct traits {
+    using T = typename elem<kDtype>::type;
+    static constexpr int kConsumers = kNumConsumers;
+    static constexpr int kBlockM = 64 * kConsumers, kBlockN = cfg<kHeadDim, kConsumers>::block_n;
+    static constexpr int kThreads = kWarpgroupThreads * (kConsumers + 1);
+    /* setmaxnreg: the producer keeps kProducerRegs registers, the consumers share the rest (a
+     * multiple of 8, at most 240). */
+    static constexpr int kProducerRegs = 24;
+    static constexpr int kConsumerShare = (65536 / kWarpgroupThreads - kProducerRegs) / kConsumers / 8 * 8;
+    static constexpr int kConsumerRegs = kConsumerShare > 240 ? 240 : kConsumerShare;
+    static constexpr int kChunks = kHeadDim / 8; /* 16-byte chunks per row */
+    static constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2, kKVBytes = kBlockN * kHeadDim * 2;
+    static constexpr int kSmemBytes = 1024 + (int)(kQBytes + 4 * kKVBytes) + 128;
+    static_assert(kSmemBytes == (int)(1024 + 2 * kHeadDim * (kBlockM + 4 * kBlockN) + 128), "see fa_sm90_smem_bytes");
+    static_assert(kHeadDim % 64 == 0 && kBlockN % 16 == 0 && kBlockN <= 256, "tile shape");
+    static_assert(kConsumers == 2 || kConsumers == 3, "one producer and two or three consumer warpgroups");
+};
+
+/* Shared memory: Q (1024-byte aligned for the swizzle atom), two stages of K, two of V, then the
+ * mbarriers (8 bytes each): Q loaded; K and V stage s full (the TMA landed) and empty (every
+ * consumer warp is done with it). full_* and empty_* are stage 0's; stage s's is 8 s bytes on. */
+template <class Tr> struct smem_layout {
+    uint32_t q, k, v, bar_q, full_k, full_v, empty_k, empty_v;
+    __device__ __forceinline__ explicit smem_layout(uint32_t raw) {
+        q = (raw + 1023u) & ~1023u;
+        k = q + Tr::kQBytes;
+        v = k + 2 * Tr::kKVBytes;
+        bar_q = v + 2 * Tr::kKVBytes;
+        full_k = bar_q + 8, full_v = bar_q + 24, empty_k = bar_q + 40, empty_v = bar_q + 56;
+    }
+    /* Thread 0, before the block's first barrier: a load arrives once (with its byte count), a
+     * stage is handed back once per consumer warp. */
+    /* The K/V stages are filled by `full_arrivals` producer threads: 1 with TMA, the whole producer
+     * warpgroup when a serving call gathers its pages with cp.async. */
+    __device__ __forceinline__ void init_barriers(int full_arrivals = 1) const {
+        mbar_init(bar_q, 1);
+#pragma unroll
+        for (int st = 0; st < 2; ++st) {
+            mbar_init(full_k + 8 * st, full_arrivals);
+            mbar_init(full_v + 8 * st, full_arrivals);
+            mbar_init(empty_k + 8 * st, 4 * Tr::kConsumers);
+            mbar_init(empty_v + 8 * st, 4 * Tr::kConsumers);
+        }
+        mbar_init_fence();
+    }
+};
+
+/* Whether a serving call's pages are gathered row by row with cp.async (FA_SM90_TMA_PAGES false). */
+template <class Tr> __device__ __forceinline__ bool gathers_pages(const fa_kernel_params &p) {
+    return p.block_table != nullptr && !FA_SM90_TMA_PAGES(p.page_size, Tr::kBlockN);
+}
+
+/* The block's work: query positions [m0, m0 + rows_per_head) of `heads` query heads starting at h0
+ * (one head, or with pack_gqa the head_group heads of KV head hk); tile row r is head
+ * h0 + r / rows_per_head, position m0 + r % rows_per_head. Split `split` of num_splits takes its
+ * share, key tiles [tile_begin, tile_begin + n_tiles), of the key tiles any of its rows can see. */
+template <class Tr> struct tile {
+    int split, b, heads, rows_per_head, hk, h0, m0, row_last, tile_begin, n_tiles;
+    bool partial;
+    /* bnd: the sequence's counts and visibility offsets (the kernel parameters for a dense call,
+     * its fa_seq for a serving call). */
+    template <class Bounds> __device__ __forceinline__ tile(const fa_kernel_params &p, const Bounds &bnd) {
+        split = (int)blockIdx.x % p.num_splits;
+        const int m_block = p.num_m_blocks - 1 - (int)blockIdx.x / p.num_splits; /* heaviest tiles first */
+        b = blockIdx.z;
+        heads = p.pack_gqa ? p.head_group : 1;
+        rows_per_head = p.pack_gqa ? p.pack_rows : Tr::kBlockM;
+        hk = p.pack_gqa ? (int)blockIdx.y : (int)blockIdx.y / p.head_group;
+        h0 = p.pack_gqa ? hk * p.head_group : (int)blockIdx.y;
+        m0 = m_block * rows_per_head;
+        row_last = min(m0 + rows_per_head, bnd.seqlen_q) - 1;
+        partial = p.num_splits > 1;
+        const int key_lo = max(0, m0 + bnd.key_lo_off);
+        const int key_hi = min(bnd.seqlen_k, row_last + bnd.key_hi_off + 1);
+        const int tile_first = key_lo / Tr::kBlockN;
+        const int tiles_all = key_hi > key_lo ? (key_hi + Tr::kBlockN - 1) / Tr::kBlockN - tile_first : 0;
+        const int tiles_per_split = (tiles_all + p.num_splits - 1) / p.num_splits;
+        tile_begin = tile_first + split * tiles_per_split;
+        n_tiles = max(0, min(tiles_per_split, tiles_all - split * tiles_per_split));
+    }
+    /* Where tile row r goes: false if it is padding (no such head or position). */
+    template <class Bounds>
+    __device__ __forceinline__ bool row_target(const Bounds &bnd, int r, int &head, int &pos) const {
+        const int hg = r / rows_per_head;
+        head = h0 + hg, pos = m0 + r % rows_per_head;
+        return hg < heads && pos < bnd.seqlen_q;
+    }
+    /* Where row (head, pos) puts its LSE: this split's slot, the caller's LSE, or nowhere. A
+     * ragged batch's LSE is [heads_q, total_q], its rows from lse_row0 (the sequence's first row;
+     * -1: the dense [batch, heads_q, seqlen_q] layout). */
+    __device__ __forceinline__ float *lse_slot(const fa_kernel_params &p, int head, int pos, int64_t lse_row0 = -1) const {
+        const int64_t bhq = (int64_t)b * p.heads_q + head;
+        if (partial) return p.lse_accum + ((int64_t)split * p.batch * p.heads_q + bhq) * p.seqlen_q + pos;
+        if (lse_row0 >= 0) return p.lse ? p.lse + (int64_t)head * p.total_q + lse_row0 + pos : nullptr;
+        return p.lse ? p.lse + bhq * p.seqlen_q + pos : nullptr;
+    }
+};
+
+/* A serving call's sequence, for the kernel below: its fa_seq, and for a dense call nothing (the
+ * kernel parameters are the bounds). bounds() is what the block's code reads in both cases. */
+template <bool kServing> struct seq_view {
+    __device__ __forceinline__ explicit seq_view(const fa_kernel_params &) {}
+    __device__ __forceinline__ const fa_kernel_params &bounds(const fa_kernel_params &p) const { return p; }
+    static constexpr int64_t q_row0() { return 0; }
+    /* The LSE row offset for lse_slot: -1 selects the dense layout. */
+    static constexpr int64_t lse_row0() { return -1; }
+};
+template <> struct seq_view<true> {
+    fa_seq s;
+    bool packed_q;
+    __device__ __forceinline__ explicit seq_view(const fa_kernel_params &p)
+        : s(serving_seq(p, blockIdx.z)), packed_q(p.cu_seqlens_q != nullptr) {}
+    __device__ __forceinline__ const fa_seq &bounds(const fa_kernel_params &) const { return s; }
+    __device__ __forceinline__ int64_t q_row0() const { return s.q_row0; }
+    __device__ __forceinline__ int64_t lse_row0() const { return packed_q ? s.q_row0 : -1; }
+};
+
+/* No row sees a key in this split: O = 0, LSE = -inf (a split writes only its LSE). */
+template <class Tr, class Seq>
+__device__ __forceinline__ void store_empty(const fa_kernel_params &p, const tile<Tr> &tl, const Seq &sq, int tid) {
+    const auto &bnd = sq.bounds(p);
+    for (int i = tid; i < Tr::kBlockM * Tr::kChunks; i += Tr::kThreads) {
+        const int r = i / Tr::kChunks, ch = i % Tr::kChunks;
+        int head, pos;
+        if (!tl.partial && tl.row_target(bnd, r, head, pos) && ch * 8 < p.head_dim)
+            *reinterpret_cast<uint4 *>((typename Tr::T *)p.o + tl.b * p.o_batch_stride + head * p.o_head_stride +
+                                       ((int64_t)pos + sq.q_row0()) * p.o_seq_stride + ch * 8) = make_uint4(0, 0, 0, 0);
+    }
+    for (int r = tid; r < Tr::kBlockM; r += Tr::kThreads) {
+        int head, pos;
+        if (tl.row_target(bnd, r, head, pos))
+            if (float *l = tl.lse_slot(p, head, pos, sq.lse_row0())) *l = -INFINITY;
+    }
+}
+
+/* The producer (one thread): TMA loads of Q once, then of K_j and V_j into two stages each as the
+ * consumers hand the stages back. */
+template <class Tr>
+__device__ __forceinline__ void produce(const tile<Tr> &tl, const smem_layout<Tr> &sm, const CUtensorMap *tm_q,
+                                        const CUtensorMap *tm_k, const CUtensorMap *tm_v) {
+    constexpr int kCB = Tr::kChunks / 8; /* 64-column regions of a tile */
+    mbar_expect_tx(sm.bar_q, (uint32_t)(kCB * 128 * tl.rows_per_head * tl.heads));
+#pragma unroll
+    for (int cb = 0; cb < kCB; ++cb) tma_load(sm.q + cb * Tr::kBlockM * 128, tm_q, cb * 64, tl.m0, tl.h0, tl.b, sm.bar_q);
+    auto load_kv = [&](const CUtensorMap *map, uint32_t dst, uint32_t full, int tile) {
+        mbar_expect_tx(full, Tr::kKVBytes);
+#pragma unroll
+        for (int cb = 0; cb < kCB; ++cb)
+            tma_load(dst + cb * Tr::kBlockN * 128, map, cb * 64, (tl.tile_begin + tile) * Tr::kBlockN, tl.hk, tl.b, full);
+    };
+    load_kv(tm_k, sm.k, sm.full_k, 0);
+    for (int j = 0; j < tl.n_tiles; ++j) {
+        /* K_{j+1} once S_{j-1} is done with its stage; V_j once P V_{j-2} is done with its. */
+        if (j + 1 < tl.n_tiles) {
+            const int st = (j + 1) & 1;
+            if (j + 1 >= 2) mbar_wait(sm.empty_k + 8 * st, ((j - 1) >> 1) & 1);
+            load_kv(tm_k, sm.k + st * Tr::kKVBytes, sm.full_k + 8 * st, j + 1);
+        }
+        const int st = j & 1;
+        if (j >= 2) mbar_wait(sm.empty_v + 8 * st, ((j - 2) >> 1) & 1);
+        load_kv(tm_v, sm.v + st * Tr::kKVBytes, sm.full_v + 8 * st, j);
+    }
+}
+
+/* The producer of a serving call whose page size the tensor-map boxes cannot tile (1, 19, ...): the
+ * whole producer warpgroup copies each K/V tile with cp.async into the same swizzled layout the
+ * tensor memory accelerator writes (row r's 16-byte chunk c at (c ^ r % 8) * 16 of its 128-byte
+ * row), key j of the sequence at row j % page_size of page table[j / page_size]; rows past the
+ * sequence's keys and pages outside the pool are zero-filled. Warp w copies tile rows
+ * [w kRowsW, (w + 1) kRowsW): lane l looks up row w kRowsW + l's page (a tile ahead of its use, so
+ * the table's latency hides behind the wait for a free stage), and each copy instruction covers
+ * whole rows, the lanes of one row reading its consecutive 16-byte chunks (a row's 2 x head_dim
+ * bytes are contiguous in any page layout), the row's source offset passed from the lane that
+ * looked it up. Each thread waits for its copies, fences them for the tensor cores' proxy and
+ * arrives on the stage's full barrier (one arrival per producer thread), two tiles late. Q still
+ * comes by TMA. ptid: the thread's index in the producer warpgroup. */
+template <class Tr>
+__device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, const seq_view<true> &sq, const tile<Tr> &tl,
+                                                 const smem_layout<Tr> &sm, const CUtensorMap *tm_q, int ptid) {
+    using T = typename Tr::T;
+    constexpr int kCB = Tr::kChunks / 8;
+    if (ptid == 0) {
+        mbar_expect_tx(sm.bar_q, (uint32_t)(kCB * 128 * tl.rows_per_head * tl.heads));
+        const int qb = sq.packed_q ? 0 : tl.b, q0 = (int)sq.s.q_row0 + tl.m0;
+#pragma unroll
+        for (int cb = 0; cb < kCB; ++cb) tma_load(sm.q + cb * Tr::kBlockM * 128, tm_q, cb * 64, q0, tl.h0, qb, sm.bar_q);
+    }
+    const int32_t *table = p.block_table + sq.s.page0;
+    const int rows_valid = sq.s.kv_valid ? sq.s.seqlen_k : 0;
+    /* kRowsW rows per warp; a copy instruction covers kRPI rows of kLPR lanes, one chunk each. */
+    constexpr int kRowsW = Tr::kBlockN / 4, kLPR = Tr::kChunks, kRPI = 32 / kLPR, kIters = kRowsW / kRPI;
+    static_assert(Tr::kBlockN % 4 == 0 && kLPR <= 32 && 32 % kLPR == 0 && kRowsW % kRPI == 0 && kRowsW <= 32,
+                  "whole rows per copy instruction, one page lookup per lane");
+    const int w = ptid / 32, lane = ptid % 32;
+    const int row_l = w * kRowsW + lane; /* the tile row whose page this lane looks up (lane < kRowsW) */
+    const int ch = lane % kLPR;          /* the chunk this lane copies, of row w kRowsW + i kRPI + lane / kLPR */
+    const bool ch_valid = ch * 8 < p.head_dim;
+    auto page_of = [&](int tile) -> int { /* row_l's page in `tile`, or -1: zeros */
+        const int j = (tl.tile_begin + tile) * Tr::kBlockN + row_l;
+        if (tile >= tl.n_tiles || lane >= kRowsW || j >= rows_valid) return -1;
+        const int pi = j / p.page_size, page = pi < sq.s.pages ? table[pi] : -1;
+        return page >= 0 && page < p.num_pages ? page : -1;
+    };
+    /* A tile's copies are announced (full barrier) two tiles later, once two more tiles' copies are
+     * issued, so up to three tiles' copies are in flight per thread. Never later than that: the
+     * stage a copy waits for held the tile four copies back (two K and two V stages), which the
+     * consumers free only after it was announced. */
+    uint32_t pending_old = 0, pending_new = 0; /* full barriers of the two tiles not yet announced */
+    static_assert(kRowsW % 8 == 0, "a warp's first row is a multiple of the 8-row swizzle period");
+    const int q = lane / kLPR; /* this lane's row within each copy instruction */
+    auto load_kv = [&](const T *base, int64_t page_stride, int64_t row_stride, uint32_t dst, uint32_t full, int tile,
+                       int page) {
+        const int j = (tl.tile_begin + tile) * Tr::kBlockN + row_l;
+        const int64_t off = page >= 0 ? (int64_t)page * page_stride + (int64_t)(j % p.page_size) * row_stride : -1;
+        /* swz_off(w kRowsW + i kRPI + q, ch), stepped: row r's byte row r * 128, its chunk at
+         * (ch % 8 ^ r % 8) * 16 of the 64-column region ch / 8. */
+        uint32_t d = dst + (uint32_t)((ch / 8) * (Tr::kBlockN * 128) + (w * kRowsW + q) * 128);
+        uint32_t r8 = (uint32_t)q;
+        int from = q;
+        const T *src = base + ch * 8;
+#pragma unroll 1 /* cp.async does not wait: a rolled loop costs nothing, and spares the producer's registers */
+        for (int i = 0; i < kIters; ++i) {
+            const int64_t o = __shfl_sync(0xffffffffu, off, from);
+            const bool v = o >= 0 && ch_valid;
+            cp_async_16(d + ((((uint32_t)ch % 8) ^ r8) << 4), v ? src + o : base, v);
+            d += kRPI * 128, r8 = (r8 + kRPI) % 8, from += kRPI;
+        }
+        cp_async_commit();
+        if (pending_old != 0) { /* all but the two newest tiles' copies have landed: announce the oldest */
+            cp_async_wait<2>();
+            fence_proxy_async_shared();
+            mbar_arrive(pending_old);
+        }
+        pending_old = pending_new, pending_new = full;
+    };
+    const T *k = (const T *)p.k + (int64_t)tl.hk * p.k_head_stride, *v = (const T *)p.v + (int64_t)tl.hk * p.v_head_stride;
+    int page_j = page_of(0), page_next = page_of(1); /* tile j's (V_j), tile j + 1's (K_{j+1}) */
+    load_kv(k, p.k_batch_stride, p.k_seq_stride, sm.k, sm.full_k, 0, page_j);
+    for (int j = 0; j < tl.n_tiles; ++j) {
+        const int page_after = page_of(j + 2); /* read now, used next iteration */
+        if (j + 1 < tl.n_tiles) {
+            const int st = (j + 1) & 1;
+            if (j + 1 >= 2) mbar_wait(sm.empty_k + 8 * st, ((j - 1) >> 1) & 1);
+            load_kv(k, p.k_batch_stride, p.k_seq_stride, sm.k + st * Tr::kKVBytes, sm.full_k + 8 * st, j + 1, page_next);
+        }
+        const int st = j & 1;
+        if (j >= 2) mbar_wait(sm.empty_v + 8 * st, ((j - 2) >> 1) & 1);
+        load_kv(v, p.v_batch_stride, p.v_seq_stride, sm.v + st * Tr::kKVBytes, sm.full_v + 8 * st, j, page_j);
+        page_j = page_next, page_next = page_after;
+    }
+    cp_async_wait<0>();
+    fence_proxy_async_shared();
+    if (pending_old != 0) mbar_arrive(pending_old);
+    mbar_arrive(pending_new); /* n_tiles >= 1: at least K_0 and V_0 were issued */
+}
+
+/* The producer of a serving call (the producer warpgroup's first warp; lane 0 issues): the same
+ * schedule as produce, with the sequence's rows. Packed Q or K/V: the tensor map has one batch entry
+ * and the rows start at the sequence's first (rows past the sequence belong to the next one: masked,
+ * never stored; past the tensor: zeros). A cache: entry kv_b (outside the cache: -1, zeros). Pages:
+ * a tile is kBlockN / R boxes of R = min(page_size, kBlockN) keys (the planner allows page sizes
+ * that tile a key tile on the 8-row swizzle atom); box i is page table[n0 / page_size + i] from row
+ * n0 % page_size. Lane i reads box i's page number one tile ahead (so each tile costs the table's
+ * latency once, hidden behind the wait for a free stage) and issues box i. A box past the sequence's
+ * keys, or a page outside the pool, reads zeros (an out-of-bounds coordinate); the mask hides those
+ * keys. */
+template <class Tr>
+__device__ __forceinline__ void produce_serving(const fa_kernel_params &p, const seq_view<true> &sq, const tile<Tr> &tl,
+                                                const smem_layout<Tr> &sm, const CUtensorMap *tm_q,
+                                                const CUtensorMap *tm_k, const CUtensorMap *tm_v, int lane) {
+    constexpr int kCB = Tr::kChunks / 8; /* 64-column regions of a tile */
+    const bool leader = lane == 0;
+    if (gathers_pages<Tr>(p)) {
+        produce_gathered(p, sq, tl, sm, tm_q, lane);
+        return;
+    }
+    if (leader) {
+        mbar_expect_tx(sm.bar_q, (uint32_t)(kCB * 128 * tl.rows_per_head * tl.heads));
+        const int qb = sq.packed_q ? 0 : tl.b, q0 = (int)sq.s.q_row0 + tl.m0;
+#pragma unroll
+        for (int cb = 0; cb < kCB; ++cb) tma_load(sm.q + cb * Tr::kBlockM * 128, tm_q, cb * 64, q0, tl.h0, qb, sm.bar_q);
+    }
+    const bool paged = p.block_table != nullptr;
+    const int box = paged ? min(p.page_size, Tr::kBlockN) : Tr::kBlockN, boxes = Tr::kBlockN / box;
+    const int32_t *table = paged ? p.block_table + sq.s.page0 : nullptr;
+    const int kv_b = p.cu_seqlens_k != nullptr ? 0 : (sq.s.kv_valid ? sq.s.kv_b : -1);
+    auto page_of = [&](int tile) -> int { /* this lane's box of `tile` */
+        const int n0 = (tl.tile_begin + tile) * Tr::kBlockN;
+        const int entry = n0 / p.page_size + lane;
+        if (!paged || tile >= tl.n_tiles || lane >= boxes || n0 + lane * box >= sq.s.seqlen_k || !sq.s.kv_valid ||
+            entry >= sq.s.pages)
+            return -1;
+        return table[entry];
+    };
+    auto load_kv = [&](const CUtensorMap *map, uint32_t dst, uint32_t full, int tile, int my_page) {
+        const int n0 = (tl.tile_begin + tile) * Tr::kBlockN;
+        if (leader) mbar_expect_tx(full, Tr::kKVBytes);
+        if (!paged) {
+            if (leader)
+#pragma unroll
+                for (int cb = 0; cb < kCB; ++cb)
+                    tma_load(dst + cb * Tr::kBlockN * 128, map, cb * 64, (int)sq.s.k_row0 + n0, tl.hk, kv_b, full);
+            return;
+        }
+        /* Lane i issues box i (after the leader has announced the tile's bytes). */
+        const int row0 = n0 % p.page_size;
+        __syncwarp();
+        if (lane < boxes)
+#pragma unroll
+            for (int cb = 0; cb < kCB; ++cb)
+                tma_load(dst + cb * Tr::kBlockN * 128 + lane * box * 128, map, cb * 64, row0, tl.hk, my_page, full);
+    };
+    int page_j = page_of(0), page_next = page_of(1); /* tile j's pages (for V_j), tile j + 1's (for K_{j+1}) */
+    load_kv(tm_k, sm.k, sm.full_k, 0, page_j);
+    for (int j = 0; j < tl.n_tiles; ++j) {
+        const int page_after = page_of(j + 2); /* read now, used next iteration */
+        if (j + 1 < tl.n_tiles) {
+            const int st = (j + 1) & 1;
+            if (j + 1 >= 2) mbar_wait(sm.empty_k + 8 * st, ((j - 1) >> 1) & 1);
+            load_kv(tm_k, sm.k + st * Tr::kKVBytes, sm.full_k + 8 * st, j + 1, page_next);
+        }
+        const int st = j & 1;
+        if (j >= 2) mbar_wait(sm.empty_v + 8 * st, ((j - 2) >> 1) & 1);
+        load_kv(tm_v, sm.v + st * Tr::kKVBytes, sm.full_v + 8 * st, j, page_j);
+        page_j = page_next, page_next = page_after;
+    }
+}
+
+/* Split epilogue: this split's normalised O, fp32, straight from the registers into o_accum. */
+template <class Tr, int kON>
+__device__ __forceinline__ void store_split_partial(const fa_kernel_params &p, const tile<Tr> &tl, const float (&o)[kON],
+                                                    const float (&inv_r)[2], const bool (&valid_r)[2],
+                                                    const int (&head_r)[2], const int (&pos_r)[2], int t) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        if (!valid_r[r]) continue;
+        float *dst = p.o_accum + (((int64_t)tl.split * p.batch * p.heads_q + (int64_t)tl.b * p.heads_q + head_r[r]) *
+                                      p.seqlen_q + pos_r[r]) * p.head_dim;
+#pragma unroll
+        for (int j = 0; j < kON / 4; ++j)
+            if (8 * j + 2 * t < p.head_dim) /* head_dim is a multiple of 8: both or neither */
+                *reinterpret_cast<float2 *>(dst + 8 * j + 2 * t) =
+                    make_float2(o[4 * j + 2 * r] * inv_r[r], o[4 * j + 2 * r + 1] * inv_r[r]);
+    }
+}
+
+/* kTransform: softcap and/or ALiBi present. kServing: a serving call (fa_kernel_params.serving):
+ * the sequence's counts, offsets and rows from the device arrays (seq_view), ragged Q/K/V and page
+ * pools through the tensor maps; its own instantiation, so the dense kernels carry none of it. */
+template <int kDtype, int kHeadDim, int kConsumers, bool kTransform, bool kServing = false>
+__global__ void __launch_bounds__(kWarpgroupThreads * (kConsumers + 1), 1)
+fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_constant__ CUtensorMap tm_q,
+                  const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using Tr = traits<kDtype, kHeadDim, kConsumers>;
+    using T = typename Tr::T;
+    constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN;
+    constexpr int kSN = kBlockN / 2, kON = kHeadDim / 2; /* accumulator floats per thread */
+    constexpr int kNC = Tr::kConsumers;
+
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const smem_layout<Tr> sm(smem_u32(smem_raw));
+
+    const int tid = threadIdx.x, wg = tid / kWarpgroupThreads, lane = tid % 32;
+    if (p.num_splits > 1 && tid == 0) launch_dependents(); /* the combine's blocks may start */
+    const seq_view<kServing> sq(p);
+    const auto &bnd = sq.bounds(p);
+    const tile<Tr> tl(p, bnd);
+    const int b = tl.b, m0 = tl.m0, row_last = tl.row_last, tile_begin = tl.tile_begin, n_tiles = tl.n_tiles;
+    const bool partial = tl.partial;
+    auto row_target = [&](int r, int &head, int &pos) { return tl.row_target(bnd, r, head, pos); };
+    auto lse_slot = [&](int head, int pos) { return tl.lse_slot(p, head, pos, sq.lse_row0()); };
+
+    if constexpr (kServing)
+        if (m0 >= bnd.seqlen_q) return; /* past this sequence's queries (the grid covers the capacity) */
+    if (n_tiles == 0) {
+        store_empty(p, tl, sq, tid);
+        return;
+    }
+
+    if (tid == 0) {
+        if constexpr (kServing) sm.init_barriers(gathers_pages<Tr>(p) ? kWarpgroupThreads : 1);
+        else sm.init_barriers();
+    }
+    __syncthreads();
+
+    if (wg == 0) { /* the producer warpgroup */
+        release_registers<Tr::kProducerRegs>();
+        if constexpr (kServing) {
+            if (tid < 32 || gathers_pages<Tr>(p)) produce_serving(p, sq, tl, sm, &tm_q, &tm_k, &tm_v, tid);
+        } else if (tid == 0) {
+            produce(tl, sm, &tm_q, &tm_k, &tm_v);
+        }
+        return;
+    }
+
+    /* ---- a consumer warpgroup: its 64 rows through every key tile (the mainloop) ---- */
+    claim_registers<Tr::kConsumerRegs>();
+    const int c = wg - 1; /* consumer index: tile rows 64c..64c+63 */
+    const int g = lane / 4, t = lane % 4;
+    const int trow = c * 64 + ((tid % kWarpgroupThreads) / 32) * 16 + g; /* this thread's tile rows: trow, trow + 8 */
+    int head_r[2], pos_r[2];
+    bool valid_r[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) valid_r[r] = row_target(trow + 8 * r, head_r[r], pos_r[r]);
+    const float mult = kTransform ? 1.0f : p.scale_log2;
+    float slope_r[2] = {0.0f, 0.0f};
+    if constexpr (kTransform) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) slope_r[r] = valid_r[r] ? alibi_slope(p, b, head_r[r]) : 0.0f;
+    }
+
+    float o[kON], s[kSN];
+    uint32_t pf[kBlockN / 16][4];
+    auto s_at = [&s](int j, int e) -> float & { return s[4 * j + e]; };
+#pragma unroll
+    for (int i = 0; i < kON; ++i) o[i] = 0.0f;
+    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+    const uint32_t q_wg = sm.q + (uint32_t)c * 64 * 128; /* this consumer's 64 rows of Q */
+
+    mbar_wait(sm.bar_q, 0);
+    /* Turns go round: consumer c waits on its turn barrier and then passes to c + 1 (mod C); the
+     * last one starts the round by passing to consumer 0. */
+    const int my_turn = turn_barrier(c), next_turn = turn_barrier((c + 1) % kNC);
+    if (c == kNC - 1) named_arrive(turn_barrier(0), kTurnThreads);
+
+    for (int it = 0; it < n_tiles; ++it) {
+        const int n0 = (tile_begin + it) * kBlockN;
+        const int st = it & 1;
+        mbar_wait(sm.full_k + 8 * st, (it >> 1) & 1);
+        if (it > 0) mbar_wait(sm.full_v + 8 * (st ^ 1), ((it - 1) >> 1) & 1);
+        const uint32_t k_st = sm.k + (uint32_t)st * Tr::kKVBytes;
+
+        named_sync(my_turn, kTurnThreads); /* our turn on the tensor cores */
+        reg_fence(o);
+        reg_fence(pf);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+            const uint32_t col = (uint32_t)(ks / 4), sub = (uint32_t)(ks % 4) * 32;
+            wgmma_ss<kBlockN, kDtype>::run(s, smem_desc(q_wg + col * kBlockM * 128 + sub, 16, 1024),
+                                           smem_desc(k_st + col * kBlockN * 128 + sub, 16, 1024), ks > 0);
+        }
+        wgmma_commit();
+        if (it > 0) {
+            const uint32_t v_st = sm.v + (uint32_t)(st ^ 1) * Tr::kKVBytes;
+            wgmma_fence(); /* P and O were written by ordinary instructions since the last one */
+#pragma unroll
+            for (int kk = 0; kk < kBlockN / 16; ++kk)
+                wgmma_rs<kHeadDim, kDtype>::run(o, pf[kk], smem_desc(v_st + kk * 16 * 128, kBlockN * 128, 1024), 1);
+        }
+        wgmma_commit(); /* empty on the first tile: "all but the newest group" then always means S */
+        named_arrive(next_turn, kTurnThreads); /* the next consumer's turn */
+
+        wgmma_wait<1>();
+        reg_fence(s);
+        if (lane == 0) mbar_arrive(sm.empty_k + 8 * st); /* this warp is done with K_it */
+
+        if constexpr (kTransform) {
+#pragma unroll
+            for (int i = 0; i < kSN; ++i) {
+                const int r = (i % 4) / 2;
+                s[i] = kLog2e * transform_raw_score(p, bnd, s[i], slope_r[r], pos_r[r], n0 + 8 * (i / 4) + 2 * t + (i % 2));
+            }
+        }
+        const bool need_mask = FA_TILE_NEEDS_MASK(bnd, n0, kBlockN, m0, row_last);
+        if (need_mask) mask_scores<kBlockN / 8>(s_at, bnd, [&pos_r](int r) { return pos_r[r]; }, n0, t);
+
+        float corr[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float m_scaled;
+            corr[r] = softmax_new_max<kBlockN / 8>(s_at, r, row_max[r], mult, m_scaled);
+            const float sum = softmax_exp<kBlockN / 8>(s_at, r, mult, m_scaled, 0.0f);
+            row_sum[r] = row_sum[r] * corr[r] + sum;
+        }
+
+        wgmma_wait<0>(); /* P V_{it-1} is done with O, pf and V_{it-1} */
+        reg_fence(o);
+        reg_fence(pf);
+        if (it > 0 && lane == 0) mbar_arrive(sm.empty_v + 8 * (st ^ 1));
+#pragma unroll
+        for (int j = 0; j < kHeadDim / 8; ++j) {
+            o[4 * j] *= corr[0], o[4 * j + 1] *= corr[0];
+            o[4 * j + 2] *= corr[1], o[4 * j + 3] *= corr[1];
+        }
+#pragma unroll
+        for (int kk = 0; kk < kBlockN / 16; ++kk) pack_p<kDtype>(s_at, kk, pf[kk]);
+    }
+
+    /* The last tile's P V (the stage needs no handing back: nothing more is loaded). */
+    {
+        const int st = (n_tiles - 1) & 1;
+        mbar_wait(sm.full_v + 8 * st, ((n_tiles - 1) >> 1) & 1);
+        const uint32_t v_st = sm.v + (uint32_t)st * Tr::kKVBytes;
+        named_sync(my_turn, kTurnThreads);
+        reg_fence(o);
+        reg_fence(pf);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBlockN / 16; ++kk)
+            wgmma_rs<kHeadDim, kDtype>::run(o, pf[kk], smem_desc(v_st + kk * 16 * 128, kBlockN * 128, 1024), 1);
+        wgmma_commit();
+        if (c != kNC - 1) named_arrive(next_turn, kTurnThreads); /* nobody waits for consumer 0 again */
+        wgmma_wait<0>();
+        reg_fence(o);
+    }
+
+    float inv_r[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const float l = quad_sum(row_sum[r]);
+        inv_r[r] = softmax_inv(l);
+        if (valid_r[r] && t == 0)
+            if (float *ls = lse_slot(head_r[r], pos_r[r]))
+                *ls = softmax_lse(l, row_max[r], mult);
+    }
+    if (partial) {
+        store_split_partial(p, tl, o, inv_r, valid_r, head_r, pos_r, t);
+        return;
+    }
+    /* Epilogue: normalise; stage O (swizzled, conflict-free) in this consumer's own 64 rows of the Q
+     * tile, which only its finished S products read; store rows with 16-byte writes. */
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int j = 0; j < kHeadDim / 8; ++j) {
+            const uint32_t v = pack_pair<kDtype>(o[4 * j + 2 * r] * inv_r[r], o[4 * j + 2 * r + 1] * inv_r[r]);
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sm.q + swz_off<kBlockM>(trow + 8 * r, j) + 4 * t), "r"(v)
+                         : "memory");
+        }
+    named_sync(epilogue_barrier(c, kNC), kWarpgroupThreads); /* this consumer's rows of O are staged */
+    for (int i = tid % kWarpgroupThreads; i < 64 * Tr::kChunks; i += kWarpgroupThreads) {
+        const int rl = c * 64 + i / Tr::kChunks, ch = i % Tr::kChunks;
+        int head, pos;
+        if (row_target(rl, head, pos) && ch * 8 < p.head_dim) {
+            uint4 v;
+            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                         : "r"(sm.q + swz_off<kBlockM>(rl, ch))
+                         : "memory");
+            *reinterpret_cast<uint4 *>((T *)p.o + b * p.o_batch_stride + head * p.o_head_stride +
+                                       ((int64_t)pos + sq.q_row0()) * p.o_seq_stride + ch * 8) = v;
+        }
+    }
+#endif
+}
+
+}  // namespace sm90
+}  // namespace fa

@@ -1,0 +1,107 @@
+/*
+ * fused_sm90_launch.cuh - the host side of the FUSED_SM90 kernel (fused_sm90.cuh): the three TMA
+ * tensor maps of Q, K and V, the launch, and the split combine when the plan splits the keys.
+ * Included once per compiled variant by the generated instance files (FA_SM90_INSTANCE).
+ */
+#pragma once
+
+#include <cudaTypedefs.h>
+
+#include "fused_sm90.cuh"
+
+namespace fa {
+namespace sm90 {
+
+/* cuTensorMapEncodeTiled from the driver, through the runtime (no link against libcuda). */
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+    static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+        void *f = nullptr;
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+        const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q);
+#else
+        const cudaError_t err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &f, cudaEnableDefault, &q);
+#endif
+        return (err == cudaSuccess && q == cudaDriverEntryPointSuccess) ? (PFN_cuTensorMapEncodeTiled_v12000)f : nullptr;
+    }();
+    return fn;
+}
+
+/* The map of a [batch, seq, heads, head_dim] tensor (head dim contiguous) read in boxes of
+ * 64 columns x box_rows positions x box_heads heads, 128-byte swizzled. Extents of 0 become 1 (such a tensor is never read). */
+inline bool encode_map(CUtensorMap *map, int dtype, const void *ptr, int64_t head_dim, int64_t seq, int64_t heads,
+                       int64_t batch, int64_t seq_stride, int64_t head_stride, int64_t batch_stride, int box_rows,
+                       int box_heads) {
+    const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+    if (encode == nullptr) return false;
+    const cuuint64_t dims[4] = {(cuuint64_t)head_dim, (cuuint64_t)(seq > 0 ? seq : 1), (cuuint64_t)heads,
+                                (cuuint64_t)batch};
+    const int64_t raw[3] = {seq_stride, head_stride, batch_stride};
+    cuuint64_t strides[3];
+    for (int i = 0; i < 3; ++i) /* a one-element dimension's stride is never used; keep it legal */
+        strides[i] = (cuuint64_t)(dims[i + 1] > 1 ? raw[i] * 2 : 16);
+    const cuuint32_t box[4] = {64, (cuuint32_t)box_rows, (cuuint32_t)box_heads, 1};
+    const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+    const CUresult r = encode(map, dtype == FA_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+                              const_cast<void *>(ptr), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS;
+}
+
+template <int kDtype, int kHeadDim, int kConsumers>
+int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
+    using Tr = traits<kDtype, kHeadDim, kConsumers>;
+    if (l->threads != Tr::kThreads || l->smem_bytes != Tr::kSmemBytes ||
+        (kp->pack_gqa && (kp->pack_rows < 1 || kp->pack_rows * kp->head_group > Tr::kBlockM)) ||
+        (kp->num_splits > 1 && (kp->o_accum == nullptr || kp->lse_accum == nullptr)))
+        return (int)cudaErrorInvalidConfiguration; /* planner and kernel disagree: refuse */
+    CUtensorMap tq, tk, tv;
+    /* Q in boxes of one head x kBlockM positions, or (pack_gqa) head_group heads x pack_rows positions. */
+    const int q_rows = kp->pack_gqa ? kp->pack_rows : Tr::kBlockM, q_heads = kp->pack_gqa ? kp->head_group : 1;
+    /* The outer two extents of Q and of K/V: [batch, seqlen] for a dense call; for a serving call
+     * packed [1, total], page pools [num_pages, page_size] (boxes of min(page_size, kBlockN) keys)
+     * or a cache [kv_batch, seqlen_k] (flashattn.h, "Serving calls"). */
+    int64_t q_seq = kp->seqlen_q, q_batch = kp->batch, kv_seq = kp->seqlen_k, kv_batch = kp->batch;
+    int kv_box = Tr::kBlockN;
+    if (kp->serving) {
+        if (kp->cu_seqlens_q) q_seq = kp->total_q, q_batch = 1;
+        /* Pages in boxes of min(page_size, kBlockN) keys when TMA reads them; other page sizes are
+         * gathered, the map unused. */
+        const bool tma_pages = FA_SM90_TMA_PAGES(kp->page_size, Tr::kBlockN);
+        if (kp->block_table)
+            kv_seq = kp->page_size, kv_batch = kp->num_pages, kv_box = tma_pages && kp->page_size < kv_box ? kp->page_size : kv_box;
+        else if (kp->cu_seqlens_k) kv_seq = kp->total_k, kv_batch = 1;
+        else if (kp->kv_batch_idx) kv_batch = kp->kv_batch;
+    }
+    if (!encode_map(&tq, kDtype, kp->q, kp->head_dim, q_seq, kp->heads_q, q_batch, kp->q_seq_stride,
+                    kp->q_head_stride, kp->q_batch_stride, q_rows, q_heads) ||
+        !encode_map(&tk, kDtype, kp->k, kp->head_dim, kv_seq, kp->heads_kv, kv_batch, kp->k_seq_stride,
+                    kp->k_head_stride, kp->k_batch_stride, kv_box, 1) ||
+        !encode_map(&tv, kDtype, kp->v, kp->head_dim, kv_seq, kp->heads_kv, kv_batch, kp->v_seq_stride,
+                    kp->v_head_stride, kp->v_batch_stride, kv_box, 1))
+        return (int)cudaErrorInvalidValue; /* the planner checked the limits; not expected */
+    const bool transform = kp->softcap > 0.0f || kp->alibi_slopes != nullptr;
+    static std::atomic<unsigned long long> configured[4]; /* per kernel below: devices configured */
+    const int which = (kp->serving ? 2 : 0) + (transform ? 1 : 0);
+    auto kernel = kp->serving ? (transform ? fused_sm90_kernel<kDtype, kHeadDim, kConsumers, true, true>
+                                           : fused_sm90_kernel<kDtype, kHeadDim, kConsumers, false, true>)
+                              : (transform ? fused_sm90_kernel<kDtype, kHeadDim, kConsumers, true, false>
+                                           : fused_sm90_kernel<kDtype, kHeadDim, kConsumers, false, false>);
+    cudaError_t err = set_smem_once(kernel, Tr::kSmemBytes, configured[which]);
+    if (err != cudaSuccess) return (int)err;
+    kernel<<<dim3(l->grid_x, l->grid_y, l->grid_z), Tr::kThreads, Tr::kSmemBytes, (cudaStream_t)stream>>>(*kp, tq, tk,
+                                                                                                         tv);
+    err = cudaGetLastError();
+    if (err != cudaSuccess || kp->num_splits <= 1) return (int)err;
+    return fa_split_combine(kp, kDtype, 1, stream);
+}
+
+}  // namespace sm90
+}  // namespace fa
+
+#define FA_SM90_INSTANCE(DTYPE, NAME, HD, NC)                                              \
+    extern "C" __attribute__((visibility("hidden"))) int fa_sm90_fwd_##NAME##_d##HD##_c##NC( \
+        const fa_kernel_params *kp, const fa_launch *l, void *stream) {                    \
+        return fa::sm90::launch<DTYPE, HD, NC>(kp, l, stream);                             \
+    }

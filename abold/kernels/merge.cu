@@ -1,0 +1,251 @@
+/*
+ * merge.cu - merges partial attention results (O_i, LSE_i), i = 0..S-1, into one, for
+ * flashattn_merge and for FUSED_SM90's split-key decode. Per row (b, s, h):
+ *
+ *     m = max_i LSE_i,  w_i = exp(LSE_i - m),  O = sum_i w_i O_i / sum_i w_i,  LSE = m + log(sum_i w_i)
+ *
+ * exp/log in base e or 2 (the LSE's base). An LSE of -inf or +inf (FlashAttention-2's empty row)
+ * is an empty part: its O is never used. No contributing part: O = 0, LSE = -inf. A NaN LSE makes
+ * the row NaN. Parts are added in index order: deterministic.
+ *
+ * One thread per kVec consecutive elements of a row (4, with vector loads, when the head dim and
+ * every pointer and stride allow; else 1), so the 32 lanes of a warp cover a row of 128: each part's
+ * LSE is one load per thread, the same address across the row's lanes. One pass over the parts,
+ * with the running max: a part raising it rescales what is summed so far. Loads of a group of parts
+ * are issued together, before their arithmetic (an empty part's O is loaded but never multiplied).
+ * Any number of parts and any head dim.
+ *
+ * After a split FUSED_SM90 call the merge is launched as a programmatic dependent of the attention
+ * kernel (its blocks start while the attention finishes) and waits for it before its first load;
+ * after a split FUSED call (sm_80 and newer) it is an ordinary launch.
+ */
+#include "fa_common.cuh"
+
+namespace fa {
+namespace {
+
+constexpr int kMergeThreads = 128;
+
+template <int kDtype> struct io;
+template <> struct io<FA_DTYPE_F16> {
+    using T = __half;
+    static __device__ __forceinline__ float load(const T *p) { return __half2float(*p); }
+    static __device__ __forceinline__ void store(T *p, float x) { *p = __float2half_rn(x); }
+};
+template <> struct io<FA_DTYPE_BF16> {
+    using T = __nv_bfloat16;
+    static __device__ __forceinline__ float load(const T *p) { return __bfloat162float(*p); }
+    static __device__ __forceinline__ void store(T *p, float x) { *p = __float2bfloat16_rn(x); }
+};
+template <> struct io<FA_DTYPE_F32> {
+    using T = float;
+    static __device__ __forceinline__ float load(const T *p) { return *p; }
+    static __device__ __forceinline__ void store(T *p, float x) { *p = x; }
+};
+
+/* kVec consecutive elements at p, as floats (kVec = 4: one 16- or 8-byte load). */
+template <int kDtype, int kVec> struct vec_io {
+    using T = typename io<kDtype>::T;
+    static __device__ __forceinline__ void load(const T *p, float (&x)[kVec]) {
+#pragma unroll
+        for (int v = 0; v < kVec; ++v) x[v] = io<kDtype>::load(p + v);
+    }
+    static __device__ __forceinline__ void store(T *p, const float (&x)[kVec]) {
+#pragma unroll
+        for (int v = 0; v < kVec; ++v) io<kDtype>::store(p + v, x[v]);
+    }
+};
+template <> struct vec_io<FA_DTYPE_F32, 4> {
+    static __device__ __forceinline__ void load(const float *p, float (&x)[4]) {
+        const float4 t = *reinterpret_cast<const float4 *>(p);
+        x[0] = t.x, x[1] = t.y, x[2] = t.z, x[3] = t.w;
+    }
+    static __device__ __forceinline__ void store(float *p, const float (&x)[4]) {
+        *reinterpret_cast<float4 *>(p) = make_float4(x[0], x[1], x[2], x[3]);
+    }
+};
+template <int kDtype> struct vec16_io {
+    using T = typename io<kDtype>::T;
+    static __device__ __forceinline__ void load(const T *p, float (&x)[4]) {
+        const uint2 t = *reinterpret_cast<const uint2 *>(p);
+        const T *h = reinterpret_cast<const T *>(&t);
+#pragma unroll
+        for (int v = 0; v < 4; ++v) x[v] = io<kDtype>::load(h + v);
+    }
+    static __device__ __forceinline__ void store(T *p, const float (&x)[4]) {
+        uint2 t;
+        T *h = reinterpret_cast<T *>(&t);
+#pragma unroll
+        for (int v = 0; v < 4; ++v) io<kDtype>::store(h + v, x[v]);
+        *reinterpret_cast<uint2 *>(p) = t;
+    }
+};
+template <> struct vec_io<FA_DTYPE_F16, 4> : vec16_io<FA_DTYPE_F16> {};
+template <> struct vec_io<FA_DTYPE_BF16, 4> : vec16_io<FA_DTYPE_BF16> {};
+
+/* Waits for the kernel this one depends on programmatically (a no-op when launched without it). */
+__device__ __forceinline__ void wait_for_prerequisite() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+constexpr int kGroup = 4; /* parts whose loads are in flight together */
+
+template <int kIn, int kOut, bool kBase2, int kVec>
+__global__ void __launch_bounds__(kMergeThreads) merge_parts(const __grid_constant__ fa_merge_args a) {
+    using In = vec_io<kIn, kVec>;
+    using Out = vec_io<kOut, kVec>;
+    wait_for_prerequisite();
+    const int chunks = a.head_dim / kVec;
+    const int64_t total = (int64_t)a.batch * a.heads * a.seqlen * chunks;
+    for (int64_t idx = (int64_t)blockIdx.x * kMergeThreads + threadIdx.x; idx < total;
+         idx += (int64_t)gridDim.x * kMergeThreads) {
+        const int d = (int)(idx % chunks) * kVec;
+        const int64_t row = idx / chunks;
+        const int s = (int)(row % a.seqlen);
+        const int64_t bh = row / a.seqlen;
+        const int h = (int)(bh % a.heads), b = (int)(bh / a.heads);
+        int64_t out_row = s, out_b = b; /* where the row goes: [b][s], or packed row out_rows[b] + s */
+        if (a.out_rows != nullptr) {
+            const int64_t r0 = clamp64(a.out_rows[b], 0, a.total_rows);
+            if (s >= clamp64((int64_t)a.out_rows[b + 1] - r0, 0, a.total_rows - r0)) continue;
+            out_row = r0 + s, out_b = 0;
+        }
+        const float *lse_row = a.lse_parts + b * a.lse_batch_stride + h * a.lse_head_stride + s * a.lse_seq_stride;
+        const typename io<kIn>::T *o_el = (const typename io<kIn>::T *)a.o_parts + b * a.o_batch_stride +
+                                          s * a.o_seq_stride + h * a.o_head_stride + d;
+        typename io<kOut>::T *out = (typename io<kOut>::T *)a.o + out_b * a.out_batch_stride +
+                                    out_row * a.out_seq_stride + h * a.out_head_stride + d;
+        float *lse_out = (a.lse && d == 0) ? a.lse + out_b * a.lse_out_batch_stride + h * a.lse_out_head_stride +
+                                                 out_row * a.lse_out_seq_stride
+                                           : nullptr;
+
+        /* Running max m over the contributing parts so far, sum of their weights and weighted O,
+         * both relative to m. An infinite LSE is an empty part; a NaN one makes the row NaN. */
+        float m = -INFINITY, sum = 0.0f, acc[kVec];
+#pragma unroll
+        for (int v = 0; v < kVec; ++v) acc[v] = 0.0f;
+        bool nan = false;
+        for (int i0 = 0; i0 < a.num_parts; i0 += kGroup) {
+            float l[kGroup], x[kGroup][kVec];
+#pragma unroll
+            for (int u = 0; u < kGroup; ++u) { /* every load of the group first */
+                const int i = min(i0 + u, a.num_parts - 1);
+                l[u] = i0 + u < a.num_parts ? lse_row[i * a.lse_part_stride] : -INFINITY;
+                In::load(o_el + i * a.o_part_stride, x[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < kGroup; ++u) {
+                nan |= l[u] != l[u];
+                if (l[u] == INFINITY || l[u] == -INFINITY || l[u] != l[u]) continue;
+                if (l[u] > m) { /* a new max: rescale what is summed so far */
+                    const float c = kBase2 ? exp2f(m - l[u]) : expf(m - l[u]);
+                    sum *= c;
+#pragma unroll
+                    for (int v = 0; v < kVec; ++v) acc[v] *= c;
+                    m = l[u];
+                }
+                const float w = kBase2 ? exp2f(l[u] - m) : expf(l[u] - m);
+                sum += w;
+#pragma unroll
+                for (int v = 0; v < kVec; ++v) acc[v] += w * x[u][v];
+            }
+        }
+        float res[kVec];
+        if (nan || m == -INFINITY) { /* NaN in, NaN out; no contributing part: O = 0, LSE = -inf */
+#pragma unroll
+            for (int v = 0; v < kVec; ++v) res[v] = nan ? NAN : 0.0f;
+            Out::store(out, res);
+            if (lse_out) *lse_out = nan ? NAN : -INFINITY;
+            continue;
+        }
+        const float inv = 1.0f / sum;
+#pragma unroll
+        for (int v = 0; v < kVec; ++v) res[v] = acc[v] * inv;
+        Out::store(out, res);
+        if (lse_out) *lse_out = m + (kBase2 ? log2f(sum) : logf(sum));
+    }
+}
+
+/* Whether every row of O_i and of the output starts on a 4-element boundary the vector loads and
+ * stores can use. */
+inline bool vectorizable(const fa_merge_args *a) {
+    const int in = a->dtype_parts == FA_DTYPE_F32 ? 4 : 2, out = a->dtype_out == FA_DTYPE_F32 ? 4 : 2;
+    const int64_t strides[] = {a->o_part_stride,   a->o_batch_stride, a->o_seq_stride,   a->o_head_stride,
+                               a->out_batch_stride, a->out_seq_stride, a->out_head_stride};
+    for (int64_t st : strides)
+        if (st % 4 != 0) return false;
+    return a->head_dim % 4 == 0 && (uintptr_t)a->o_parts % (4 * in) == 0 && (uintptr_t)a->o % (4 * out) == 0;
+}
+
+template <int kIn, int kOut, bool kBase2, int kVec> int launch_vec(const fa_merge_args *a, cudaStream_t stream) {
+    const int64_t total = (int64_t)a->batch * a->heads * a->seqlen * (a->head_dim / kVec);
+    const int64_t blocks = (total + kMergeThreads - 1) / kMergeThreads;
+    const dim3 grid((unsigned)(blocks < FA_GRID_STRIDE_MAX_BLOCKS ? blocks : FA_GRID_STRIDE_MAX_BLOCKS));
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = dim3(kMergeThreads), cfg.dynamicSmemBytes = 0, cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr, cfg.numAttrs = a->after_split ? 1 : 0;
+    return (int)cudaLaunchKernelEx(&cfg, merge_parts<kIn, kOut, kBase2, kVec>, *a);
+}
+
+template <int kIn, int kOut> int launch(const fa_merge_args *a, cudaStream_t stream) {
+    const bool vec = vectorizable(a);
+    if (a->base2) return vec ? launch_vec<kIn, kOut, true, 4>(a, stream) : launch_vec<kIn, kOut, true, 1>(a, stream);
+    return vec ? launch_vec<kIn, kOut, false, 4>(a, stream) : launch_vec<kIn, kOut, false, 1>(a, stream);
+}
+
+template <int kIn> int launch_in(const fa_merge_args *a, cudaStream_t stream) {
+    switch (a->dtype_out) {
+    case FA_DTYPE_F16: return launch<kIn, FA_DTYPE_F16>(a, stream);
+    case FA_DTYPE_BF16: return launch<kIn, FA_DTYPE_BF16>(a, stream);
+    case FA_DTYPE_F32: return launch<kIn, FA_DTYPE_F32>(a, stream);
+    default: return (int)cudaErrorInvalidValue;
+    }
+}
+
+}  // namespace
+}  // namespace fa
+
+extern "C" __attribute__((visibility("hidden"))) int fa_merge_launch(const fa_merge_args *a, void *stream) {
+    if ((int64_t)a->batch * a->heads * a->seqlen * a->head_dim == 0) return 0;
+    const cudaStream_t s = (cudaStream_t)stream;
+    switch (a->dtype_parts) {
+    case FA_DTYPE_F16: return fa::launch_in<FA_DTYPE_F16>(a, s);
+    case FA_DTYPE_BF16: return fa::launch_in<FA_DTYPE_BF16>(a, s);
+    case FA_DTYPE_F32: return fa::launch_in<FA_DTYPE_F32>(a, s);
+    default: return (int)cudaErrorInvalidValue;
+    }
+}
+
+/* The split partial results of a fused kernel (fa_kernel_params.o_accum / lse_accum, laid out
+ * [split][batch][heads_q][seqlen_q](head_dim), fp32, natural-log LSE, seqlen_q the capacity for a
+ * ragged Q) merged into O and LSE (for a ragged Q, into each sequence's packed rows). */
+extern "C" __attribute__((visibility("hidden"))) int fa_split_combine(const fa_kernel_params *kp, int dtype,
+                                                                      int after_sm90, void *stream) {
+    /* Grouped query heads read as rows (q_group_rows, FUSED's packed decode): the partial results'
+     * [heads_kv][group] rows are [heads_q][1]; O's heads are q_seq_stride apart, its packed rows
+     * o_row0_stride. */
+    const int64_t g = kp->q_group_rows > 1 ? kp->q_group_rows : 1, d = kp->head_dim;
+    const int64_t sq = g > 1 ? 1 : kp->seqlen_q, hq = kp->heads_q * g;
+    fa_merge_args a = {};
+    a.o_parts = kp->o_accum, a.lse_parts = kp->lse_accum, a.o = kp->o, a.lse = kp->lse;
+    a.o_part_stride = kp->batch * hq * sq * d, a.o_batch_stride = hq * sq * d, a.o_head_stride = sq * d;
+    a.o_seq_stride = d;
+    a.lse_part_stride = kp->batch * hq * sq, a.lse_batch_stride = hq * sq, a.lse_head_stride = sq;
+    a.lse_seq_stride = 1;
+    a.out_batch_stride = kp->o_batch_stride, a.out_seq_stride = kp->o_seq_stride, a.out_head_stride = kp->o_head_stride;
+    if (g > 1) a.out_seq_stride = kp->o_row0_stride, a.out_head_stride = kp->o_seq_stride;
+    a.lse_out_batch_stride = hq * sq, a.lse_out_head_stride = sq, a.lse_out_seq_stride = 1;
+    if (kp->cu_seqlens_q != nullptr) { /* ragged Q: O [total_q, heads_q, head_dim], LSE [heads_q, total_q] */
+        a.out_rows = kp->cu_seqlens_q, a.total_rows = kp->total_q;
+        a.lse_out_batch_stride = 0, a.lse_out_head_stride = kp->total_q;
+    }
+    a.num_parts = kp->num_splits, a.batch = kp->batch, a.seqlen = (int32_t)sq, a.heads = (int32_t)hq;
+    a.head_dim = kp->head_dim, a.dtype_parts = FA_DTYPE_F32, a.dtype_out = dtype, a.base2 = 0;
+    a.after_split = after_sm90; /* a programmatic dependent of the FUSED_SM90 kernel just enqueued */
+    return fa_merge_launch(&a, stream);
+}

@@ -1,0 +1,114 @@
+/*
+ * softmax.cuh - the online softmax both fused kernels run on their score fragments, with the mask
+ * that precedes it. Written once here; neither kernel has its own copy.
+ *
+ * A fragment is this lane's part of a 16-row x (8 kN)-key score tile in the mma/wgmma accumulator
+ * layout: kN tiles of 8 keys, 4 floats each, element e of tile j at row g + 8 (e / 2) (r = e / 2
+ * below), key n0 + 8 j + 2 t + (e % 2), with lane = 4 g + t. The functions take an accessor
+ * at(j, e) -> float& so each kernel keeps its own register arrays. Per key tile, per row r:
+ *
+ *     corr = softmax_new_max(...)      m_new = max(m, rowmax(S)); corr = exp2((m - m_new) mult)
+ *     sum  = softmax_exp(...)          P = exp2(S mult - m_new mult) in place, summed in key order
+ *     l    = l corr + sum;  O *= corr  (the kernel's, in its own order)
+ *
+ * and at the end softmax_inv(l) normalises O and softmax_lse gives the LSE. mult is scale * log2(e)
+ * when the scale is folded into the exponent, 1 when the scores are already in log2 units (the
+ * kernels apply softcap and ALiBi, fa_common.cuh's transform_raw_score, and multiply by kLog2e).
+ */
+#pragma once
+
+#include "fa_common.cuh"
+
+namespace fa {
+
+constexpr float kLog2e = (float)FA_LOG2E;
+constexpr float kLn2 = (float)FA_LN2;
+
+/* 2^x on the special-function unit; exp2(-inf) = 0, which the online softmax relies on. */
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* Max and sum over the 4 lanes of a quad (the lanes that share a row of an mma fragment). */
+__device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+/* Whether a key tile [n0, n0 + block_n) crosses the visible band of query rows [m0, row_last] or the
+ * end of the keys: only such tiles need mask_scores. A macro: as an inlined function, nvcc schedules
+ * the kernels' loops differently (measured on the compiled code, not on speed). */
+#define FA_TILE_NEEDS_MASK(p, n0, block_n, m0, row_last) \
+    ((n0) < (row_last) + (p).key_lo_off || (n0) + (block_n) - 1 > (m0) + (p).key_hi_off || (n0) + (block_n) > (p).seqlen_k)
+
+/* Scores of keys that a query row may not see become -inf; row(r) is the query position of this
+ * lane's row r (0: g, 1: g + 8). */
+template <int kN, class At, class Row, class Bounds>
+__device__ __forceinline__ void mask_scores(At at, const Bounds &p, Row row, int n0, int t) {
+#pragma unroll
+    for (int j = 0; j < kN; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            if (!visible(p, row(e / 2), n0 + 8 * j + 2 * t + (e % 2))) at(j, e) = -INFINITY;
+}
+
+/* Row r's new running max (raw units) after this tile; returns the factor exp2((m_old - m_new) mult)
+ * that rescales what was accumulated under the old max. m_scaled receives m_new * mult, or 0 for a
+ * row that has seen no key yet (so exp2(-inf - 0) = 0, never NaN). */
+template <int kN, class At>
+__device__ __forceinline__ float softmax_new_max(At at, int r, float &row_max, float mult, float &m_scaled) {
+    float mx = row_max;
+#pragma unroll
+    for (int j = 0; j < kN; ++j) mx = fmaxf(mx, fmaxf(at(j, 2 * r), at(j, 2 * r + 1)));
+    mx = quad_max(mx);
+    m_scaled = (mx == -INFINITY) ? 0.0f : mx * mult;
+    const float corr = fast_exp2(row_max * mult - m_scaled);
+    row_max = mx;
+    return corr;
+}
+
+/* P = exp2(S mult - m_scaled) in place for row r; returns acc plus this lane's part of the row sum,
+ * added pair by pair in key order. */
+template <int kN, class At>
+__device__ __forceinline__ float softmax_exp(At at, int r, float mult, float m_scaled, float acc) {
+#pragma unroll
+    for (int j = 0; j < kN; ++j) {
+        at(j, 2 * r) = fast_exp2(fmaf(at(j, 2 * r), mult, -m_scaled));
+        at(j, 2 * r + 1) = fast_exp2(fmaf(at(j, 2 * r + 1), mult, -m_scaled));
+        acc += at(j, 2 * r) + at(j, 2 * r + 1);
+    }
+    return acc;
+}
+
+/* O *= corr for row r of an accumulator fragment of kN 8-column tiles. */
+template <int kN, class At> __device__ __forceinline__ void rescale_row(At at, int r, float corr) {
+#pragma unroll
+    for (int j = 0; j < kN; ++j) {
+        at(j, 2 * r) *= corr;
+        at(j, 2 * r + 1) *= corr;
+    }
+}
+
+/* P for keys 16 kk .. 16 kk + 15 as the A operand of a k16 matrix product (fp16/bf16 pairs). */
+template <int kDtype, class At> __device__ __forceinline__ void pack_p(At at, int kk, uint32_t (&a)[4]) {
+    a[0] = pack_pair<kDtype>(at(2 * kk, 0), at(2 * kk, 1));
+    a[1] = pack_pair<kDtype>(at(2 * kk, 2), at(2 * kk, 3));
+    a[2] = pack_pair<kDtype>(at(2 * kk + 1, 0), at(2 * kk + 1, 1));
+    a[3] = pack_pair<kDtype>(at(2 * kk + 1, 2), at(2 * kk + 1, 3));
+}
+
+/* The end of a row: l = the quad's row sum; 1 / l scales O (0 for a row that saw no key, so O = 0). */
+__device__ __forceinline__ float softmax_inv(float l) { return l > 0.0f ? 1.0f / l : 0.0f; }
+
+/* LSE in natural-log units: (m mult + log2 l) ln 2; -inf for a row that saw no key. */
+__device__ __forceinline__ float softmax_lse(float l, float row_max, float mult) {
+    return l > 0.0f ? (row_max * mult + __log2f(l)) * kLn2 : -INFINITY;
+}
+
+}  // namespace fa

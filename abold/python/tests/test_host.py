@@ -1,0 +1,277 @@
+"""Host-only tests of the Python package: loading, version check, ABI layout, errors, and behaviour
+without a GPU. They need libflashattn.so (FLASHATTN_LIBRARY) but no GPU."""
+import ctypes
+import inspect
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+import flashattn
+from flashattn import _lib
+
+
+def has_gpu():
+    try:
+        flashattn.Handle(0).close()
+        return True
+    except flashattn.FlashAttnError as e:
+        assert e.name == "FLASHATTN_STATUS_NO_DEVICE"
+        return False
+
+
+def _header_version():
+    header = os.path.join(os.path.dirname(__file__), "..", "..", "include", "flashattn.h")
+    text = open(header).read()
+    return tuple(int(re.search(rf"#define FLASHATTN_VERSION_{p} (\d+)", text).group(1)) for p in ("MAJOR", "MINOR", "PATCH"))
+
+
+def test_library_loads_and_versions_match_the_header():
+    lib = flashattn.load_library()
+    major, minor, patch = _header_version()
+    assert flashattn.__version__ == f"{major}.{minor}.{patch}"
+    assert flashattn.library_version() == flashattn.__version__
+    assert lib.flashattn_version() == major * 10000 + minor * 100 + patch
+    assert "fused=" in flashattn.build_info()
+
+
+# Every field's (offset, size) in the C header (frozen by tests/test_host.cpp, which compiles it).
+FWD_PARAMS_0_1 = {
+    "struct_size": (0, 8), "dtype": (8, 4), "mask": (12, 4), "backend": (16, 4), "reserved0": (20, 4),
+    "batch": (24, 8), "seqlen_q": (32, 8), "seqlen_k": (40, 8), "heads_q": (48, 8), "heads_kv": (56, 8),
+    "head_dim": (64, 8), "q": (72, 8), "q_batch_stride": (80, 8), "q_seq_stride": (88, 8),
+    "q_head_stride": (96, 8), "k": (104, 8), "k_batch_stride": (112, 8), "k_seq_stride": (120, 8),
+    "k_head_stride": (128, 8), "v": (136, 8), "v_batch_stride": (144, 8), "v_seq_stride": (152, 8),
+    "v_head_stride": (160, 8), "o": (168, 8), "o_batch_stride": (176, 8), "o_seq_stride": (184, 8),
+    "o_head_stride": (192, 8), "lse": (200, 8), "softmax_scale": (208, 4), "softcap": (212, 4),
+    "window_left": (216, 8), "window_right": (224, 8), "alibi_slopes": (232, 8), "alibi_batch_stride": (240, 8),
+}
+FWD_PARAMS_0_3 = dict(FWD_PARAMS_0_1, **{
+    "cu_seqlens_q": (248, 8), "cu_seqlens_k": (256, 8), "seqused_k": (264, 8), "total_q": (272, 8),
+    "total_k": (280, 8), "block_table": (288, 8), "block_table_batch_stride": (296, 8), "pages_per_seq": (304, 8),
+    "page_size": (312, 8), "num_pages": (320, 8), "kv_batch_idx": (328, 8), "kv_batch": (336, 8),
+    "k_new": (344, 8), "k_new_batch_stride": (352, 8), "k_new_seq_stride": (360, 8), "k_new_head_stride": (368, 8),
+    "v_new": (376, 8), "v_new_batch_stride": (384, 8), "v_new_seq_stride": (392, 8), "v_new_head_stride": (400, 8),
+    "seqlen_new": (408, 8), "rotary_cos": (416, 8), "rotary_sin": (424, 8), "rotary_dim": (432, 8),
+    "seqlen_ro": (440, 8), "rotary_interleaved": (448, 4), "rotary_q_at_cache_len": (452, 4),
+    "reserved1": (456, 4), "kv_indptr": (464, 8), "kv_last_page_len": (472, 8), "num_page_indices": (480, 8),
+})
+FWD_PARAMS_0_4 = dict(FWD_PARAMS_0_3, **{"cache_leftpad": (488, 8)})
+PLAN_INFO_0_1 = {
+    "struct_size": (0, 8), "backend": (8, 4), "block_m": (12, 4), "block_n": (16, 4), "num_warps": (20, 4),
+    "grid_x": (24, 4), "grid_y": (28, 4), "grid_z": (32, 4), "num_splits": (36, 4), "kernel_head_dim": (40, 4),
+    "workspace_bytes": (48, 8), "shared_mem_bytes": (56, 8), "kernel_name": (64, 64), "description": (128, 192),
+}
+
+
+@pytest.mark.parametrize("cls,frozen,size", [(flashattn.FwdParams, FWD_PARAMS_0_1, 248),
+                                             (flashattn.FwdParams, FWD_PARAMS_0_3, 488),
+                                             (flashattn.FwdParams, FWD_PARAMS_0_4, 496),
+                                             (flashattn.PlanInfo, PLAN_INFO_0_1, 320)])
+def test_every_field_matches_the_c_layout(cls, frozen, size):
+    fields = [name for name, _ in cls._fields_]
+    assert fields[:len(frozen)] == list(frozen)  # the 0.1.0 fields, in order; new ones only after them
+    for name, (offset, nbytes) in frozen.items():
+        f = getattr(cls, name)
+        assert (f.offset, f.size) == (offset, nbytes), name
+    assert ctypes.sizeof(cls) >= size
+
+
+def test_params_defaults_come_from_the_library():
+    p = flashattn.FwdParams.new()
+    assert p.struct_size == ctypes.sizeof(flashattn.FwdParams)
+    assert (p.window_left, p.window_right) == (-1, -1)
+    assert p.backend == flashattn.Backend.AUTO
+
+
+def test_status_constants_match_library_names():
+    lib = flashattn.load_library()
+    for name, value in vars(flashattn.Status).items():
+        if name.isupper():
+            assert lib.flashattn_status_name(value).decode() == "FLASHATTN_STATUS_" + name
+
+
+def test_handle_without_gpu_raises_no_device():
+    if has_gpu():
+        pytest.skip("a GPU is present: NO_DEVICE cannot be provoked")
+    with pytest.raises(flashattn.FlashAttnError) as e:
+        flashattn.Handle(0)
+    assert e.value.name == "FLASHATTN_STATUS_NO_DEVICE"
+    assert e.value.status == flashattn.Status.NO_DEVICE
+    assert "device" in str(e.value)
+
+
+def test_handle_with_bad_ordinal_raises():
+    with pytest.raises(flashattn.FlashAttnError) as e:
+        flashattn.Handle(4096)
+    assert e.value.name == "FLASHATTN_STATUS_NO_DEVICE"
+
+
+def test_dropout_is_refused_by_name():
+    with pytest.raises(ValueError, match="dropout_p"):
+        flashattn.flash_attn_func(None, None, None, dropout_p=0.1)
+
+
+def test_non_cuda_inputs_are_refused():
+    with pytest.raises(TypeError, match="q: list is not a CUDA array"):
+        flashattn.flash_attn_func([1.0], [1.0], [1.0])
+
+
+def test_version_mismatch_is_refused(monkeypatch):
+    monkeypatch.setattr(_lib, "EXPECTED_VERSION", (9, 9, 0))
+    with pytest.raises(ImportError, match=f"version {flashattn.__version__}; this package needs 9.x with x >= 9"):
+        _lib.load_library(os.environ.get("FLASHATTN_LIBRARY") or "libflashattn.so.0")
+
+
+def test_an_older_library_of_the_same_major_version_is_refused_a_newer_accepted(monkeypatch):
+    major, minor, _ = _header_version()
+    monkeypatch.setattr(_lib, "EXPECTED_VERSION", (major, minor + 1, 0))
+    with pytest.raises(ImportError, match="this package needs"):
+        _lib.load_library(os.environ.get("FLASHATTN_LIBRARY") or "libflashattn.so.0")
+    if minor > 0:
+        monkeypatch.setattr(_lib, "EXPECTED_VERSION", (major, minor - 1, 0))
+        assert _lib.load_library(os.environ.get("FLASHATTN_LIBRARY") or "libflashattn.so.0")
+
+
+def test_a_library_missing_symbols_is_named(monkeypatch):
+    monkeypatch.setattr(_lib, "_signatures", lambda: {"flashattn_version": ([], ctypes.c_int),
+                                                      "flashattn_from_the_future": ([], ctypes.c_int)})
+    monkeypatch.setattr(_lib, "_LIB", None)
+    with pytest.raises(ImportError, match="lacks flashattn_from_the_future: it is older than this package"):
+        _lib.load_library()
+
+
+def test_python_m_flashattn_describes_the_installation():
+    out = subprocess.run([sys.executable, "-m", "flashattn"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f"flashattn (Python package) {flashattn.__version__}" in out.stdout
+    assert "library: " in out.stdout and "build:   commit=" in out.stdout
+    assert "device 0: " in out.stdout
+    if not has_gpu():
+        assert "FLASHATTN_STATUS_NO_DEVICE" in out.stdout
+
+
+def test_missing_library_says_where_it_looked(monkeypatch):
+    monkeypatch.setenv("FLASHATTN_LIBRARY", "/nonexistent/libflashattn.so")
+    monkeypatch.setattr(_lib, "_LIB", None)
+    with pytest.raises(OSError, match="/nonexistent/libflashattn.so"):
+        _lib.load_library()
+
+
+class FakeCuda:
+    """An array known only through __cuda_array_interface__: the argument checks below refuse it
+    before anything is dereferenced or any device is needed."""
+
+    def __init__(self, shape, typestr="<f2", ptr=0x100000):
+        self.__cuda_array_interface__ = {"shape": tuple(shape), "typestr": typestr, "data": (ptr, False),
+                                         "strides": None, "version": 3}
+
+
+def _varlen_args(**over):
+    a = dict(q=FakeCuda((10, 4, 64)), k=FakeCuda((12, 2, 64)), v=FakeCuda((12, 2, 64)),
+             cu_seqlens_q=FakeCuda((3,), "<i4"), cu_seqlens_k=FakeCuda((3,), "<i4"), max_seqlen_q=8, max_seqlen_k=8)
+    a.update(over)
+    return a
+
+
+@pytest.mark.parametrize("over,exc,match", [
+    (dict(cu_seqlens_q=FakeCuda((3,), "<i8")), TypeError, "cu_seqlens_q must be an int32 CUDA array"),
+    (dict(cu_seqlens_k=FakeCuda((4,), "<i4")), ValueError, "both must be batch \\+ 1"),
+    (dict(cu_seqlens_q=FakeCuda((3, 1), "<i4")), ValueError, "cu_seqlens_q has shape"),
+    (dict(seqused_k=FakeCuda((5,), "<i4")), ValueError, "seqused_k has 5 entries; expected batch = 2"),
+    (dict(k=FakeCuda((12, 2, 32)), v=FakeCuda((12, 2, 32))), ValueError, "k has head dim 32 but q has 64"),
+    (dict(v=FakeCuda((11, 2, 64))), ValueError, "k has shape"),
+    (dict(k=FakeCuda((3, 16, 2, 64)), v=FakeCuda((3, 16, 2, 64)), block_table=FakeCuda((3, 4), "<i4")), ValueError,
+     "block_table has 3 rows; expected one per sequence \\(2\\)"),
+    (dict(dropout_p=0.1), ValueError, "dropout_p"),
+])
+def test_varlen_arguments_are_checked_before_any_device_work(over, exc, match):
+    with pytest.raises(exc, match=match):
+        flashattn.flash_attn_varlen_func(**_varlen_args(**over))
+
+
+@pytest.mark.parametrize("kw,exc,match", [
+    (dict(cache_leftpad=FakeCuda((3,), "<i4")), ValueError, "cache_leftpad has 3 entries; expected batch = 2"),
+    (dict(cache_leftpad=FakeCuda((2,), "<i8")), TypeError, "cache_leftpad must be an int32 CUDA array"),
+    (dict(block_table=FakeCuda((2, 4), "<i4"), cache_leftpad=FakeCuda((2,), "<i4")), ValueError,
+     "cache_leftpad pads a dense cache"),
+    (dict(k=FakeCuda((2, 1, 2, 64))), ValueError, "pass k and v together"),
+    (dict(rotary_cos=FakeCuda((50, 16))), ValueError, "rotary_cos and rotary_sin together"),
+    (dict(rotary_cos=FakeCuda((50, 16)), rotary_sin=FakeCuda((50, 16))), ValueError, "they need k and v"),
+    (dict(k=FakeCuda((2, 1, 2, 64)), v=FakeCuda((2, 1, 2, 64))), ValueError, "needs cache_seqlens"),
+    (dict(cache_seqlens=7), TypeError, "cache_seqlens as an int needs torch tensors"),
+    (dict(cache_seqlens=FakeCuda((2,), "<i8")), TypeError, "cache_seqlens must be an int32 CUDA array"),
+    (dict(cache_batch_idx=FakeCuda((3,), "<i4")), ValueError, "cache_batch_idx has 3 entries"),
+    (dict(block_table=FakeCuda((2, 4), "<i4"), cache_batch_idx=FakeCuda((2,), "<i4")), ValueError,
+     "cannot be combined with block_table"),
+])
+def test_kvcache_arguments_are_checked_before_any_device_work(kw, exc, match):
+    q, kc, vc = FakeCuda((2, 1, 4, 64)), FakeCuda((2, 100, 2, 64)), FakeCuda((2, 100, 2, 64))
+    with pytest.raises(exc, match=match):
+        flashattn.flash_attn_with_kvcache(q, kc, vc, **kw)
+
+
+# FlashAttention-2's (2.6+) forward functions: every parameter, in order, with its default. The
+# library's keyword-only extensions (out=, stream=, backend=) come after them.
+_FA2 = {
+    "flash_attn_func": "q k v dropout_p=0.0 softmax_scale=None causal=False window_size=(-1, -1) softcap=0.0 "
+                       "alibi_slopes=None deterministic=False return_attn_probs=False",
+    "flash_attn_qkvpacked_func": "qkv dropout_p=0.0 softmax_scale=None causal=False window_size=(-1, -1) softcap=0.0 "
+                                 "alibi_slopes=None deterministic=False return_attn_probs=False",
+    "flash_attn_kvpacked_func": "q kv dropout_p=0.0 softmax_scale=None causal=False window_size=(-1, -1) softcap=0.0 "
+                                "alibi_slopes=None deterministic=False return_attn_probs=False",
+    "flash_attn_varlen_func": "q k v cu_seqlens_q cu_seqlens_k max_seqlen_q max_seqlen_k dropout_p=0.0 "
+                              "softmax_scale=None causal=False window_size=(-1, -1) softcap=0.0 alibi_slopes=None "
+                              "deterministic=False return_attn_probs=False block_table=None",
+    "flash_attn_varlen_qkvpacked_func": "qkv cu_seqlens max_seqlen dropout_p=0.0 softmax_scale=None causal=False "
+                                        "window_size=(-1, -1) softcap=0.0 alibi_slopes=None deterministic=False "
+                                        "return_attn_probs=False",
+    "flash_attn_varlen_kvpacked_func": "q kv cu_seqlens_q cu_seqlens_k max_seqlen_q max_seqlen_k dropout_p=0.0 "
+                                       "softmax_scale=None causal=False window_size=(-1, -1) softcap=0.0 "
+                                       "alibi_slopes=None deterministic=False return_attn_probs=False",
+    "flash_attn_with_kvcache": "q k_cache v_cache k=None v=None rotary_cos=None rotary_sin=None cache_seqlens=None "
+                               "cache_batch_idx=None cache_leftpad=None block_table=None softmax_scale=None "
+                               "causal=False window_size=(-1, -1) softcap=0.0 rotary_interleaved=True "
+                               "alibi_slopes=None num_splits=0 return_softmax_lse=False",
+}
+
+
+def _fa2_params(spec):
+    out = []
+    for item in re.findall(r"\S+=\([^)]*\)|\S+", spec):
+        name, _, default = item.partition("=")
+        out.append((name, eval(default) if default else inspect.Parameter.empty))
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(_FA2))
+def test_flashattention2_signatures(name):
+    """A caller of FlashAttention-2 switches by changing the import: same names, order and defaults."""
+    sig = inspect.signature(getattr(flashattn, name))
+    positional = [(p.name, p.default) for p in sig.parameters.values()
+                  if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    fa2 = _fa2_params(_FA2[name])
+    # Extensions may follow FA2's last parameter (varlen_func's seqused_k does).
+    assert positional[:len(fa2)] == fa2
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in sig.parameters.values()
+               if p.name in ("out", "stream", "backend"))
+
+
+@pytest.mark.parametrize("call,exc,match", [
+    (lambda: flashattn.flash_attn_qkvpacked_func(FakeCuda((2, 8, 2, 4, 64))), ValueError,
+     r"qkv has shape \(2, 8, 2, 4, 64\); expected \(batch, seqlen, 3, nheads, headdim\)"),
+    (lambda: flashattn.flash_attn_qkvpacked_func(FakeCuda((2, 8, 3, 4, 64))), TypeError,
+     "qkv must be a torch tensor or a CuPy array"),
+    (lambda: flashattn.flash_attn_kvpacked_func(FakeCuda((2, 8, 4, 64)), FakeCuda((2, 8, 4, 64))), ValueError,
+     r"kv has shape \(2, 8, 4, 64\); expected \(batch, seqlen_k, 2, nheads_k, headdim\)"),
+    (lambda: flashattn.flash_attn_varlen_qkvpacked_func(FakeCuda((10, 2, 4, 64)), FakeCuda((3,), "<i4"), 8),
+     ValueError, r"expected \(total, 3, nheads, headdim\)"),
+    (lambda: flashattn.flash_attn_varlen_kvpacked_func(FakeCuda((10, 4, 64)), FakeCuda((12, 3, 2, 64)),
+                                                       FakeCuda((3,), "<i4"), FakeCuda((3,), "<i4"), 8, 8),
+     ValueError, r"expected \(total_k, 2, nheads_k, headdim\)"),
+])
+def test_packed_forms_check_their_packing(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# One device call: build with all cores, run the whole test suite (GPU tests included), the
+# benchmark's default suite, and the side-by-side comparison with the peers; logs under $OUT, a
+# short table last.   Usage: scripts/gpu_check.sh [all|build|test|sanitize|bench|quick|hostcost|serving|peers|ab|abtree]...
+# (default: all; "quick" is the benchmark's quick suite, "hostcost" the Python host cost per call
+# beside SDPA's; "launchcost" the host cost of each launch form (benchmarks/launch_cost.cu); "serving" the serving paths' speed beside the dense path and the peers; "abtree" builds the source tree in $AB_OLD too and times both builds on the default
+# suite, alternating, for a refactor's before/after; AB_ARGS adds benchmark options to both, e.g.
+# "--backend fused"). "ab" times FUSED against FUSED_SM90 at every compiled head dim: the measurement
+# behind the AUTO ranges of FA_SM90_CONFIGS.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/flashattn_out}
+mkdir -p "$OUT"
+steps=${*:-all}
+want() { [[ " $steps " == *" all "* || " $steps " == *" $1 "* ]]; }
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
+start=$(date +%s)
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release ${FLASHATTN_HEAD_DIMS:+-DFLASHATTN_HEAD_DIMS=$FLASHATTN_HEAD_DIMS} >/dev/null
+cmake --build build -j "$(nproc)" > /tmp/flashattn_build.log 2>&1 || { cp /tmp/flashattn_build.log "$OUT/build.log"; tail -40 /tmp/flashattn_build.log; exit 1; }
+echo "build: $(( $(date +%s) - start )) s"
+summary=()
+if want test; then
+  ctest --test-dir build -j 4 --output-on-failure --timeout 900 > "$OUT/tests.log" 2>&1
+  grep -E '^\[ (reference|fused|fused_sm90|plan|threads|merge|serving) \]' -h build/Testing/Temporary/LastTest.log | sort -u > "$OUT/correctness.txt" || true
+  summary+=("tests: $(grep -E 'tests passed|tests failed' "$OUT/tests.log" | tail -1)")
+  grep -E 'Failed|\*\*\*' "$OUT/tests.log" | head -20
+  # The Python package: installed offline as the README says, its GPU tests, the README example.
+  python3 -m pip install -q --no-deps ./python > "$OUT/pytest.log" 2>&1
+  FLASHATTN_LIBRARY=$PWD/build/libflashattn.so python3 -m pytest -q -rs python/tests >> "$OUT/pytest.log" 2>&1
+  summary+=("python: $(tail -1 "$OUT/pytest.log")")
+  FLASHATTN_LIBRARY=$PWD/build/libflashattn.so python3 python/examples/quickstart.py 2>&1 | tail -2
+  FLASHATTN_LIBRARY=$PWD/build/libflashattn.so python3 -m flashattn > "$OUT/python_m_flashattn.txt" 2>&1
+  cat "$OUT/python_m_flashattn.txt"
+  # The C quick start, as the install test built it through find_package and through pkg-config.
+  for exe in build/tests/consumer_work/build/quickstart build/tests/consumer_work/quickstart_pc; do
+    [ -x "$exe" ] && summary+=("quickstart ($(basename "$(dirname "$exe")")): $("$exe" 2>&1 | tail -1)")
+  done
+fi
+if want hostcost; then
+  FLASHATTN_LIBRARY=$PWD/build/libflashattn.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 \
+    python3 benchmarks/python_host_cost.py --json "$OUT/hostcost.json" > "$OUT/hostcost.log" 2>&1
+  summary+=("$(tail -1 "$OUT/hostcost.log")")
+fi
+if want launchcost; then
+  nvcc -O2 -std=c++17 -arch=sm_90a benchmarks/launch_cost.cu -o build/launch_cost && ./build/launch_cost > "$OUT/launchcost.log" 2>&1
+  summary+=("launch cost: rc=$? (launchcost.log)")
+fi
+if want serving; then
+  FLASHATTN_LIBRARY=$PWD/build/libflashattn.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 \
+    python3 benchmarks/serving_speed.py --json "$OUT/serving.json" > "$OUT/serving.log" 2>&1
+  summary+=("serving speed: see serving.log")
+fi
+if [[ " $steps " == *" quick "* ]]; then
+  ./build/benchmarks/flashattn_bench --suite quick --json "$OUT/bench_quick.json" > "$OUT/bench.log" 2>&1
+  summary+=("bench quick: rc=$? $(tail -1 "$OUT/bench.log")")
+fi
+if want sanitize; then
+  : > "$OUT/sanitizer.log"
+  for tool in memcheck racecheck initcheck; do
+    compute-sanitizer --tool $tool --error-exitcode 1 ./build/tests/test_gpu --gtest_filter='Gpu.SanitizerSubset:GpuSm90.SanitizerSubset' \
+      >> "$OUT/sanitizer.log" 2>&1
+    summary+=("sanitizer $tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.log" | tail -1)")
+  done
+  # The serving paths: clamped out-of-range contents and every page size, under memcheck.
+  compute-sanitizer --tool memcheck --error-exitcode 1 ./build/tests/test_serving \
+    --gtest_filter='Serving.OutOfRangeContentsStayInsideTheTensors:Serving.PagedKvAnyPageSize:Serving.AppendWithRotary*' >> "$OUT/sanitizer.log" 2>&1
+  summary+=("sanitizer memcheck (serving): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1)")
+fi
+if want bench; then
+  ./build/benchmarks/flashattn_bench --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+  summary+=("bench: $(tail -1 "$OUT/bench.log")")
+fi
+if want ab; then
+  echo "# A/B: FUSED vs FUSED_SM90 per head dim (bf16, 16k tokens, hidden 2048, 4096^2)" >> "$OUT/bench.log"
+  for d in 32 64 96 128 160 192 256; do
+    for mask in none causal; do
+      for be in fused fused_sm90; do
+        ./build/benchmarks/flashattn_bench --backend $be --shape prefill:bf16:$((16384 / 4096)):$((2048 / d > 0 ? 2048 / d : 1)):$((2048 / d > 0 ? 2048 / d : 1)):4096:4096:$d:$mask \
+          --iters 20 2>&1 | grep -vE '^#|shapes,|^kind' | tail -1 >> "$OUT/bench.log"
+      done
+    done
+  done
+  summary+=("ab: see the end of bench.log")
+fi
+if [[ " $steps " == *" abtree "* ]]; then
+  cmake -S "$AB_OLD" -B "$AB_OLD/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_BUILD_TESTS=OFF >/dev/null &&
+    cmake --build "$AB_OLD/build" -j "$(nproc)" --target flashattn_bench > /tmp/flashattn_ab_build.log 2>&1 ||
+    { tail -20 /tmp/flashattn_ab_build.log; exit 1; }
+  files=()
+  for round in 1 2; do
+    for side in a b; do
+      exe=$([ $side = a ] && echo "$AB_OLD/build/benchmarks/flashattn_bench" || echo build/benchmarks/flashattn_bench)
+      "$exe" ${AB_ARGS:-} --no-check --iters 15 --warmup 3 --json "$OUT/ab_${side}${round}.json" > /dev/null 2>> "$OUT/ab.log"
+      files+=("$OUT/ab_${side}${round}.json")
+    done
+  done
+  python3 benchmarks/ab_compare.py "${files[@]}" > "$OUT/ab_compare.txt"
+  summary+=("abtree (A = $AB_OLD, B = this tree): $(tail -1 "$OUT/ab_compare.txt")")
+fi
+if want peers && [ -f benchmarks/compare_peers.py ]; then
+  FLASHATTN_LIBRARY=$PWD/build/libflashattn.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 \
+    python3 benchmarks/compare_peers.py --flush-l2 --json "$OUT/peers.json" > "$OUT/peers.log" 2>&1
+  summary+=("peers: see peers.log")
+fi
+[ -f "$OUT/correctness.txt" ] && cat "$OUT/correctness.txt"
+[ -f "$OUT/pytest.log" ] && grep -E "FAILED|Error|assert" "$OUT/pytest.log" | head -20
+[ -f "$OUT/bench.log" ] && grep -vE '^#|^\[' "$OUT/bench.log" | cut -c1-150
+[ -f "$OUT/peers.log" ] && tail -70 "$OUT/peers.log"
+[ -f "$OUT/hostcost.log" ] && cat "$OUT/hostcost.log"
+[ -f "$OUT/launchcost.log" ] && cat "$OUT/launchcost.log"
+[ -f "$OUT/serving.log" ] && cat "$OUT/serving.log"
+[ -f "$OUT/ab_compare.txt" ] && cat "$OUT/ab_compare.txt"
+printf '%s\n' "${summary[@]}"

@@ -1,0 +1,583 @@
+/*
+ * plan.c - turns validated params and device caps into a plan: which backend, which kernel variant,
+ * which tiles, which grid, how much workspace. Pure C: no CUDA calls, so it is unit-tested on hosts
+ * without a GPU, and the workspace query, the support query and the describe query share it.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "internal.h"
+
+typedef long long ll;
+
+static const fa_fused_config fa_fused_configs[] = {
+#define FA_CFG_ROW(hd, bm, bn, w) {hd, bm, bn, w},
+    FA_FUSED_CONFIGS(FA_CFG_ROW)
+#undef FA_CFG_ROW
+};
+#define FA_NUM_FUSED_CONFIGS ((int)(sizeof fa_fused_configs / sizeof fa_fused_configs[0]))
+
+int fa_fused_kernel_head_dim(int64_t head_dim) {
+    for (int i = 0; i < FA_NUM_FUSED_CONFIGS; ++i)
+        if (head_dim <= fa_fused_configs[i].head_dim) return fa_fused_configs[i].head_dim;
+    return 0;
+}
+
+const fa_fused_config *fa_fused_config_for(int kernel_head_dim) {
+    for (int i = 0; i < FA_NUM_FUSED_CONFIGS; ++i)
+        if (fa_fused_configs[i].head_dim == kernel_head_dim) return &fa_fused_configs[i];
+    return NULL;
+}
+
+static const struct { fa_fused_config cfg; int32_t auto_min, masked_max_sq; } fa_sm90_configs[] = {
+#define FA_SM90_ROW(hd, bn, consumers, auto_min, masked_max_sq) \
+    {{hd, 64 * (consumers), bn, 4 * ((consumers) + 1)}, auto_min, masked_max_sq},
+    FA_SM90_CONFIGS(FA_SM90_ROW)
+#undef FA_SM90_ROW
+};
+#define FA_NUM_SM90_CONFIGS ((int)(sizeof fa_sm90_configs / sizeof fa_sm90_configs[0]))
+
+int fa_sm90_kernel_head_dim(int64_t head_dim) {
+    for (int i = 0; i < FA_NUM_SM90_CONFIGS; ++i)
+        if (head_dim <= fa_sm90_configs[i].cfg.head_dim) return fa_sm90_configs[i].cfg.head_dim;
+    return 0;
+}
+
+const fa_fused_config *fa_sm90_config_for(int kernel_head_dim) {
+    for (int i = 0; i < FA_NUM_SM90_CONFIGS; ++i)
+        if (fa_sm90_configs[i].cfg.head_dim == kernel_head_dim && fa_sm90_configs[i].masked_max_sq == 0)
+            return &fa_sm90_configs[i].cfg;
+    return NULL;
+}
+
+const fa_fused_config *fa_sm90_config_for_call(int kernel_head_dim, const flashattn_fwd_params *p) {
+    const int masked = p->mask != FLASHATTN_MASK_NONE || p->window_left >= 0 || p->window_right >= 0;
+    for (int i = 0; i < FA_NUM_SM90_CONFIGS; ++i) {
+        const int alt = fa_sm90_configs[i].masked_max_sq > 0;
+        /* Decode-shaped: a few query rows per head (packed by KV group when grouped) fill less than
+         * one consumer's share of the smaller tile, so the larger one only adds idle consumers. */
+        const int decode = 2 * p->seqlen_q <= fa_sm90_configs[i].cfg.block_m;
+        if (fa_sm90_configs[i].cfg.head_dim == kernel_head_dim && alt &&
+            ((masked && p->seqlen_q <= fa_sm90_configs[i].masked_max_sq) || decode) &&
+            fa_sm90_variant_compiled(p->dtype, kernel_head_dim, fa_sm90_configs[i].cfg.block_m / 64))
+            return &fa_sm90_configs[i].cfg;
+    }
+    return fa_sm90_config_for(kernel_head_dim);
+}
+
+int fa_sm90_auto_prefers(int64_t head_dim) {
+    for (int i = 0; i < FA_NUM_SM90_CONFIGS; ++i)
+        if (head_dim <= fa_sm90_configs[i].cfg.head_dim) return head_dim >= fa_sm90_configs[i].auto_min;
+    return 0;
+}
+
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+static int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+/* Fold causal mask and window into key_lo_off <= j - i <= key_hi_off, clamped (see
+ * fa_kernel_params.h). */
+static void visibility_offsets(const flashattn_fwd_params *p, int32_t *lo_out, int32_t *hi_out) {
+    const int64_t sq = p->seqlen_q, sk = p->seqlen_k, off = sk - sq;
+    int64_t lo = -sq, hi = sk;
+    if (p->mask == FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT) hi = min64(hi, off);
+    if (p->mask == FLASHATTN_MASK_CAUSAL_TOP_LEFT) hi = min64(hi, 0);
+    if (p->window_right >= 0) hi = min64(hi, off + min64(p->window_right, sq + sk));
+    if (p->window_left >= 0) lo = max64(lo, off - min64(p->window_left, sq + sk));
+    lo = max64(-sq, min64(lo, sk));
+    hi = max64(-sq, min64(hi, sk));
+    *lo_out = (int32_t)lo;
+    *hi_out = (int32_t)hi;
+}
+
+_Static_assert((int)FA_DTYPE_F16 == (int)FLASHATTN_DTYPE_FLOAT16 && (int)FA_DTYPE_BF16 == (int)FLASHATTN_DTYPE_BFLOAT16,
+               "the kernels number dtypes as the public header does");
+
+static void fill_kernel_params(const flashattn_fwd_params *p, fa_kernel_params *kp) {
+    memset(kp, 0, sizeof *kp);
+    kp->q = p->q, kp->k = p->k, kp->v = p->v, kp->o = p->o;
+    kp->lse = p->lse;
+    kp->alibi_slopes = p->alibi_slopes;
+    kp->q_batch_stride = p->q_batch_stride, kp->q_seq_stride = p->q_seq_stride;
+    kp->q_head_stride = p->q_head_stride;
+    kp->k_batch_stride = p->k_batch_stride, kp->k_seq_stride = p->k_seq_stride;
+    kp->k_head_stride = p->k_head_stride;
+    kp->v_batch_stride = p->v_batch_stride, kp->v_seq_stride = p->v_seq_stride;
+    kp->v_head_stride = p->v_head_stride;
+    kp->o_batch_stride = p->o_batch_stride, kp->o_seq_stride = p->o_seq_stride;
+    kp->o_head_stride = p->o_head_stride;
+    kp->alibi_batch_stride = p->alibi_batch_stride;
+    kp->batch = (int32_t)p->batch, kp->seqlen_q = (int32_t)p->seqlen_q;
+    kp->seqlen_k = (int32_t)p->seqlen_k, kp->heads_q = (int32_t)p->heads_q;
+    kp->heads_kv = (int32_t)p->heads_kv, kp->head_dim = (int32_t)p->head_dim;
+    kp->head_group = (int32_t)(p->heads_q / p->heads_kv);
+    visibility_offsets(p, &kp->key_lo_off, &kp->key_hi_off);
+    kp->scale = p->softmax_scale > 0.0f ? p->softmax_scale : (float)(1.0 / sqrt((double)p->head_dim));
+    kp->scale_log2 = (float)((double)kp->scale * FA_LOG2E);
+    kp->softcap = p->softcap;
+    kp->softcap_inv_scale = p->softcap > 0.0f ? kp->scale / p->softcap : 0.0f;
+    if (fa_is_serving(p)) {
+        kp->serving = 1;
+        kp->cu_seqlens_q = p->cu_seqlens_q, kp->cu_seqlens_k = p->cu_seqlens_k;
+        kp->seqused_k = p->seqused_k, kp->block_table = p->block_table;
+        kp->kv_batch_idx = p->kv_batch_idx;
+        kp->block_table_stride = p->block_table_batch_stride;
+        kp->page_size = (int32_t)p->page_size, kp->num_pages = (int32_t)p->num_pages;
+        kp->pages_per_seq = (int32_t)p->pages_per_seq;
+        kp->total_q = (int32_t)p->total_q, kp->total_k = (int32_t)p->total_k;
+        kp->kv_batch = (int32_t)p->kv_batch;
+        kp->mask_kind = p->mask;
+        /* A window wider than any sequence pair (2^30 + 2^30 keys) is unbounded in effect. */
+        kp->window_left = (int32_t)min64(p->window_left, FA_MAX_SEQLEN);
+        kp->window_right = (int32_t)min64(p->window_right, FA_MAX_SEQLEN);
+        kp->seqused_add = (int32_t)p->seqlen_new;
+        kp->kv_indptr = p->kv_indptr, kp->kv_last_page_len = p->kv_last_page_len;
+        kp->num_page_indices = (int32_t)p->num_page_indices;
+        kp->cache_leftpad = p->cache_leftpad;
+    }
+}
+
+/* The append kernel's arguments (k_new set): the cache is the call's K and V. */
+static void fill_append_args(const flashattn_fwd_params *p, fa_append_args *a) {
+    memset(a, 0, sizeof *a);
+    a->k_new = p->k_new, a->v_new = p->v_new, a->q = p->q, a->cos = p->rotary_cos, a->sin = p->rotary_sin;
+    a->k_cache = (void *)(uintptr_t)p->k, a->v_cache = (void *)(uintptr_t)p->v; /* the cache is written */
+    a->seqused_k = p->seqused_k, a->block_table = p->block_table, a->kv_batch_idx = p->kv_batch_idx;
+    const int64_t strides[5][3] = {
+        {p->k_new_batch_stride, p->k_new_seq_stride, p->k_new_head_stride},
+        {p->v_new_batch_stride, p->v_new_seq_stride, p->v_new_head_stride},
+        {p->k_batch_stride, p->k_seq_stride, p->k_head_stride},
+        {p->v_batch_stride, p->v_seq_stride, p->v_head_stride},
+        {p->q_batch_stride, p->q_seq_stride, p->q_head_stride},
+    };
+    memcpy(a->k_new_stride, strides[0], sizeof strides[0]);
+    memcpy(a->v_new_stride, strides[1], sizeof strides[1]);
+    memcpy(a->k_stride, strides[2], sizeof strides[2]);
+    memcpy(a->v_stride, strides[3], sizeof strides[3]);
+    memcpy(a->q_stride, strides[4], sizeof strides[4]);
+    a->block_table_stride = p->block_table_batch_stride;
+    a->kv_indptr = p->kv_indptr, a->num_page_indices = (int32_t)p->num_page_indices;
+    a->pages_per_seq = (int32_t)p->pages_per_seq;
+    a->batch = (int32_t)p->batch, a->seqlen_new = (int32_t)p->seqlen_new, a->seqlen_q = (int32_t)p->seqlen_q;
+    a->heads_q = (int32_t)p->heads_q, a->heads_kv = (int32_t)p->heads_kv, a->head_dim = (int32_t)p->head_dim;
+    a->seqlen_cap = (int32_t)p->seqlen_k, a->page_size = (int32_t)p->page_size;
+    a->num_pages = (int32_t)p->num_pages, a->kv_batch = (int32_t)p->kv_batch;
+    a->rotary_dim = (int32_t)p->rotary_dim, a->seqlen_ro = (int32_t)p->seqlen_ro;
+    a->interleaved = p->rotary_interleaved, a->q_at_cache_len = p->rotary_q_at_cache_len;
+    a->dtype = p->dtype;
+}
+
+static const char *fused_layout_reason(const char *backend, const flashattn_fwd_params *p, char *buf,
+                                       size_t n);
+
+/* The head dim rules both fused backends share: a multiple of 8, run on the compiled variant khd
+ * (0: none holds it; `compiled`: whether this build has it). NULL when p meets them. */
+static const char *head_dim_reason(const char *backend, const flashattn_fwd_params *p, int khd,
+                                   int compiled, const char *build_hint, char *buf, size_t n) {
+    if (p->head_dim % 8 != 0) {
+        snprintf(buf, n, "the %s backend needs head_dim to be a multiple of 8 (got %lld)", backend,
+                 (ll)p->head_dim);
+        return buf;
+    }
+    if (khd == 0 || !compiled) {
+        snprintf(buf, n, "the %s backend has no kernel for head_dim %lld with dtype %s in this build "
+                 "(kernel head dim %d; %s)", backend, (ll)p->head_dim,
+                 p->dtype == FLASHATTN_DTYPE_BFLOAT16 ? "bfloat16" : "float16", khd, build_hint);
+        return buf;
+    }
+    return NULL;
+}
+
+/* NULL when the fused kernel can run p, else the reason (written into buf). */
+static const char *fused_unsupported_reason(const fa_device_caps *caps,
+                                            const flashattn_fwd_params *p, char *buf, size_t n) {
+    const int khd = fa_fused_kernel_head_dim(p->head_dim);
+    if (head_dim_reason("fused", p, khd, fa_fused_compiled(p->dtype, khd), "FLASHATTN_HEAD_DIMS", buf, n))
+        return buf;
+    if (fused_layout_reason("fused", p, buf, n)) return buf;
+    const fa_fused_config *cfg = fa_fused_config_for(khd);
+    const int64_t smem = fa_fused_smem_bytes(cfg);
+    if (smem > caps->smem_per_block_optin) {
+        snprintf(buf, n, "the fused kernel for head_dim %lld (kernel head dim %d) needs %lld bytes of "
+                 "shared memory; device %d allows %lld per block", (ll)p->head_dim, khd, (ll)smem,
+                 caps->device, (ll)caps->smem_per_block_optin);
+        return buf;
+    }
+    return NULL;
+}
+
+/* The pointer, stride and grid limits both fused backends share; NULL when p meets them. */
+static const char *fused_layout_reason(const char *backend, const flashattn_fwd_params *p, char *buf,
+                                       size_t n) {
+    const void *ptrs[4] = {p->q, p->k, p->v, p->o};
+    const char *names[4] = {"q", "k", "v", "o"};
+    const int64_t strides[4][3] = {
+        {p->q_batch_stride, p->q_seq_stride, p->q_head_stride},
+        {p->k_batch_stride, p->k_seq_stride, p->k_head_stride},
+        {p->v_batch_stride, p->v_seq_stride, p->v_head_stride},
+        {p->o_batch_stride, p->o_seq_stride, p->o_head_stride},
+    };
+    for (int t = 0; t < 4; ++t) {
+        if (((uintptr_t)ptrs[t]) % 16 != 0) {
+            snprintf(buf, n, "the %s backend needs %s 16-byte aligned (got %p)", backend, names[t], ptrs[t]);
+            return buf;
+        }
+        for (int s = 0; s < 3; ++s)
+            if (strides[t][s] % 8 != 0) {
+                snprintf(buf, n,
+                         "the %s backend needs every %s stride to be a multiple of 8 elements "
+                         "(got %lld, %lld, %lld)",
+                         backend, names[t], (ll)strides[t][0], (ll)strides[t][1], (ll)strides[t][2]);
+                return buf;
+            }
+    }
+    if (p->heads_q > FA_MAX_GRID_YZ || p->batch > FA_MAX_GRID_YZ) {
+        snprintf(buf, n, "the %s backend supports heads_q and batch up to %d (got %lld, %lld)",
+                 backend, FA_MAX_GRID_YZ, (ll)p->heads_q, (ll)p->batch);
+        return buf;
+    }
+    return NULL;
+}
+
+/* NULL when the FUSED_SM90 kernel can run p on this device, else the reason (written into buf). */
+static const char *sm90_unsupported_reason(const fa_device_caps *caps, const flashattn_fwd_params *p,
+                                           char *buf, size_t n) {
+    if (caps->cc_major != 9 || caps->cc_minor != 0) {
+        snprintf(buf, n, "the fused_sm90 backend needs a compute capability 9.0 device (device %d is %d.%d)",
+                 caps->device, caps->cc_major, caps->cc_minor);
+        return buf;
+    }
+    const int khd = fa_sm90_kernel_head_dim(p->head_dim);
+    const int compiled =
+        khd != 0 && fa_sm90_variant_compiled(p->dtype, khd, fa_sm90_config_for(khd)->block_m / 64);
+    if (head_dim_reason("fused_sm90", p, khd, compiled,
+                        "FLASHATTN_HEAD_DIMS, and CMAKE_CUDA_ARCHITECTURES must include 90a", buf, n))
+        return buf;
+    if (fused_layout_reason("fused_sm90", p, buf, n)) return buf;
+    /* The tensor memory accelerator takes strides of 16 bytes up to 2^40 bytes; a zero stride
+     * (a broadcast dimension) only where that dimension has one element. A serving call's tensors
+     * have their own outer extents (packed, page pools, an indexed cache). */
+    int64_t q_batch, q_seq, kv_batch, kv_seq;
+    fa_outer_extents(p, &q_batch, &q_seq, &kv_batch, &kv_seq);
+    const struct { const char *name; int64_t extent, stride; } tma[] = {
+        {"q_seq_stride", q_seq, p->q_seq_stride}, {"q_head_stride", p->heads_q, p->q_head_stride},
+        {"q_batch_stride", q_batch, p->q_batch_stride}, {"k_seq_stride", kv_seq, p->k_seq_stride},
+        {"k_head_stride", p->heads_kv, p->k_head_stride}, {"k_batch_stride", kv_batch, p->k_batch_stride},
+        {"v_seq_stride", kv_seq, p->v_seq_stride}, {"v_head_stride", p->heads_kv, p->v_head_stride},
+        {"v_batch_stride", kv_batch, p->v_batch_stride},
+    };
+    for (size_t i = 0; i < sizeof tma / sizeof tma[0]; ++i)
+        if (tma[i].extent > 1 && (tma[i].stride <= 0 || tma[i].stride >= ((int64_t)1 << 39))) {
+            snprintf(buf, n, "the fused_sm90 backend needs %s in [1, 2^39) elements where that "
+                     "dimension has more than one element (got %lld)", tma[i].name, (ll)tma[i].stride);
+            return buf;
+        }
+    const fa_fused_config *cfg = fa_sm90_config_for_call(khd, p);
+    const int64_t smem = fa_sm90_smem_bytes(cfg->head_dim, cfg->block_m, cfg->block_n);
+    if (smem > caps->smem_per_block_optin) {
+        snprintf(buf, n, "the fused_sm90 kernel for head_dim %lld (kernel head dim %d) needs %lld bytes "
+                 "of shared memory; device %d allows %lld per block", (ll)p->head_dim, khd, (ll)smem,
+                 caps->device, (ll)caps->smem_per_block_optin);
+        return buf;
+    }
+    return NULL;
+}
+
+/* *out = a * b; 0 on int64 overflow (a, b >= 0). */
+static int mul_ok(int64_t a, int64_t b, int64_t *out) {
+    if (a != 0 && b > INT64_MAX / a) return 0;
+    *out = a * b;
+    return 1;
+}
+
+/* Appends a region of n elements of `elem` bytes at *at, 256-byte aligned; 0 on overflow. */
+static int add_region(int64_t *at, int64_t n, int64_t elem, int64_t *offset) {
+    int64_t bytes;
+    if (!mul_ok(n, elem, &bytes) || bytes > INT64_MAX / 2 - *at) return 0;
+    *offset = *at;
+    *at = align_up(*at + bytes, FA_WORKSPACE_ALIGN);
+    return 1;
+}
+
+static int ref_layout(const flashattn_fwd_params *p, fa_ref_layout *l) {
+    int64_t nbh, s_elems, v_elems, o_elems, at = 0;
+    if (!mul_ok(p->batch, p->heads_q, &nbh) || !mul_ok(nbh, p->seqlen_q, &s_elems) ||
+        !mul_ok(s_elems, p->seqlen_k, &s_elems) ||
+        !mul_ok(p->batch * p->heads_kv, p->seqlen_k, &v_elems) ||
+        !mul_ok(v_elems, p->head_dim, &v_elems) || !mul_ok(nbh, p->seqlen_q, &o_elems) ||
+        !mul_ok(o_elems, p->head_dim, &o_elems))
+        return 0;
+    if (!add_region(&at, 6 * nbh, 8, &l->ptr_arrays) || !add_region(&at, s_elems, 4, &l->scores) ||
+        !add_region(&at, v_elems, 4, &l->v_f32) || !add_region(&at, o_elems, 4, &l->o_f32) ||
+        !add_region(&at, FA_CUBLAS_WORKSPACE_BYTES, 1, &l->cublas_ws))
+        return 0;
+    l->gathered = 0;
+    if (fa_is_serving(p)) { /* dense copies of Q, K and V: o_elems and v_elems elements, 2 bytes each */
+        int64_t qkv;
+        if (!mul_ok(v_elems, 2, &qkv) || qkv > INT64_MAX - o_elems || !add_region(&at, o_elems + qkv, 2, &l->gathered))
+            return 0;
+    }
+    l->total = at;
+    return 1;
+}
+
+static const char *reference_unsupported_reason(const flashattn_fwd_params *p,
+                                                fa_ref_layout *layout, char *buf, size_t n) {
+    if (p->batch * p->heads_q > INT32_MAX) {
+        snprintf(buf, n, "the reference backend needs batch x heads_q <= %d (got %lld)", INT32_MAX,
+                 (ll)(p->batch * p->heads_q));
+        return buf;
+    }
+    /* cuBLAS reads Q and K as matrices with leading dimension = seq stride (a serving call's: the
+     * dense copies' heads x head_dim). */
+    const int serving = fa_is_serving(p);
+    const struct { const char *name; int64_t seq, stride; } lds[2] = {
+        {"q_seq_stride", p->seqlen_q, serving ? p->heads_q * p->head_dim : p->q_seq_stride},
+        {"k_seq_stride", p->seqlen_k, serving ? p->heads_kv * p->head_dim : p->k_seq_stride},
+    };
+    for (int i = 0; i < 2; ++i) {
+        if (lds[i].seq > 1 && (lds[i].stride < p->head_dim || lds[i].stride > INT32_MAX)) {
+            snprintf(buf, n,
+                     "the reference backend (cuBLAS) needs head_dim <= %s <= %d (got %lld)",
+                     lds[i].name, INT32_MAX, (ll)lds[i].stride);
+            return buf;
+        }
+    }
+    if (!ref_layout(p, layout)) {
+        snprintf(buf, n, "the reference backend's workspace (float32 scores of batch x heads_q x "
+                 "seqlen_q x seqlen_k = %lld x %lld x %lld x %lld) overflows int64 bytes",
+                 (ll)p->batch, (ll)p->heads_q, (ll)p->seqlen_q, (ll)p->seqlen_k);
+        return buf;
+    }
+    return NULL;
+}
+
+/* FUSED_SM90 decode-shaped calls: with few query rows per KV head (seqlen_q <= block_m / 2) and
+ * grouped query heads, one tile holds the group's heads (pack_gqa), so K and V are read once per
+ * group rather than once per query head. */
+int fa_should_pack_gqa(int sm90, int64_t group, int64_t block_m, int64_t seqlen_q) {
+    return sm90 && group > 1 && group <= block_m && seqlen_q * 2 <= block_m;
+}
+
+/* How many ways a fused kernel splits each tile's key range: when the tiles (ctas) are too few to
+ * fill the GPU, as many as fit in one wave of one block per SM (rounded down), at least 2 key tiles
+ * per split and at most FA_MAX_SPLITS; 1 (no split) otherwise. */
+int64_t fa_num_splits(int64_t sm_count, int64_t ctas, int64_t key_tiles) {
+    if (ctas <= 0 || ctas >= sm_count) return 1;
+    const int64_t splits = min64(sm_count / ctas, min64(key_tiles / 2, FA_MAX_SPLITS));
+    return splits < 2 ? 1 : splits;
+}
+
+/* The split partial results in the workspace: float32 O [splits, batch, heads_q, seqlen_q, head_dim],
+ * then float32 LSE [splits, batch, heads_q, seqlen_q]. 0 if the size overflows int64. */
+static int split_workspace(const flashattn_fwd_params *p, int64_t splits, fa_plan *plan) {
+    int64_t nrows, o_elems, at = 0;
+    if (!mul_ok(splits * p->batch, p->heads_q, &nrows) || !mul_ok(nrows, p->seqlen_q, &nrows) ||
+        !mul_ok(nrows, p->head_dim, &o_elems) || !add_region(&at, o_elems, 4, &plan->o_accum_off) ||
+        !add_region(&at, nrows, 4, &plan->lse_accum_off))
+        return 0;
+    plan->workspace_bytes = at;
+    return 1;
+}
+
+/* The grid of a fused plan (plan->cfg set): a block per query tile (times splits), head (or KV
+ * head, when packed) and batch entry. Returns 0 only if the split workspace overflows. */
+static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_params *p, int sm90,
+                           int no_split, fa_plan *plan) {
+    const int64_t group = p->heads_q / p->heads_kv;
+    const int64_t block_m = plan->cfg.block_m;
+    const int pack = fa_should_pack_gqa(sm90, group, block_m, p->seqlen_q);
+    const int64_t rows = pack ? block_m / group : block_m;
+    const int64_t mblocks = (p->seqlen_q + rows - 1) / rows;
+    plan->kp.pack_gqa = pack;
+    plan->kp.pack_rows = (int32_t)rows;
+    plan->kp.num_m_blocks = (int32_t)mblocks;
+    plan->grid_y = (int32_t)(pack ? p->heads_kv : p->heads_q);
+    plan->grid_z = (int32_t)p->batch;
+    const int64_t ctas = mblocks * plan->grid_y * p->batch;
+    const int64_t key_tiles = (p->seqlen_k + plan->cfg.block_n - 1) / plan->cfg.block_n;
+    /* A ragged Q splits as a dense one of its capacities: the partial results are [batch,
+     * seqlen_q] by capacity, and the combine writes each sequence's packed rows. */
+    const int64_t splits = no_split ? 1 : fa_num_splits(caps->sm_count, ctas, key_tiles);
+    plan->kp.num_splits = (int32_t)splits;
+    plan->grid_x = (int32_t)(mblocks * splits);
+    return splits > 1 ? split_workspace(p, splits, plan) : 1;
+}
+
+/* FUSED decode with grouped query heads: with one query row per sequence, the group's query heads
+ * can be read as the positions of one head (Q and O's head stride becomes the position stride), so
+ * one tile holds the whole group and K and V are read once per KV head instead of once per query
+ * head (FlashAttention-2 does the same for decode). The LSE layout [batch, heads_q, 1] is
+ * [batch, heads_kv, group] already. Exact only where no row's visible keys or bias depend on its
+ * position: one query, no top-left causal mask (bottom-right with one query hides nothing), no left
+ * window, no ALiBi; and not with rotary tables (the rotated copy of Q has strides of its own). A
+ * packed Q (seqlen_q = 1 as the capacity) is re-read the same way, with packed_gqa_rows' fields.
+ * Writes the re-read params into *rows and returns 1, else returns 0. */
+static int fused_gqa_rows(const flashattn_fwd_params *p, flashattn_fwd_params *rows) {
+    const int64_t group = p->heads_kv > 0 ? p->heads_q / p->heads_kv : 0;
+    if (p->seqlen_q != 1 || group < 2 || p->mask == FLASHATTN_MASK_CAUSAL_TOP_LEFT ||
+        p->window_left >= 0 || p->alibi_slopes != NULL || p->rotary_cos != NULL)
+        return 0;
+    *rows = *p;
+    rows->seqlen_q = group, rows->heads_q = p->heads_kv, rows->mask = FLASHATTN_MASK_NONE;
+    rows->window_right = -1; /* with one query, bottom-right: never narrower than the keys */
+    rows->q_seq_stride = p->q_head_stride, rows->q_head_stride = group * p->q_head_stride;
+    rows->o_seq_stride = p->o_head_stride, rows->o_head_stride = group * p->o_head_stride;
+    return 1;
+}
+
+/* A packed Q (max_seqlen_q = 1: each sequence has no query or one) read as fused_gqa_rows reads a
+ * dense one: the kernel takes each sequence's query as `group` rows (kp.q_group_rows), its packed
+ * row from the real row strides, its LSE rows [heads_q, total_q] total_q apart. */
+static void packed_gqa_rows(const flashattn_fwd_params *p, fa_kernel_params *kp) {
+    if (p->cu_seqlens_q == NULL) return;
+    kp->q_group_rows = (int32_t)(p->heads_q / p->heads_kv);
+    kp->q_row0_stride = p->q_seq_stride, kp->o_row0_stride = p->o_seq_stride;
+}
+
+flashattn_status fa_plan_make(const fa_device_caps *caps, const flashattn_fwd_params *p,
+                              int options, fa_plan *out) {
+    flashattn_fwd_params full; /* the caller's fields, with defaults for any it does not know */
+    flashattn_status st = fa_validate_load(p, &full);
+    if (st != FLASHATTN_STATUS_SUCCESS) return st;
+    p = &full;
+    if (caps->cc_major < 8)
+        return fa_fail(FLASHATTN_STATUS_DEVICE_TOO_OLD,
+                       "device %d has compute capability %d.%d; libflashattn needs 8.0 or newer",
+                       caps->device, caps->cc_major, caps->cc_minor);
+
+    fa_plan plan;
+    memset(&plan, 0, sizeof plan);
+    plan.dtype = p->dtype;
+    plan.ref_lowprec = (options & FA_PLAN_REF_LOWPREC) != 0;
+    fill_kernel_params(p, &plan.kp);
+
+    char why_fused[256], why_sm90[256], why_ref[256];
+    const char *no_fused = fused_unsupported_reason(caps, p, why_fused, sizeof why_fused);
+    const char *no_sm90 = sm90_unsupported_reason(caps, p, why_sm90, sizeof why_sm90);
+    const char *no_ref = reference_unsupported_reason(p, &plan.ref, why_ref, sizeof why_ref);
+
+    int backend = p->backend;
+    if (backend == FLASHATTN_BACKEND_AUTO) {
+        if (!no_sm90 && (no_fused || fa_sm90_auto_prefers(p->head_dim)))
+            backend = FLASHATTN_BACKEND_FUSED_SM90;
+        else if (!no_fused)
+            backend = FLASHATTN_BACKEND_FUSED;
+        else if (!no_ref)
+            backend = FLASHATTN_BACKEND_REFERENCE;
+        else
+            return fa_fail(FLASHATTN_STATUS_UNSUPPORTED, "no backend can run this call: %s; %s%s%s",
+                           no_fused, no_ref, caps->cc_major == 9 && caps->cc_minor == 0 ? "; " : "",
+                           caps->cc_major == 9 && caps->cc_minor == 0 ? no_sm90 : "");
+    } else if (backend == FLASHATTN_BACKEND_FUSED && no_fused) {
+        return fa_fail(FLASHATTN_STATUS_UNSUPPORTED, "%s", no_fused);
+    } else if (backend == FLASHATTN_BACKEND_FUSED_SM90 && no_sm90) {
+        return fa_fail(FLASHATTN_STATUS_UNSUPPORTED, "%s", no_sm90);
+    } else if (backend == FLASHATTN_BACKEND_REFERENCE && no_ref) {
+        return fa_fail(FLASHATTN_STATUS_UNSUPPORTED, "%s", no_ref);
+    }
+    plan.backend = backend;
+    /* No queries: nothing to do, unless keys are appended (the cache is still written). */
+    plan.noop = (p->seqlen_q == 0 && p->k_new == NULL);
+
+    flashattn_fwd_params gqa_rows;
+    const flashattn_fwd_params *pk = p; /* what the attention kernel runs (p, or p re-read) */
+    if (backend == FLASHATTN_BACKEND_FUSED && fused_gqa_rows(p, &gqa_rows)) {
+        plan.gqa_rows = 1;
+        pk = &gqa_rows;
+        fill_kernel_params(pk, &plan.kp);
+        packed_gqa_rows(p, &plan.kp);
+    }
+    if (backend == FLASHATTN_BACKEND_FUSED || backend == FLASHATTN_BACKEND_FUSED_SM90) {
+        const int sm90 = backend == FLASHATTN_BACKEND_FUSED_SM90;
+        plan.cfg = sm90 ? *fa_sm90_config_for_call(fa_sm90_kernel_head_dim(p->head_dim), p)
+                        : *fa_fused_config_for(fa_fused_kernel_head_dim(p->head_dim));
+        plan.threads = 32 * plan.cfg.warps;
+        plan.smem_bytes = sm90 ? fa_sm90_smem_bytes(plan.cfg.head_dim, plan.cfg.block_m, plan.cfg.block_n)
+                               : fa_fused_smem_bytes(&plan.cfg);
+        if (!fused_grid_plan(caps, pk, sm90, (options & FA_PLAN_NO_SPLIT) != 0, &plan))
+            return fa_fail(FLASHATTN_STATUS_INDEX_OVERFLOW,
+                           "the split-key workspace (float32 partial O of splits x batch x heads_q x "
+                           "seqlen_q x head_dim = %d x %lld x %lld x %lld x %lld) overflows int64 bytes",
+                           plan.kp.num_splits, (ll)p->batch, (ll)p->heads_q, (ll)p->seqlen_q,
+                           (ll)p->head_dim);
+    } else {
+        const int64_t rows = p->batch * p->heads_q * p->seqlen_q;
+        plan.grid_x = (int32_t)min64(rows, FA_GRID_STRIDE_MAX_BLOCKS);
+        plan.grid_y = plan.grid_z = 1;
+        plan.threads = 256;
+        plan.smem_bytes = 0;
+        plan.workspace_bytes = plan.noop ? 0 : plan.ref.total;
+    }
+    if (plan.noop) plan.workspace_bytes = 0;
+    if (p->k_new != NULL) {
+        plan.append = 1;
+        fill_append_args(p, &plan.app);
+        /* Rotated Q, [batch, seqlen_q, heads_q, head_dim] in dtype, after the split regions. */
+        int64_t at = align_up(plan.workspace_bytes, FA_WORKSPACE_ALIGN), q_elems;
+        if (p->rotary_cos != NULL && p->seqlen_q > 0) {
+            if (!mul_ok(p->batch * p->heads_q, p->seqlen_q, &q_elems) || !mul_ok(q_elems, p->head_dim, &q_elems) ||
+                !add_region(&at, q_elems, 2, &plan.q_rot_off))
+                return fa_fail(FLASHATTN_STATUS_INDEX_OVERFLOW,
+                               "the rotated copy of q (batch x seqlen_q x heads_q x head_dim = %lld x %lld x %lld "
+                               "x %lld) overflows int64 bytes in the workspace",
+                               (ll)p->batch, (ll)p->seqlen_q, (ll)p->heads_q, (ll)p->head_dim);
+            plan.workspace_bytes = at;
+        }
+    }
+    *out = plan;
+    return FLASHATTN_STATUS_SUCCESS;
+}
+
+void fa_plan_describe(const fa_plan *plan, flashattn_plan_info *info) {
+    const size_t size = info->struct_size;
+    memset(info, 0, sizeof *info);
+    info->struct_size = size;
+    info->backend = plan->backend;
+    info->workspace_bytes = plan->workspace_bytes;
+    info->shared_mem_bytes = plan->smem_bytes;
+    info->num_warps = plan->threads / 32;
+    info->grid_x = plan->grid_x, info->grid_y = plan->grid_y, info->grid_z = plan->grid_z;
+    info->num_splits = plan->kp.num_splits > 1 ? plan->kp.num_splits : 1;
+    const char *dt = plan->dtype == FLASHATTN_DTYPE_BFLOAT16 ? "bf16" : "fp16";
+    const char *bname = "REFERENCE";
+    if (plan->backend == FLASHATTN_BACKEND_FUSED || plan->backend == FLASHATTN_BACKEND_FUSED_SM90) {
+        const int sm90 = plan->backend == FLASHATTN_BACKEND_FUSED_SM90;
+        bname = sm90 ? "FUSED_SM90" : "FUSED";
+        info->block_m = plan->cfg.block_m;
+        info->block_n = plan->cfg.block_n;
+        info->kernel_head_dim = plan->cfg.head_dim;
+        snprintf(info->kernel_name, sizeof info->kernel_name, "%s_%s_d%d_m%d_n%d_w%d",
+                 sm90 ? "fused_sm90" : "fused_fwd", dt, plan->cfg.head_dim, plan->cfg.block_m,
+                 plan->cfg.block_n, plan->cfg.warps);
+    } else {
+        info->block_m = 1;
+        info->block_n = 0;
+        info->kernel_head_dim = plan->kp.head_dim;
+        snprintf(info->kernel_name, sizeof info->kernel_name, "reference_cublas_%s_softmax_f32", dt);
+    }
+    /* A serving call's paths: packed Q/K, per-sequence key counts, pages (read by TMA boxes or
+     * gathered row by row), an indexed cache, left padding, an append with or without rotary. */
+    char serving[96] = "";
+    const fa_kernel_params *kp = &plan->kp;
+    if (kp->serving) {
+        char paged[32] = "";
+        if (kp->block_table) {
+            const int bn = plan->cfg.block_n;
+            const int tma = plan->backend == FLASHATTN_BACKEND_FUSED_SM90 && FA_SM90_TMA_PAGES(kp->page_size, bn);
+            snprintf(paged, sizeof paged, " paged=%d:%s", kp->page_size, tma ? "tma" : "gather");
+        }
+        snprintf(serving, sizeof serving, "%s%s%s%s%s%s%s", kp->cu_seqlens_q ? " packed_q" : "",
+                 kp->cu_seqlens_k && !kp->block_table ? " packed_kv" : "", kp->seqused_k ? " seqused_k" : "", paged,
+                 kp->kv_batch_idx ? " kv_batch_idx" : "", kp->cache_leftpad ? " leftpad" : "",
+                 plan->append ? (plan->app.cos ? " append+rotary" : " append") : "");
+    }
+    snprintf(info->description, sizeof info->description,
+             "backend=%s kernel=%s grid=(%d,%d,%d) threads=%d smem=%lld splits=%d workspace=%lld%s%s",
+             bname, info->kernel_name,
+             info->grid_x, info->grid_y, info->grid_z, plan->threads, (ll)plan->smem_bytes,
+             info->num_splits, (ll)plan->workspace_bytes,
+             plan->noop ? " (no-op: seqlen_q=0)" : plan->kp.pack_gqa ? " gqa_packed" : plan->gqa_rows ? " gqa_rows" : "",
+             serving);
+}

@@ -1,0 +1,15 @@
+# The README's code blocks are the shipped examples, verbatim: its C quick start is a part of
+# examples/quickstart.c (which the install test builds and runs), so what a reader copies compiles.
+file(READ ${README} readme)
+file(READ ${QUICKSTART} quickstart)
+string(REGEX MATCH "```c\n([^`]*)```" block "${readme}")
+if(NOT block)
+  message(FATAL_ERROR "README.md has no ```c block")
+endif()
+set(code "${CMAKE_MATCH_1}")
+string(FIND "${quickstart}" "${code}" at)
+if(at EQUAL -1)
+  message(FATAL_ERROR "README.md's C quick start is not verbatim in examples/quickstart.c")
+endif()
+string(LENGTH "${code}" n)
+message(STATUS "README's C block (${n} characters) is verbatim in examples/quickstart.c")

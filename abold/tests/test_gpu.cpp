@@ -1,0 +1,729 @@
+// test_gpu.cpp - correctness on the device: the REFERENCE backend against the fp64 CPU oracle, the
+// FUSED backend by FlashAttention's rule over a wide matrix, determinism, bad inputs leaving outputs
+// untouched, CUDA-graph capture, and many host threads. Every test skips with a reason when the
+// machine has no CUDA device; the host-only tests still run there.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <thread>
+
+#include "gpu_util.h"
+
+using namespace fatest;
+
+namespace {
+
+using Gpu = GpuTest;
+
+bool device_has_sm90_backend() {
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+        return false;
+    return major == 9 && minor == 0 && fa_sm90_compiled(FLASHATTN_DTYPE_BFLOAT16, 128);
+}
+
+// REFERENCE plus every fused backend this device and build have.
+std::vector<int> all_backends() {
+    std::vector<int> b = {FLASHATTN_BACKEND_REFERENCE, FLASHATTN_BACKEND_FUSED};
+    if (device_has_sm90_backend()) b.push_back(FLASHATTN_BACKEND_FUSED_SM90);
+    return b;
+}
+
+// The FUSED_SM90 tests: the same checks, on devices and builds that have that backend.
+class GpuSm90 : public Gpu {
+  protected:
+    void SetUp() override {
+        Gpu::SetUp();
+        if (HasFatalFailure() || IsSkipped()) return;
+        int dev = 0, major = 0, minor = 0;
+        ASSERT_EQ(cudaSuccess, cudaGetDevice(&dev));
+        ASSERT_EQ(cudaSuccess, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+        ASSERT_EQ(cudaSuccess, cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+        if (major != 9 || minor != 0)
+            GTEST_SKIP() << "FUSED_SM90 needs a compute capability 9.0 device; this one is " << major << "."
+                         << minor;
+        if (!fa_sm90_compiled(FLASHATTN_DTYPE_BFLOAT16, 128))
+            GTEST_SKIP() << "this build has no FUSED_SM90 kernels (CMAKE_CUDA_ARCHITECTURES without 90a)";
+    }
+};
+
+// Relative rounding of one output element in the dtype (one full ulp, twice the round-off).
+double dtype_ulp(int dtype) { return dtype == FLASHATTN_DTYPE_BFLOAT16 ? 1.0 / 128 : 1.0 / 1024; }
+
+// ---- REFERENCE against the fp64 oracle -------------------------------------------------------------
+
+struct RefStats { int cases = 0; double max_o_err = 0, max_lse_err = 0; };
+
+void check_reference(flashattn_handle *h, const Case &c, RefStats &st) {
+    SCOPED_TRACE(c.str());
+    Inputs in(c);
+    const Result r = run(h, in, FLASHATTN_BACKEND_REFERENCE, false, true);
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, r.status) << flashattn_last_error();
+    EXPECT_EQ(0u, r.unwritten);
+    EXPECT_EQ(0u, r.gap_writes);
+    const Oracle ora = oracle(in);
+    double worst = 0;
+    for (size_t x = 0; x < ora.o.size(); ++x) {
+        const double err = std::fabs(r.o[x] - ora.o[x]);
+        const double tol = dtype_ulp(c.dtype) * std::fabs(ora.o[x]) + 2e-5;
+        if (!(err <= tol)) {
+            ADD_FAILURE() << "O[" << x << "] = " << r.o[x] << ", oracle " << ora.o[x];
+            break;
+        }
+        worst = std::max(worst, err);
+    }
+    const double f32_err = max_abs_diff(r.o_f32, ora.o);
+    EXPECT_LE(f32_err, 2e-4) << "fp32 O of the reference";
+    if (c.lse) {
+        const double lse_err = max_abs_diff(r.lse, ora.lse);
+        EXPECT_LE(lse_err, 1e-3);
+        st.max_lse_err = std::max(st.max_lse_err, lse_err);
+    }
+    st.max_o_err = std::max(st.max_o_err, worst);
+    ++st.cases;
+}
+
+TEST_F(Gpu, ReferenceMatchesOracleAcrossShapesAndDtypes) {
+    RefStats st;
+    const int64_t dims[] = {32, 40, 64, 72, 128, 200, 256};
+    const std::pair<int64_t, int64_t> seqs[] = {{1, 239}, {113, 203}, {203, 113}, {128, 128}, {64, 1}};
+    for (int dtype : {FLASHATTN_DTYPE_FLOAT16, FLASHATTN_DTYPE_BFLOAT16})
+        for (int64_t d : dims)
+            for (auto [sq, sk] : seqs)
+                for (int mask : {FLASHATTN_MASK_NONE, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, FLASHATTN_MASK_CAUSAL_TOP_LEFT}) {
+                    Case c;
+                    c.dtype = dtype, c.d = d, c.sq = sq, c.sk = sk, c.mask = mask, c.b = 2, c.hq = 2, c.hkv = 2;
+                    check_reference(h, c, st);
+                }
+    printf("[ reference ] %d cases vs fp64 oracle: max |O err| %.3g, max |LSE err| %.3g\n", st.cases, st.max_o_err, st.max_lse_err);
+}
+
+TEST_F(Gpu, ReferenceFeatures) {
+    RefStats st;
+    std::vector<Case> cases;
+    for (int dtype : {FLASHATTN_DTYPE_FLOAT16, FLASHATTN_DTYPE_BFLOAT16}) {
+        Case c;
+        c.dtype = dtype, c.sq = 97, c.sk = 150, c.d = 64;
+        Case w = c; w.wl = 16, w.wr = 4; cases.push_back(w);
+        w.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT; cases.push_back(w);
+        w.mask = FLASHATTN_MASK_CAUSAL_TOP_LEFT; w.wl = 0; w.wr = -1; cases.push_back(w);
+        Case s = c; s.softcap = 0.5f; s.scale = 0.3f; cases.push_back(s);
+        Case a = c; a.alibi = true; a.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT; cases.push_back(a);
+        a.mask = FLASHATTN_MASK_NONE; a.softcap = 2.0f; cases.push_back(a);
+        Case g = c; g.hq = 8, g.hkv = 2; cases.push_back(g);      // GQA
+        g.hkv = 1; cases.push_back(g);                              // MQA
+        Case l = c; l.layout = kHeadMajor; cases.push_back(l);
+        l.layout = kPadded; l.hq = 4; l.hkv = 2; cases.push_back(l);
+        Case z = c; z.sk = 0; cases.push_back(z);                   // no keys: O = 0, LSE = -inf
+        Case fm = c; fm.sq = 150; fm.sk = 97; fm.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT; cases.push_back(fm);  // 53 rows see nothing
+        Case wm = c; wm.wl = 0; wm.wr = 0; wm.sq = 40; wm.sk = 20; cases.push_back(wm);  // window past the keys
+        Case nolse = c; nolse.lse = false; cases.push_back(nolse);
+    }
+    for (const Case &c : cases) check_reference(h, c, st);
+    printf("[ reference ] %d feature cases vs fp64 oracle: max |O err| %.3g, max |LSE err| %.3g\n", st.cases, st.max_o_err, st.max_lse_err);
+}
+
+TEST_F(Gpu, EmptyRowsAreZeroAndLseMinusInf) {
+    for (int backend : all_backends()) {
+        Case c;
+        c.sq = 150, c.sk = 97, c.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;  // rows 0..52 see nothing
+        Inputs in(c);
+        const Result r = run(h, in, backend);
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, r.status) << flashattn_last_error();
+        for (int64_t hh = 0; hh < c.hq; ++hh)
+            for (int64_t i = 0; i < c.sq; ++i) {
+                const float lse = r.lse[hh * c.sq + i];
+                if (i < 53) {
+                    EXPECT_TRUE(std::isinf(lse) && lse < 0) << "backend " << backend << " row " << i;
+                    for (int64_t d = 0; d < c.d; ++d) ASSERT_EQ(0.0f, r.o[(i * c.hq + hh) * c.d + d]);
+                } else {
+                    EXPECT_TRUE(std::isfinite(lse)) << "backend " << backend << " row " << i;
+                }
+            }
+        c.sk = 0;
+        Inputs in0(c);
+        const Result r0 = run(h, in0, backend);
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, r0.status) << flashattn_last_error();
+        EXPECT_EQ(0u, r0.unwritten);
+        for (float x : r0.o) ASSERT_EQ(0.0f, x);
+        for (float x : r0.lse) ASSERT_TRUE(std::isinf(x) && x < 0);
+    }
+}
+
+// ---- FUSED by FlashAttention's rule ------------------------------------------------------------------
+
+struct RuleStats { int cases = 0; double worst_ratio = 0, max_err = 0, max_lse_err = 0; std::string worst_case; };
+
+// max|fused - hi| <= 2 * max|lowprec - hi| + atol, hi = fp64 oracle (small) or the reference's fp32 O.
+void check_fa_rule(flashattn_handle *h, const Case &c, RuleStats &st, int backend = FLASHATTN_BACKEND_FUSED) {
+    SCOPED_TRACE(c.str() + (backend == FLASHATTN_BACKEND_FUSED_SM90 ? " [fused_sm90]" : " [fused]"));
+    Inputs in(c);
+    const Result f = run(h, in, backend);
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, f.status) << flashattn_last_error();
+    EXPECT_EQ(0u, f.unwritten);
+    EXPECT_EQ(0u, f.gap_writes);
+    const Result low = run(h, in, FLASHATTN_BACKEND_REFERENCE, true);
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, low.status) << flashattn_last_error();
+    double err_f, err_l, lse_err = 0;
+    const bool small = c.b * c.hq * c.sq * c.sk * c.d <= (int64_t)1 << 23;
+    if (small) {
+        const Oracle ora = oracle(in);
+        err_f = max_abs_diff(f.o, ora.o), err_l = max_abs_diff(low.o, ora.o);
+        if (c.lse) lse_err = max_abs_diff(f.lse, ora.lse);
+    } else {
+        const Result hi = run(h, in, FLASHATTN_BACKEND_REFERENCE, false, true);
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, hi.status) << flashattn_last_error();
+        err_f = max_abs_diff(f.o, hi.o_f32), err_l = max_abs_diff(low.o, hi.o_f32);
+        if (c.lse) lse_err = max_abs_diff(f.lse, hi.lse);
+    }
+    constexpr double kAtol = 1e-5;
+    EXPECT_LE(err_f, 2 * err_l + kAtol) << "fused error " << err_f << " vs plain low-precision " << err_l;
+    EXPECT_LE(lse_err, 2e-3);
+    const double ratio = err_f / std::max(err_l, kAtol);
+    if (ratio > st.worst_ratio) st.worst_ratio = ratio, st.worst_case = c.str();
+    st.max_err = std::max(st.max_err, err_f);
+    st.max_lse_err = std::max(st.max_lse_err, lse_err);
+    ++st.cases;
+}
+
+void print_rule(const char *name, const RuleStats &st, int backend = FLASHATTN_BACKEND_FUSED) {
+    printf("[ %s ] %s: %d cases, max |O err| %.3g, max |LSE err| %.3g, worst err/lowprec-err %.2f (%s)\n",
+           backend == FLASHATTN_BACKEND_FUSED_SM90 ? "fused_sm90" : "fused", name, st.cases, st.max_err,
+           st.max_lse_err, st.worst_ratio, st.worst_case.c_str());
+}
+
+const int64_t kRuleDims[] = {32, 40, 64, 80, 96, 128, 160, 192, 224, 256};
+const std::pair<int64_t, int64_t> kRuleSeqs[] = {{1, 239}, {239, 1}, {113, 203}, {203, 113}, {128, 217},
+                                                 {217, 128}, {108, 256}, {256, 108}, {256, 512}, {512, 256},
+                                                 {1023, 1024}, {1024, 1023}, {2048, 2048}};
+
+void rule_bf16(flashattn_handle *h, int backend) {
+    RuleStats st;
+    for (int64_t d : kRuleDims)
+        for (auto [sq, sk] : kRuleSeqs)
+            for (auto [hq, hkv] : {std::pair<int64_t, int64_t>{4, 4}, {4, 2}, {4, 1}})
+                for (int m = 0; m < 4; ++m) {
+                    Case c;
+                    c.dtype = FLASHATTN_DTYPE_BFLOAT16, c.d = d, c.sq = sq, c.sk = sk, c.hq = hq, c.hkv = hkv;
+                    c.b = (sq * sk > 300000) ? 1 : 2;
+                    if (m < 3) c.mask = m;
+                    else c.wl = 64, c.wr = 16;  // sliding window
+                    check_fa_rule(h, c, st, backend);
+                }
+    print_rule("bf16 (head dims x seqlens x MHA/GQA/MQA x none/causal-br/causal-tl/window)", st, backend);
+}
+
+void rule_fp16(flashattn_handle *h, int backend) {
+    RuleStats st;
+    for (int64_t d : kRuleDims)
+        for (auto [sq, sk] : kRuleSeqs)
+            for (int mask : {FLASHATTN_MASK_NONE, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT}) {
+                Case c;
+                c.dtype = FLASHATTN_DTYPE_FLOAT16, c.d = d, c.sq = sq, c.sk = sk, c.hq = 4, c.hkv = 2, c.mask = mask;
+                check_fa_rule(h, c, st, backend);
+            }
+    print_rule("fp16 (head dims x seqlens x GQA x none/causal-br)", st, backend);
+}
+
+void rule_features(flashattn_handle *h, int backend) {
+    RuleStats st;
+    for (int dtype : {FLASHATTN_DTYPE_FLOAT16, FLASHATTN_DTYPE_BFLOAT16})
+        for (int64_t d : {40, 64, 128, 256})
+            for (auto [sq, sk] : {std::pair<int64_t, int64_t>{113, 203}, {256, 512}, {1023, 1024}, {300, 77}}) {
+                Case c;
+                c.dtype = dtype, c.d = d, c.sq = sq, c.sk = sk, c.hq = 4, c.hkv = 2;
+                Case s = c; s.softcap = 1.5f; s.scale = 0.5f; check_fa_rule(h, s, st, backend);
+                Case a = c; a.alibi = true; a.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT; check_fa_rule(h, a, st, backend);
+                Case as = c; as.alibi = true; as.softcap = 5.0f; check_fa_rule(h, as, st, backend);
+                Case w = c; w.wl = 0; w.wr = 0; check_fa_rule(h, w, st, backend);
+                Case wl = c; wl.wl = 100; wl.mask = FLASHATTN_MASK_CAUSAL_TOP_LEFT; check_fa_rule(h, wl, st, backend);
+                Case l1 = c; l1.layout = kHeadMajor; check_fa_rule(h, l1, st, backend);
+                Case l2 = c; l2.layout = kPadded; l2.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT; check_fa_rule(h, l2, st, backend);
+                Case sc = c; sc.scale = 0.02f; sc.lse = false; check_fa_rule(h, sc, st, backend);
+            }
+    print_rule("features (softcap, ALiBi, windows, layouts, scale, no LSE)", st, backend);
+}
+
+TEST_F(Gpu, FusedFlashAttentionRuleBf16) { rule_bf16(h, FLASHATTN_BACKEND_FUSED); }
+TEST_F(Gpu, FusedFlashAttentionRuleFp16) { rule_fp16(h, FLASHATTN_BACKEND_FUSED); }
+TEST_F(Gpu, FusedFeatures) { rule_features(h, FLASHATTN_BACKEND_FUSED); }
+TEST_F(GpuSm90, FlashAttentionRuleBf16) { rule_bf16(h, FLASHATTN_BACKEND_FUSED_SM90); }
+TEST_F(GpuSm90, FlashAttentionRuleFp16) { rule_fp16(h, FLASHATTN_BACKEND_FUSED_SM90); }
+TEST_F(GpuSm90, Features) { rule_features(h, FLASHATTN_BACKEND_FUSED_SM90); }
+
+// A small, representative set for compute-sanitizer (memcheck, racecheck, initcheck): every
+// compiled head dim, ragged lengths, each mask, softcap/ALiBi, GQA, padded strides, both backends.
+TEST_F(Gpu, SanitizerSubset) {
+    RuleStats st;
+    for (int64_t d : {32, 64, 96, 128, 160, 192, 256}) {
+        Case c;
+        c.d = d, c.sq = 77, c.sk = 150, c.hq = 4, c.hkv = 2, c.b = 1;
+        c.mask = (int)(d / 32 % 3);
+        check_fa_rule(h, c, st);
+        Case f = c;
+        f.softcap = 2.0f, f.alibi = true, f.layout = kPadded, f.wl = 40, f.wr = 5, f.sq = 150, f.sk = 77;
+        check_fa_rule(h, f, st);
+    }
+    print_rule("sanitizer subset", st);
+}
+
+TEST_F(GpuSm90, SanitizerSubset) {
+    RuleStats st;
+    for (int64_t d : {64, 128, 256}) {
+        Case c;
+        c.d = d, c.sq = 77, c.sk = 150, c.hq = 4, c.hkv = 2, c.b = 1;
+        c.mask = (int)(d / 64 % 3);
+        check_fa_rule(h, c, st, FLASHATTN_BACKEND_FUSED_SM90);
+        // Sizes as small as the FUSED subset's: at sq=300, sk=200 initcheck reported the REFERENCE
+        // softmax reading the score matrix cuBLAS had just written as uninitialised (every result
+        // was correct), so larger shapes would hide this kernel's own report behind cuBLAS's.
+        Case f = c;
+        f.softcap = 2.0f, f.alibi = true, f.layout = kPadded, f.wl = 40, f.wr = 5, f.sq = 150, f.sk = 77;
+        check_fa_rule(h, f, st, FLASHATTN_BACKEND_FUSED_SM90);
+        Case g = c;
+        g.sq = 150, g.sk = 150, g.mask = FLASHATTN_MASK_CAUSAL_TOP_LEFT;
+        check_fa_rule(h, g, st, FLASHATTN_BACKEND_FUSED_SM90);
+    }
+    print_rule("sanitizer subset", st, FLASHATTN_BACKEND_FUSED_SM90);
+}
+
+// Decode-shaped calls: query heads of a KV group packed into one tile, and the key range split
+// across blocks and merged from the workspace. Checks that both paths really ran.
+TEST_F(GpuSm90, DecodePackedAndSplit) {
+    RuleStats st;
+    int packed = 0, split = 0;
+    struct Shape { int64_t b, hq, hkv, sq, sk; };
+    const Shape shapes[] = {{1, 8, 2, 1, 4099}, {2, 12, 2, 3, 1000}, {1, 16, 1, 17, 16384}, {1, 8, 8, 1, 5000},
+                            {3, 8, 4, 64, 2048}, {1, 32, 8, 1, 131}};
+    for (const Shape &sh : shapes)
+        for (int64_t d : {64, 128, 256})
+            for (int m = 0; m < 3; ++m) {
+                Case c;
+                c.dtype = (m == 1) ? FLASHATTN_DTYPE_FLOAT16 : FLASHATTN_DTYPE_BFLOAT16;
+                c.b = sh.b, c.hq = sh.hq, c.hkv = sh.hkv, c.sq = sh.sq, c.sk = sh.sk, c.d = d;
+                if (m == 1) c.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+                if (m == 2) c.wl = 700, c.wr = 0, c.softcap = 3.0f, c.alibi = true;
+                Inputs in(c);
+                flashattn_fwd_params p = make_params(in, nullptr, nullptr, FLASHATTN_BACKEND_FUSED_SM90);
+                p.o = in.dq.p;  // planned only, never run
+                flashattn_plan_info info;
+                flashattn_plan_info_init(&info);
+                ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_plan(h, &p, &info)) << flashattn_last_error();
+                packed += std::string(info.description).find("gqa_packed") != std::string::npos;
+                split += info.num_splits > 1;
+                check_fa_rule(h, c, st, FLASHATTN_BACKEND_FUSED_SM90);
+            }
+    print_rule("decode shapes (GQA-packed tiles, split keys)", st, FLASHATTN_BACKEND_FUSED_SM90);
+    printf("[ fused_sm90 ] decode shapes: %d of 54 packed, %d of 54 split\n", packed, split);
+    EXPECT_GT(packed, 20);
+    EXPECT_GT(split, 20);
+}
+
+// 100 repeats of one call must give bit-identical O and LSE.
+void check_deterministic(flashattn_handle *h, int backend, const Case &c, const char *what) {
+    Inputs in(c);
+    const Result first = run(h, in, backend);
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, first.status);
+    int identical = 0;
+    for (int rep = 0; rep < 100; ++rep) {
+        const Result r = run(h, in, backend);
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, r.status);
+        const bool same = std::memcmp(r.o.data(), first.o.data(), r.o.size() * 4) == 0 &&
+                          std::memcmp(r.lse.data(), first.lse.data(), r.lse.size() * 4) == 0;
+        EXPECT_TRUE(same) << "repeat " << rep;
+        identical += same;
+    }
+    printf("[ %s ] %s: %d of 100 repeats bit-identical\n",
+           backend == FLASHATTN_BACKEND_FUSED_SM90 ? "fused_sm90" : "fused", what, identical);
+}
+
+Case determinism_case() {
+    Case c;
+    c.sq = 1023, c.sk = 1024, c.d = 128, c.hq = 4, c.hkv = 2, c.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+    return c;
+}
+
+TEST_F(Gpu, FusedIsDeterministic) { check_deterministic(h, FLASHATTN_BACKEND_FUSED, determinism_case(), "determinism"); }
+TEST_F(GpuSm90, IsDeterministic) { check_deterministic(h, FLASHATTN_BACKEND_FUSED_SM90, determinism_case(), "determinism"); }
+
+TEST_F(GpuSm90, SplitDecodeIsDeterministic) {
+    Case c;  // packed and split 16 ways, merged by the combine kernel
+    c.b = 1, c.hq = 32, c.hkv = 8, c.sq = 1, c.sk = 8192, c.d = 128;
+    check_deterministic(h, FLASHATTN_BACKEND_FUSED_SM90, c, "split decode determinism");
+}
+
+// ---- the API on the device ---------------------------------------------------------------------------
+
+TEST_F(Gpu, BadInputLeavesOutputsUntouched) {
+    Case c;
+    c.d = 64, c.sq = 77, c.sk = 130;
+    Inputs in(c);
+    DevBuf<uint16_t> o(in.qs.numel);
+    DevBuf<float> lse(c.b * c.hq * c.sq);
+    std::vector<uint16_t> pattern(o.n);
+    for (size_t x = 0; x < pattern.size(); ++x) pattern[x] = (uint16_t)(x * 2654435761u >> 7);
+    o.upload(pattern);
+    CUDA_CHECK(cudaMemset(lse.p, 0x5a, lse.n * 4));
+    const std::vector<float> lse_before = lse.download();
+    struct Bad { const char *what; void (*mutate)(flashattn_fwd_params &); flashattn_status expected; };
+    const Bad bads[] = {
+        {"scale NaN", [](auto &p) { p.softmax_scale = NAN; }, FLASHATTN_STATUS_BAD_SCALE},
+        {"window -2", [](auto &p) { p.window_right = -2; }, FLASHATTN_STATUS_BAD_WINDOW},
+        {"head_dim 300", [](auto &p) { p.head_dim = 300; }, FLASHATTN_STATUS_UNSUPPORTED_HEAD_DIM},
+        {"grouping", [](auto &p) { p.heads_kv = 3; }, FLASHATTN_STATUS_BAD_HEAD_GROUPING},
+        {"o overlap", [](auto &p) { p.o_seq_stride = 1; }, FLASHATTN_STATUS_BAD_STRIDE},
+        {"backend", [](auto &p) { p.backend = 5; }, FLASHATTN_STATUS_BAD_BACKEND},
+        {"struct size", [](auto &p) { p.struct_size = 16; }, FLASHATTN_STATUS_BAD_STRUCT_SIZE},
+        {"fused, head_dim 60", [](auto &p) { p.head_dim = 60; p.backend = FLASHATTN_BACKEND_FUSED; }, FLASHATTN_STATUS_UNSUPPORTED},
+        {"reference without workspace", [](auto &p) { p.backend = FLASHATTN_BACKEND_REFERENCE; }, FLASHATTN_STATUS_NULL_POINTER},
+        {"misaligned q", [](auto &p) { p.q = (const char *)p.q + 1; }, FLASHATTN_STATUS_MISALIGNED_POINTER},
+        {"softcap -1", [](auto &p) { p.softcap = -1.0f; }, FLASHATTN_STATUS_BAD_SOFTCAP},
+    };
+    for (const Bad &b : bads) {
+        flashattn_fwd_params p = make_params(in, o.p, lse.p, FLASHATTN_BACKEND_AUTO);
+        b.mutate(p);
+        EXPECT_EQ(b.expected, flashattn_fwd(h, &p, nullptr, 0, 0)) << b.what << ": " << flashattn_last_error();
+        EXPECT_GT(std::strlen(flashattn_last_error()), 0u) << b.what;
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_TRUE(o.download() == pattern) << "O was touched";
+    const std::vector<float> lse_after = lse.download();
+    EXPECT_EQ(0, std::memcmp(lse_after.data(), lse_before.data(), lse.n * 4)) << "LSE was touched";
+}
+
+TEST_F(Gpu, WorkspaceChecks) {
+    Case c;
+    Inputs in(c);
+    DevBuf<uint16_t> o(in.qs.numel);
+    CUDA_CHECK(cudaMemset(o.p, 0xff, o.n * 2));
+    flashattn_fwd_params p = make_params(in, o.p, nullptr, FLASHATTN_BACKEND_REFERENCE);
+    size_t need = 0;
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_workspace_size(h, &p, &need));
+    EXPECT_GT(need, 0u);
+    DevBuf<char> ws(need + 256);
+    EXPECT_EQ(FLASHATTN_STATUS_NULL_POINTER, flashattn_fwd(h, &p, nullptr, need, 0));
+    EXPECT_EQ(FLASHATTN_STATUS_WORKSPACE_TOO_SMALL, flashattn_fwd(h, &p, ws.p, need - 1, 0));
+    EXPECT_NE(std::string(flashattn_last_error()).find(std::to_string(need)), std::string::npos);
+    EXPECT_EQ(FLASHATTN_STATUS_MISALIGNED_POINTER, flashattn_fwd(h, &p, ws.p + 16, need, 0));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    for (uint16_t x : o.download()) ASSERT_EQ(kPoison16, x);
+    EXPECT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd(h, &p, ws.p, need, 0)) << flashattn_last_error();
+    p.backend = FLASHATTN_BACKEND_FUSED;
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_workspace_size(h, &p, &need));
+    EXPECT_EQ(0u, need);
+    EXPECT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd(h, &p, nullptr, 0, 0)) << flashattn_last_error();
+    CUDA_CHECK(cudaDeviceSynchronize());
+    // FUSED needed no workspace before 0.4.0: a call it would split, given none, runs unsplit, right.
+    Case s;
+    s.sq = 1, s.sk = 4096, s.hq = 4, s.hkv = 4, s.d = 128;
+    Inputs sin(s);
+    DevBuf<uint16_t> so(sin.qs.numel);
+    CUDA_CHECK(cudaMemset(so.p, 0xff, so.n * 2));
+    flashattn_fwd_params sp = make_params(sin, so.p, nullptr, FLASHATTN_BACKEND_FUSED);
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_workspace_size(h, &sp, &need));
+    EXPECT_GT(need, 0u);  // with a workspace it splits the keys
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd(h, &sp, nullptr, 0, 0)) << flashattn_last_error();
+    CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> got;
+    for (uint16_t x : so.download()) got.push_back(to_f32(s.dtype, x));
+    const Oracle ora = oracle(sin);
+    const Result low = run(h, sin, FLASHATTN_BACKEND_REFERENCE, true);
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, low.status) << flashattn_last_error();
+    EXPECT_LE(max_abs_diff(got, ora.o), 2 * max_abs_diff(low.o, ora.o) + 1e-5);
+}
+
+TEST_F(Gpu, WrongDeviceIsRefused) {
+    // A handle bound to another device ordinal than the current one (a copy with the ordinal
+    // changed, so the check is exercised on a one-GPU machine too).
+    flashattn_handle other = *h;
+    other.caps.device = h->caps.device + 1;
+    Case c;
+    Inputs in(c);
+    DevBuf<uint16_t> o(in.qs.numel);
+    flashattn_fwd_params p = make_params(in, o.p, nullptr, FLASHATTN_BACKEND_FUSED);
+    EXPECT_EQ(FLASHATTN_STATUS_WRONG_DEVICE, flashattn_fwd(&other, &p, nullptr, 0, 0));
+    EXPECT_NE(std::string(flashattn_last_error()).find("device"), std::string::npos);
+}
+
+TEST_F(Gpu, PlanQueryMatchesWhatRuns) {
+    Case c;
+    c.d = 128;
+    Inputs in(c);
+    DevBuf<uint16_t> o(in.qs.numel);
+    flashattn_fwd_params p = make_params(in, o.p, nullptr, FLASHATTN_BACKEND_AUTO);
+    flashattn_plan_info info;
+    flashattn_plan_info_init(&info);
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_plan(h, &p, &info));
+    int dev = 0, major = 0, minor = 0;
+    ASSERT_EQ(cudaSuccess, cudaGetDevice(&dev));
+    ASSERT_EQ(cudaSuccess, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    ASSERT_EQ(cudaSuccess, cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    const bool sm90 = major == 9 && minor == 0 && fa_sm90_compiled(FLASHATTN_DTYPE_BFLOAT16, 128);
+    EXPECT_EQ(sm90 ? FLASHATTN_BACKEND_FUSED_SM90 : FLASHATTN_BACKEND_FUSED, info.backend);
+    EXPECT_EQ(0, info.workspace_bytes);
+    EXPECT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_supported(h, &p));
+    printf("[ plan ] %s\n", info.description);
+    info.struct_size = 8;
+    EXPECT_EQ(FLASHATTN_STATUS_BAD_STRUCT_SIZE, flashattn_fwd_plan(h, &p, &info));
+    p.head_dim = 36;  // odd layout for the fused kernel: AUTO falls back to the reference
+    p.q_head_stride = p.o_head_stride = p.k_head_stride = p.v_head_stride = 64;
+    flashattn_plan_info_init(&info);
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_plan(h, &p, &info));
+    EXPECT_EQ(FLASHATTN_BACKEND_REFERENCE, info.backend);
+}
+
+TEST_F(Gpu, DefaultScaleIsOneOverSqrtHeadDim) {
+    Case c;
+    c.d = 96;
+    Inputs in(c);
+    const Result def = run(h, in, FLASHATTN_BACKEND_FUSED);
+    in.c.scale = (float)(1.0 / std::sqrt(96.0));
+    const Result exp = run(h, in, FLASHATTN_BACKEND_FUSED);
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, def.status);
+    EXPECT_EQ(0, std::memcmp(def.o.data(), exp.o.data(), def.o.size() * 4));
+}
+
+TEST_F(Gpu, EmptyQueryIsANoOp) {
+    Case c;
+    c.sq = 0;
+    Inputs in(c);
+    flashattn_fwd_params p = make_params(in, nullptr, nullptr, FLASHATTN_BACKEND_AUTO);
+    EXPECT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd(h, &p, nullptr, 0, 0)) << flashattn_last_error();
+}
+
+TEST_F(Gpu, CudaGraphCaptureAndReplay) {
+    for (int backend : all_backends()) {
+        Case c;
+        c.sq = 300, c.sk = 500, c.d = 128, c.hq = 4, c.hkv = 2, c.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+        Inputs in(c);
+        DevBuf<uint16_t> o(in.qs.numel);
+        DevBuf<float> lse(c.b * c.hq * c.sq);
+        flashattn_fwd_params p = make_params(in, o.p, lse.p, backend);
+        size_t need = 0;
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_workspace_size(h, &p, &need));
+        DevBuf<char> ws(need);
+        CapturedCall captured(h, p, ws.p, need);
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, captured.status) << flashattn_last_error();
+        for (int rep = 0; rep < 3; ++rep) {
+            // New inputs into the captured buffers, then replay and compare with a direct call.
+            Inputs fresh(c);
+            CUDA_CHECK(cudaMemcpy(in.dq.p, fresh.dq.p, in.dq.n * 2, cudaMemcpyDeviceToDevice));
+            CUDA_CHECK(cudaMemcpy(in.dk.p, fresh.dk.p, in.dk.n * 2, cudaMemcpyDeviceToDevice));
+            CUDA_CHECK(cudaMemcpy(in.dv.p, fresh.dv.p, in.dv.n * 2, cudaMemcpyDeviceToDevice));
+            CUDA_CHECK(cudaMemset(o.p, 0xff, o.n * 2));
+            CUDA_CHECK(cudaDeviceSynchronize());  // the copies ran on the legacy stream; the graph's does not wait for it
+            captured.replay();
+            const std::vector<uint16_t> replayed = o.download();
+            const Result direct = run(h, fresh, backend);
+            ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, direct.status);
+            std::vector<float> rf(direct.o.size());
+            for (size_t x = 0; x < rf.size(); ++x) rf[x] = to_f32(c.dtype, replayed[x]);
+            EXPECT_EQ(0, std::memcmp(rf.data(), direct.o.data(), rf.size() * 4)) << "backend " << backend << " replay " << rep;
+        }
+    }
+}
+
+TEST_F(Gpu, ManyHostThreadsOneHandle) {
+    constexpr int kThreads = 8;
+    std::atomic<int> ok{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t)
+        threads.emplace_back([&, t] {
+            try {
+                CUDA_CHECK(cudaSetDevice(0));
+                cudaStream_t s;
+                CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+                int good = 0;
+                for (int rep = 0; rep < 4; ++rep) {
+                    Case c;
+                    c.dtype = t % 2, c.d = 32 + 32 * (t % 4), c.sq = 50 + 37 * t + rep, c.sk = 90 + 29 * rep;
+                    c.hq = 4, c.hkv = (t % 3 == 0) ? 1 : 2, c.mask = rep % 3;
+                    Inputs in(c);
+                    const int backend = (t + rep) % 2 ? FLASHATTN_BACKEND_REFERENCE : FLASHATTN_BACKEND_AUTO;
+                    const Result r = run(h, in, backend, false, false, s);
+                    if (r.status != FLASHATTN_STATUS_SUCCESS || r.unwritten) continue;
+                    const Oracle ora = oracle(in);
+                    const double err = max_abs_diff(r.o, ora.o);
+                    good += err < 2e-2;
+                    if (!(err < 2e-2)) ADD_FAILURE() << "thread " << t << " " << c.str() << " err " << err;
+                }
+                CUDA_CHECK(cudaStreamDestroy(s));
+                if (good == 4) ++ok;
+            } catch (const std::exception &e) {
+                ADD_FAILURE() << "thread " << t << ": " << e.what();
+            }
+        });
+    for (auto &th : threads) th.join();
+    EXPECT_EQ(kThreads, ok.load());
+    printf("[ threads ] %d host threads x 4 calls on their own streams, one handle: %d threads all correct\n", kThreads, ok.load());
+}
+
+}  // namespace
+
+// ---- flashattn_merge against an fp64 CPU oracle ------------------------------------------------------
+
+namespace {
+
+struct MergeCase {
+    int64_t parts, batch, seqlen, heads, head_dim;
+    int dtype_parts, dtype_out, base;
+    bool strided;      // parts laid out [S, B, H, Sq, D] (heads before positions) and padded rows
+    double p_empty;    // chance a part's LSE is -inf (or +inf, FlashAttention-2's empty row)
+};
+
+// Stores x in `dtype` (float32 bits or fp16/bf16 in the low half) and returns the value stored.
+uint32_t store_as(int dtype, float x, float *stored) {
+    if (dtype == FLASHATTN_DTYPE_FLOAT32) {
+        uint32_t u;
+        std::memcpy(&u, &x, 4);
+        *stored = x;
+        return u;
+    }
+    const uint16_t h = fatest::from_f32(dtype, x);
+    *stored = fatest::to_f32(dtype, h);
+    return h;
+}
+
+void check_merge(flashattn_handle *h, const MergeCase &c) {
+    const int eb_in = c.dtype_parts == FLASHATTN_DTYPE_FLOAT32 ? 4 : 2;
+    const int eb_out = c.dtype_out == FLASHATTN_DTYPE_FLOAT32 ? 4 : 2;
+    const int64_t D = c.head_dim, pad = c.strided ? 8 : 0, rowlen = D + pad;
+    // O parts: [S, B, Sq, H, D] packed, or [S, B, H, Sq, D + pad] when strided.
+    const int64_t o_h = c.strided ? c.seqlen * rowlen : rowlen, o_s = c.strided ? rowlen : c.heads * rowlen;
+    const int64_t o_b = c.heads * c.seqlen * rowlen, o_p = c.batch * o_b;
+    // LSE parts [S, B, H, Sq]; when strided, [B, H, Sq, S] (a part stride of 1).
+    const int64_t rows = c.batch * c.heads * c.seqlen;
+    const int64_t l_p = c.strided ? 1 : rows, l_seq = c.strided ? c.parts : 1;
+    const int64_t l_h = c.seqlen * l_seq, l_b = c.heads * l_h;
+    std::vector<float> o_val(c.parts * o_p, NAN), lse_val(c.parts * rows);
+    std::vector<uint8_t> o_bytes(c.parts * o_p * eb_in);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f), ul(-4.0f, 4.0f), coin(0.0f, 1.0f);
+    auto &g = fatest::rng();
+    for (int64_t i = 0; i < (int64_t)o_val.size(); ++i) {
+        float stored;
+        const uint32_t bits = store_as(c.dtype_parts, u(g), &stored);
+        std::memcpy(&o_bytes[i * eb_in], &bits, eb_in);
+        o_val[i] = stored;
+    }
+    std::vector<float> lse_host(c.parts * rows);
+    for (int64_t p = 0; p < c.parts; ++p)
+        for (int64_t b = 0; b < c.batch; ++b)
+            for (int64_t hh = 0; hh < c.heads; ++hh)
+                for (int64_t s = 0; s < c.seqlen; ++s) {
+                    const float draw = coin(g);
+                    float l = ul(g);
+                    if (draw < c.p_empty / 2) l = -INFINITY;
+                    else if (draw < c.p_empty) l = INFINITY;
+                    lse_host[p * l_p + b * l_b + hh * l_h + s * l_seq] = l;
+                }
+    fatest::DevBuf<uint8_t> d_o(o_bytes.size()), d_out(c.batch * c.seqlen * c.heads * D * eb_out);
+    fatest::DevBuf<float> d_lse(lse_host.size()), d_lse_out(rows);
+    d_o.upload(o_bytes);
+    d_lse.upload(lse_host);
+    CUDA_CHECK(cudaMemset(d_out.p, 0xff, d_out.n));  // poisoned: every element must be written
+    CUDA_CHECK(cudaMemset(d_lse_out.p, 0xff, d_lse_out.n * 4));
+
+    flashattn_merge_params m;
+    flashattn_merge_params_init(&m);
+    m.dtype_parts = c.dtype_parts, m.dtype_out = c.dtype_out, m.lse_base = c.base;
+    m.num_parts = c.parts, m.batch = c.batch, m.seqlen = c.seqlen, m.heads = c.heads, m.head_dim = D;
+    m.o_parts = d_o.p, m.o_part_stride = o_p, m.o_batch_stride = o_b, m.o_seq_stride = o_s, m.o_head_stride = o_h;
+    m.lse_parts = d_lse.p, m.lse_part_stride = l_p, m.lse_batch_stride = l_b, m.lse_head_stride = l_h;
+    m.lse_seq_stride = l_seq;
+    m.o = d_out.p, m.out_head_stride = D, m.out_seq_stride = c.heads * D, m.out_batch_stride = c.seqlen * c.heads * D;
+    m.lse = d_lse_out.p, m.lse_out_seq_stride = 1, m.lse_out_head_stride = c.seqlen, m.lse_out_batch_stride = c.heads * c.seqlen;
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_merge(h, &m, nullptr)) << flashattn_last_error();
+    const std::vector<uint8_t> out = d_out.download();
+    const std::vector<float> lse_out = d_lse_out.download();
+
+    const double ln_base = c.base == FLASHATTN_LSE_BASE2 ? std::log(2.0) : 1.0;
+    double max_err = 0, max_lse_err = 0;
+    for (int64_t b = 0; b < c.batch; ++b)
+        for (int64_t hh = 0; hh < c.heads; ++hh)
+            for (int64_t s = 0; s < c.seqlen; ++s) {
+                double mx = -INFINITY;
+                for (int64_t p = 0; p < c.parts; ++p) {
+                    const double l = lse_host[p * l_p + b * l_b + hh * l_h + s * l_seq];
+                    if (std::isfinite(l)) mx = std::max(mx, l);
+                }
+                double sum = 0;
+                std::vector<double> acc(D, 0.0);
+                for (int64_t p = 0; p < c.parts; ++p) {
+                    const double l = lse_host[p * l_p + b * l_b + hh * l_h + s * l_seq];
+                    if (!std::isfinite(l)) continue;
+                    const double w = std::exp((l - mx) * ln_base);
+                    sum += w;
+                    for (int64_t d = 0; d < D; ++d) acc[d] += w * o_val[p * o_p + b * o_b + s * o_s + hh * o_h + d];
+                }
+                const int64_t orow = ((b * c.seqlen + s) * c.heads + hh) * D;
+                for (int64_t d = 0; d < D; ++d) {
+                    float got;
+                    if (eb_out == 4) std::memcpy(&got, &out[(orow + d) * 4], 4);
+                    else {
+                        uint16_t bits;
+                        std::memcpy(&bits, &out[(orow + d) * 2], 2);
+                        got = fatest::to_f32(c.dtype_out, bits);
+                    }
+                    const double want = sum > 0 ? acc[d] / sum : 0.0;
+                    const double err = std::fabs(got - want);
+                    ASSERT_FALSE(std::isnan(got)) << "row " << b << "," << hh << "," << s << " d " << d;
+                    max_err = std::max(max_err, err);
+                }
+                const float got_lse = lse_out[(b * c.heads + hh) * c.seqlen + s];
+                if (sum == 0) {
+                    ASSERT_EQ(-INFINITY, got_lse) << "a row with no contributing part";
+                } else {
+                    ASSERT_TRUE(std::isfinite(got_lse));
+                    max_lse_err = std::max(max_lse_err, std::fabs(got_lse - (mx + std::log(sum) / ln_base)));
+                }
+            }
+    // Rounding the output once: half an ulp of |O| <= 1 in the output dtype, plus fp32 accumulation.
+    const double tol = c.dtype_out == FLASHATTN_DTYPE_FLOAT32 ? 1e-5 : c.dtype_out == FLASHATTN_DTYPE_BFLOAT16 ? 4e-3 : 5e-4;
+    EXPECT_LE(max_err, tol) << "parts " << c.parts << " dtypes " << c.dtype_parts << "->" << c.dtype_out;
+    EXPECT_LE(max_lse_err, 1e-5);
+    std::printf("[ merge ] S=%lld B=%lld Sq=%lld H=%lld D=%lld %d->%d base%s%s p_empty=%.2f: max |O err| %.2e, max |LSE err| %.2e\n",
+                (long long)c.parts, (long long)c.batch, (long long)c.seqlen, (long long)c.heads, (long long)D,
+                c.dtype_parts, c.dtype_out, c.base ? "2" : "e", c.strided ? " strided" : "", c.p_empty, max_err,
+                max_lse_err);
+}
+
+}  // namespace
+
+TEST_F(Gpu, MergeMatchesOracle) {
+    const int F16 = FLASHATTN_DTYPE_FLOAT16, BF16 = FLASHATTN_DTYPE_BFLOAT16, F32 = FLASHATTN_DTYPE_FLOAT32;
+    const MergeCase cases[] = {
+        {1, 1, 7, 3, 64, F32, BF16, 0, false, 0.0},
+        {2, 2, 33, 4, 128, F32, F16, 0, false, 0.1},
+        {5, 1, 17, 8, 40, BF16, BF16, 0, true, 0.3},
+        {7, 3, 9, 2, 256, F16, F32, 1, false, 0.2},
+        {40, 1, 5, 3, 96, F32, F32, 0, true, 0.25},   // more parts than a warp has lanes
+        {3, 2, 11, 2, 1, F32, F16, 1, false, 0.5},     // head dim 1, many empty parts and rows
+        {4, 1, 64, 16, 72, BF16, F32, 0, false, 1.0},  // every part empty: O = 0, LSE = -inf
+        {6, 2, 13, 5, 30, F16, BF16, 1, false, 0.2},   // head dim 30: one element per thread, not 4
+    };
+    for (const MergeCase &c : cases) check_merge(h, c);
+}
+
+TEST_F(Gpu, MergeNaNLseGivesNaNAndEmptyCallIsANoOp) {
+    fatest::DevBuf<float> o(2 * 32), lse(2), out(32), lse_out(1);
+    std::vector<float> ov(64, 0.5f), lv = {1.0f, NAN};
+    o.upload(ov);
+    lse.upload(lv);
+    flashattn_merge_params m;
+    flashattn_merge_params_init(&m);
+    m.dtype_parts = m.dtype_out = FLASHATTN_DTYPE_FLOAT32;
+    m.num_parts = 2, m.batch = 1, m.seqlen = 1, m.heads = 1, m.head_dim = 32;
+    m.o_parts = o.p, m.o_part_stride = 32, m.lse_parts = lse.p, m.lse_part_stride = 1, m.o = out.p, m.lse = lse_out.p;
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_merge(h, &m, nullptr)) << flashattn_last_error();
+    for (float x : out.download()) EXPECT_TRUE(std::isnan(x));
+    EXPECT_TRUE(std::isnan(lse_out.download()[0]));
+    CUDA_CHECK(cudaMemset(out.p, 0x7f, 32 * 4));
+    m.seqlen = 0;
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_merge(h, &m, nullptr));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    for (float x : out.download()) EXPECT_NE(0.0f, x);  // untouched
+}

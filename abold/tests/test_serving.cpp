@@ -1,0 +1,699 @@
+// test_serving.cpp - serving calls on the device: ragged batches (cu_seqlens_q/k), per-sequence key
+// counts (seqused_k), paged K/V (any page size, through a block table with its own row stride, K and
+// V as two halves of one pool), an indexed dense cache (kv_batch_idx), left-padded caches
+// (cache_leftpad), and CUDA-graph replay with new lengths, page tables and contents. Each sequence is checked on its own against the fp64 CPU oracle
+// by FlashAttention's rule (the plain low-precision REFERENCE run on that sequence alone is the
+// baseline); rows no sequence owns must stay poisoned. Skips with a reason when there is no GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <numeric>
+
+#include "gpu_util.h"
+
+using namespace fatest;
+
+namespace {
+
+// The GPU tests' fixture (gpu_util.h): a handle on device 0, or a skip with the reason.
+class Serving : public GpuTest {};
+
+enum KvMode { kPackedKv, kPagedSeqused, kPagedCuLens, kIndexedCache, kDenseSeqused, kPagedCsr };
+
+struct Spec {
+    int dtype = FLASHATTN_DTYPE_BFLOAT16;
+    int64_t hq = 4, hkv = 2, d = 64;
+    int mask = FLASHATTN_MASK_NONE;
+    int64_t wl = -1, wr = -1;
+    float softcap = 0.0f;
+    bool alibi = false;
+    bool packed_q = true;       // cu_seqlens_q; else dense Q [B, cap_q] (every sequence cap_q queries)
+    KvMode kv = kPackedKv;
+    int64_t page_size = 16;
+    bool shared_pool = false;   // paged: K and V are the two halves of one [pages, 2, page, H, D] pool
+    int64_t cap_q = 0, cap_k = 0;  // capacities (0: the longest sequence)
+    std::vector<int64_t> sq, sk;
+    std::vector<int64_t> lp;    // cache_leftpad (empty: none): padding rows before sequence b's sk keys
+    int64_t pad(size_t b) const { return lp.empty() ? 0 : lp[b]; }
+    std::string str() const {
+        char buf[256];
+        snprintf(buf, sizeof buf, "%s hq=%lld hkv=%lld d=%lld mask=%d win=(%lld,%lld) softcap=%g alibi=%d packed_q=%d kv=%d page=%lld shared=%d B=%zu",
+                 dtype ? "bf16" : "fp16", (long long)hq, (long long)hkv, (long long)d, mask, (long long)wl,
+                 (long long)wr, softcap, (int)alibi, (int)packed_q, (int)kv, (long long)page_size, (int)shared_pool, sq.size());
+        std::string s = buf;
+        for (size_t b = 0; b < sq.size(); ++b)
+            s += " (" + std::to_string(sq[b]) + "," + std::to_string(sk[b]) + (lp.empty() ? "" : ",pad " + std::to_string(lp[b])) + ")";
+        return s;
+    }
+};
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// One rounding step of the dtype at magnitude |x| (its ulp; the smallest normal's below it).
+float dtype_ulp_of(int dtype, float x) {
+    const int mant = dtype == FLASHATTN_DTYPE_BFLOAT16 ? 7 : 10;
+    const float ax = std::max(std::fabs(x), dtype == FLASHATTN_DTYPE_BFLOAT16 ? 1.2e-38f : 6.1e-5f);
+    return std::ldexp(1.0f, std::ilogb(ax) - mant);
+}
+
+// One serving call's inputs: each sequence as its own batch-1 Inputs (for the oracle and the
+// low-precision baseline), and the same numbers laid out in the call's device buffers.
+struct ServingRun {
+    Spec s;
+    int64_t B, cap_q, cap_k, total_q, total_k, width, row_stride, num_pages, kv_batch;
+    std::vector<std::unique_ptr<Inputs>> seqs;
+    std::vector<int32_t> cu_q, cu_k, used, table, kv_idx, indptr, last_len, leftpad;
+    std::vector<uint16_t> q, k, v;  // k and v alias one buffer (pool) when shared_pool
+    std::vector<float> slopes;
+    int64_t q_rows, k_outer, k_rows, k_seq_stride, k_page_stride, v_offset;
+
+    // Where key position `pos` of sequence b lives in the K buffer, in [heads_kv, head_dim] rows (a
+    // cache: dense, indexed or paged; not packed K).
+    int64_t cache_row(int64_t b, int64_t pos) const {
+        const int64_t hd = s.hkv * s.d;
+        if (s.kv == kPagedSeqused || s.kv == kPagedCuLens)
+            return (int64_t)table[b * row_stride + pos / s.page_size] * k_page_stride / hd + pos % s.page_size;
+        if (s.kv == kPagedCsr)
+            return (int64_t)table[indptr[b] + pos / s.page_size] * k_page_stride / hd + pos % s.page_size;
+        return (s.kv == kIndexedCache ? (int64_t)kv_idx[b] : b) * cap_k + pos;
+    }
+
+    Case seq_case(size_t b) const {
+        Case c;
+        c.dtype = s.dtype, c.b = 1, c.sq = s.sq[b], c.sk = s.sk[b], c.hq = s.hq, c.hkv = s.hkv, c.d = s.d;
+        c.mask = s.mask, c.wl = s.wl, c.wr = s.wr, c.softcap = s.softcap, c.alibi = s.alibi;
+        return c;
+    }
+
+    explicit ServingRun(const Spec &spec) : s(spec) {
+        B = (int64_t)s.sq.size();
+        cap_q = std::max(s.cap_q, *std::max_element(s.sq.begin(), s.sq.end()));
+        cap_k = s.cap_k;
+        for (size_t b = 0; b < s.sk.size(); ++b) cap_k = std::max(cap_k, s.pad(b) + s.sk[b]);
+        for (size_t b = 0; b < s.sq.size(); ++b) seqs.emplace_back(new Inputs(seq_case(b)));
+        const int64_t hd = s.hkv * s.d;
+        // Q: packed rows in order in a buffer sized by the capacities (B x cap_q + 3 rows, the rows
+        // past the last sequence owned by none), so every call of one capacity has the same buffers;
+        // or dense [B, cap_q].
+        cu_q.assign(B + 1, 0);
+        for (int64_t b = 0; b < B; ++b) cu_q[b + 1] = cu_q[b] + (int32_t)s.sq[b];
+        total_q = s.packed_q ? B * cap_q + 3 : 0;
+        q_rows = s.packed_q ? total_q : B * cap_q;
+        q.assign(q_rows * s.hq * s.d, from_f32(s.dtype, 0.5f));
+        for (int64_t b = 0; b < B; ++b) {
+            const Inputs &in = *seqs[b];
+            const int64_t row0 = s.packed_q ? cu_q[b] : b * cap_q;
+            for (int64_t i = 0; i < s.sq[b]; ++i)
+                for (int64_t hh = 0; hh < s.hq; ++hh)
+                    for (int64_t dd = 0; dd < s.d; ++dd)
+                        q[((row0 + i) * s.hq + hh) * s.d + dd] = in.q[i * in.qs.s + hh * in.qs.h + dd];
+        }
+        // K/V rows: where key j of sequence b lives, in units of [hkv, d] rows of the buffer (after
+        // its padding rows, if any).
+        cu_k.assign(B + 1, 0);
+        for (int64_t b = 0; b < B; ++b) cu_k[b + 1] = cu_k[b] + (int32_t)(s.pad(b) + s.sk[b]);
+        for (int64_t b = 0; b < B; ++b) used.push_back((int32_t)(s.pad(b) + s.sk[b]));
+        leftpad.assign(s.lp.begin(), s.lp.end());
+        std::vector<std::vector<int64_t>> row_of(B);
+        width = row_stride = num_pages = kv_batch = total_k = 0;
+        k_page_stride = 0, v_offset = 0;
+        const bool paged = s.kv == kPagedSeqused || s.kv == kPagedCuLens || s.kv == kPagedCsr;
+        if (s.kv == kPagedCsr) {
+            // FlashInfer's page lists: sequence b's ceil(sk/page) pages in one list, its key count
+            // from the list and kv_last_page_len (no seqused_k).
+            width = std::max<int64_t>(1, ceil_div(cap_k, s.page_size));
+            num_pages = B * width + 2;
+            std::vector<int32_t> perm(num_pages);
+            std::iota(perm.begin(), perm.end(), 0);
+            std::shuffle(perm.begin(), perm.end(), rng());
+            indptr.assign(1, 0);
+            for (int64_t b = 0; b < B; ++b) {
+                const int64_t n = ceil_div(s.sk[b], s.page_size);
+                for (int64_t pg = 0; pg < n; ++pg) table.push_back(perm[table.size()]);
+                indptr.push_back((int32_t)table.size());
+                last_len.push_back(n ? (int32_t)(s.sk[b] - (n - 1) * s.page_size) : 1);
+            }
+            table.push_back(perm[table.size()]);  // one entry no sequence lists
+            k_outer = num_pages, k_rows = s.page_size, k_seq_stride = hd;
+            k_page_stride = s.page_size * hd;
+            for (int64_t b = 0; b < B; ++b)
+                for (int64_t j = 0; j < s.sk[b]; ++j)
+                    row_of[b].push_back((int64_t)table[indptr[b] + j / s.page_size] * s.page_size + j % s.page_size);
+        } else if (paged) {
+            width = std::max<int64_t>(1, ceil_div(cap_k, s.page_size));
+            row_stride = width + 3;
+            num_pages = B * width + 2;
+            std::vector<int32_t> perm(num_pages);
+            std::iota(perm.begin(), perm.end(), 0);
+            std::shuffle(perm.begin(), perm.end(), rng());
+            table.assign(B * row_stride, -7);  // entries past a sequence's pages are never read
+            for (int64_t b = 0; b < B; ++b)
+                for (int64_t pg = 0; pg < width; ++pg) table[b * row_stride + pg] = perm[b * width + pg];
+            const int64_t page_rows = s.page_size;  // [hkv, d] rows per page (per K or V)
+            k_outer = num_pages, k_rows = s.page_size, k_seq_stride = hd;
+            k_page_stride = (s.shared_pool ? 2 : 1) * page_rows * hd;
+            v_offset = s.shared_pool ? page_rows * hd : 0;
+            for (int64_t b = 0; b < B; ++b)
+                for (int64_t j = 0; j < s.sk[b]; ++j)
+                    row_of[b].push_back((int64_t)table[b * row_stride + j / s.page_size] * k_page_stride / hd + j % s.page_size);
+        } else if (s.kv == kPackedKv) {
+            total_k = B * cap_k + 2;
+            k_outer = 1, k_rows = total_k, k_seq_stride = hd;
+            for (int64_t b = 0; b < B; ++b)
+                for (int64_t j = 0; j < s.sk[b]; ++j) row_of[b].push_back(cu_k[b] + s.pad(b) + j);
+        } else {  // a dense cache [kv_batch, cap_k]; indexed: a permutation of B of its kv_batch entries
+            kv_batch = s.kv == kIndexedCache ? B + 2 : B;
+            std::vector<int32_t> perm(kv_batch);
+            std::iota(perm.begin(), perm.end(), 0);
+            if (s.kv == kIndexedCache) std::shuffle(perm.begin(), perm.end(), rng());
+            kv_idx.assign(perm.begin(), perm.begin() + B);
+            k_outer = kv_batch, k_rows = cap_k, k_seq_stride = hd;
+            for (int64_t b = 0; b < B; ++b)
+                for (int64_t j = 0; j < s.sk[b]; ++j) row_of[b].push_back((int64_t)kv_idx[b] * cap_k + s.pad(b) + j);
+        }
+        const int64_t k_elems = paged ? num_pages * k_page_stride : k_outer * k_rows * hd;
+        k.assign(k_elems, from_f32(s.dtype, -0.25f));
+        v.assign(s.shared_pool ? 0 : k_elems, from_f32(s.dtype, 0.75f));
+        std::vector<uint16_t> &vbuf = s.shared_pool ? k : v;
+        for (int64_t b = 0; b < B; ++b) {
+            const Inputs &in = *seqs[b];
+            for (int64_t j = 0; j < s.sk[b]; ++j)
+                for (int64_t hh = 0; hh < s.hkv; ++hh)
+                    for (int64_t dd = 0; dd < s.d; ++dd) {
+                        const int64_t src = j * in.ks.s + hh * in.ks.h + dd, dst = row_of[b][j] * hd + hh * s.d + dd;
+                        k[dst] = in.k[src];
+                        vbuf[dst + v_offset] = in.v[src];
+                    }
+        }
+        if (s.alibi)
+            for (int64_t b = 0; b < B; ++b) slopes.insert(slopes.end(), seqs[b]->slopes.begin(), seqs[b]->slopes.end());
+    }
+};
+
+// Device buffers of a ServingRun, and the params of its call.
+struct DeviceRun {
+    DevBuf<uint16_t> q, k, v, o;
+    DevBuf<float> lse, slopes;
+    DevBuf<int32_t> cu_q, cu_k, used, table, kv_idx, indptr, last_len, leftpad;
+    explicit DeviceRun(const ServingRun &r)
+        : q(r.q.size()), k(r.k.size()), v(r.v.size()), o(r.q.size()), lse(r.s.hq * r.q_rows), slopes(r.slopes.size()),
+          cu_q(r.cu_q.size()), cu_k(r.cu_k.size()), used(r.used.size()), table(r.table.size()), kv_idx(r.kv_idx.size()),
+          indptr(r.indptr.size()), last_len(r.last_len.size()), leftpad(r.leftpad.size()) {
+        upload(r);
+    }
+    void upload(const ServingRun &r) {
+        q.upload(r.q), k.upload(r.k), v.upload(r.v), slopes.upload(r.slopes);
+        cu_q.upload(r.cu_q), cu_k.upload(r.cu_k), used.upload(r.used), table.upload(r.table), kv_idx.upload(r.kv_idx);
+        indptr.upload(r.indptr), last_len.upload(r.last_len), leftpad.upload(r.leftpad);
+    }
+    void poison(cudaStream_t st = 0) {
+        CUDA_CHECK(cudaMemsetAsync(o.p, 0xff, o.n * 2, st));
+        CUDA_CHECK(cudaMemsetAsync(lse.p, 0xff, lse.n * 4, st));
+    }
+    flashattn_fwd_params params(const ServingRun &r) const {
+        const Spec &s = r.s;
+        flashattn_fwd_params p;
+        flashattn_fwd_params_init(&p);
+        p.dtype = s.dtype, p.mask = s.mask, p.backend = FLASHATTN_BACKEND_AUTO;
+        p.batch = r.B, p.seqlen_q = r.cap_q, p.seqlen_k = r.cap_k, p.heads_q = s.hq, p.heads_kv = s.hkv, p.head_dim = s.d;
+        p.q = q.p, p.o = o.p, p.lse = lse.p;
+        p.q_seq_stride = p.o_seq_stride = s.hq * s.d, p.q_head_stride = p.o_head_stride = s.d;
+        p.q_batch_stride = p.o_batch_stride = s.packed_q ? 0 : r.cap_q * s.hq * s.d;
+        if (s.packed_q) p.cu_seqlens_q = cu_q.p, p.total_q = r.total_q;
+        p.k = k.p;
+        p.v = s.shared_pool ? (const void *)(k.p + r.v_offset) : v.p;
+        p.k_seq_stride = p.v_seq_stride = r.k_seq_stride;
+        p.k_head_stride = p.v_head_stride = s.d;
+        switch (s.kv) {
+        case kPackedKv: p.cu_seqlens_k = cu_k.p, p.total_k = r.total_k; break;
+        case kPagedSeqused:
+        case kPagedCuLens:
+            p.block_table = table.p, p.pages_per_seq = r.width, p.block_table_batch_stride = r.row_stride;
+            p.page_size = s.page_size, p.num_pages = r.num_pages;
+            p.k_batch_stride = p.v_batch_stride = r.k_page_stride;
+            if (s.kv == kPagedSeqused) p.seqused_k = used.p;
+            else p.cu_seqlens_k = cu_k.p;
+            break;
+        case kPagedCsr:
+            p.block_table = table.p, p.pages_per_seq = r.width, p.block_table_batch_stride = 0;
+            p.page_size = s.page_size, p.num_pages = r.num_pages;
+            p.k_batch_stride = p.v_batch_stride = r.k_page_stride;
+            p.kv_indptr = indptr.p, p.kv_last_page_len = last_len.p, p.num_page_indices = (int64_t)r.table.size();
+            break;
+        case kIndexedCache:
+            p.kv_batch_idx = kv_idx.p, p.kv_batch = r.kv_batch;
+            p.k_batch_stride = p.v_batch_stride = r.cap_k * s.hkv * s.d, p.seqused_k = used.p;
+            break;
+        case kDenseSeqused:
+            p.k_batch_stride = p.v_batch_stride = r.cap_k * s.hkv * s.d, p.seqused_k = used.p;
+            break;
+        }
+        if (!s.lp.empty()) p.cache_leftpad = leftpad.p;
+        p.softcap = s.softcap, p.window_left = s.wl, p.window_right = s.wr;
+        if (s.alibi) p.alibi_slopes = slopes.p, p.alibi_batch_stride = s.hq;
+        return p;
+    }
+};
+
+struct Stats {
+    int seqs = 0, calls[4] = {0, 0, 0, 0}, split_packed_q = 0;  // split_packed_q: fused calls with a packed Q that split
+    double worst_ratio = 0, max_err = 0, max_lse_err = 0;
+};
+
+// The backends that run serving calls on this device: REFERENCE (the gathered oracle), FUSED, and
+// FUSED_SM90 on Hopper builds.
+std::vector<int> serving_backends() {
+    std::vector<int> b = {FLASHATTN_BACKEND_REFERENCE, FLASHATTN_BACKEND_FUSED};
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess && major == 9 &&
+        minor == 0 && fa_sm90_compiled(FLASHATTN_DTYPE_BFLOAT16, 128))
+        b.push_back(FLASHATTN_BACKEND_FUSED_SM90);
+    return b;
+}
+
+// Runs the call on `backend` (workspace as planned) into dev's poisoned outputs.
+flashattn_status call(flashattn_handle *h, flashattn_fwd_params p, int backend, cudaStream_t st = 0) {
+    p.backend = backend;
+    size_t need = 0;
+    flashattn_status status = flashattn_fwd_workspace_size(h, &p, &need);
+    if (status != FLASHATTN_STATUS_SUCCESS) return status;
+    DevBuf<char> ws(need);
+    status = flashattn_fwd(h, &p, ws.p, need, st);
+    CUDA_CHECK(cudaStreamSynchronize(st));  // before ws is freed
+    return status;
+}
+
+// Each sequence's rows of O and LSE against its oracle, by FlashAttention's rule; unowned rows poisoned.
+void check_outputs(flashattn_handle *h, const ServingRun &r, const std::vector<uint16_t> &o,
+                   const std::vector<float> &lse, Stats &st) {
+    const Spec &s = r.s;
+    std::vector<char> owned(r.q_rows, 0);
+    for (int64_t b = 0; b < r.B; ++b) {
+        SCOPED_TRACE("sequence " + std::to_string(b) + " of " + s.str());
+        const Inputs &in = *r.seqs[b];
+        const int64_t row0 = s.packed_q ? r.cu_q[b] : b * r.cap_q;
+        const int64_t n = s.sq[b];
+        std::fill(owned.begin() + row0, owned.begin() + row0 + n, 1);
+        if (n == 0) continue;
+        std::vector<float> ob(n * s.hq * s.d), lb(s.hq * n);
+        for (int64_t i = 0; i < n; ++i)
+            for (int64_t x = 0; x < s.hq * s.d; ++x) ob[i * s.hq * s.d + x] = to_f32(s.dtype, o[(row0 + i) * s.hq * s.d + x]);
+        for (int64_t hh = 0; hh < s.hq; ++hh)
+            for (int64_t i = 0; i < n; ++i)
+                lb[hh * n + i] = s.packed_q ? lse[hh * r.total_q + row0 + i] : lse[(b * s.hq + hh) * r.cap_q + i];
+        const Oracle ora = oracle(in);
+        const Result low = run(h, in, FLASHATTN_BACKEND_REFERENCE, true);
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, low.status) << flashattn_last_error();
+        const double err_f = max_abs_diff(ob, ora.o), err_l = max_abs_diff(low.o, ora.o);
+        const double lse_err = max_abs_diff(lb, ora.lse);
+        constexpr double kAtol = 1e-5;
+        EXPECT_LE(err_f, 2 * err_l + kAtol) << "serving error " << err_f << " vs plain low-precision " << err_l;
+        EXPECT_LE(lse_err, 2e-3);
+        st.worst_ratio = std::max(st.worst_ratio, err_f / std::max(err_l, kAtol));
+        st.max_err = std::max(st.max_err, err_f), st.max_lse_err = std::max(st.max_lse_err, lse_err);
+        ++st.seqs;
+    }
+    size_t touched = 0;
+    for (int64_t row = 0; row < r.q_rows; ++row)
+        if (!owned[row])
+            for (int64_t x = 0; x < s.hq * s.d; ++x) touched += o[row * s.hq * s.d + x] != kPoison16;
+    EXPECT_EQ(0u, touched) << "rows that no sequence owns were written (" << s.str() << ")";
+}
+
+// The call on every backend (REFERENCE, FUSED, and FUSED_SM90 on Hopper: TMA pages or gathered
+// ones, by the page size), each checked sequence by sequence.
+void run_and_check(flashattn_handle *h, const Spec &spec, Stats &st) {
+    SCOPED_TRACE(spec.str());
+    ServingRun r(spec);
+    DeviceRun dev(r);
+    const flashattn_fwd_params p = dev.params(r);
+    for (int backend : serving_backends()) {
+        SCOPED_TRACE("backend " + std::to_string(backend));
+        flashattn_fwd_params pb = p;
+        pb.backend = backend;
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_supported(h, &pb)) << flashattn_last_error();
+        flashattn_plan_info info;
+        flashattn_plan_info_init(&info);
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_plan(h, &pb, &info)) << flashattn_last_error();
+        st.split_packed_q += spec.packed_q && info.num_splits > 1;
+        dev.poison();
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, call(h, p, backend)) << flashattn_last_error();
+        check_outputs(h, r, dev.o.download(), dev.lse.download(), st);
+        ++st.calls[backend];
+    }
+}
+
+void print_stats(const char *name, const Stats &st) {
+    printf("[ serving ] %s: %d sequences (%d reference, %d fused, %d fused_sm90 calls), max |O err| %.3g, max |LSE err| "
+           "%.3g, worst err/lowprec-err %.2f\n", name, st.seqs, st.calls[FLASHATTN_BACKEND_REFERENCE],
+           st.calls[FLASHATTN_BACKEND_FUSED], st.calls[FLASHATTN_BACKEND_FUSED_SM90], st.max_err, st.max_lse_err,
+           st.worst_ratio);
+}
+
+// Lengths with the edge cases: an empty sequence, a sequence with queries but no keys, single-token
+// decode rows, lengths just past a tile, and a long one.
+const std::vector<int64_t> kSq = {37, 0, 1, 129, 5, 64};
+const std::vector<int64_t> kSk = {300, 50, 1, 129, 0, 700};
+
+TEST_F(Serving, RaggedQueriesAndKeysMatchTheOracle) {
+    Stats st;
+    for (int64_t d : {64, 128})
+        for (int mask : {FLASHATTN_MASK_NONE, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT})
+            for (int dtype : {FLASHATTN_DTYPE_BFLOAT16, FLASHATTN_DTYPE_FLOAT16}) {
+                Spec s;
+                s.d = d, s.mask = mask, s.dtype = dtype, s.sq = kSq, s.sk = kSk;
+                run_and_check(h, s, st);
+            }
+    print_stats("ragged (cu_seqlens_q, cu_seqlens_k)", st);
+}
+
+TEST_F(Serving, FeaturesPerSequence) {
+    Stats st;
+    Spec base;
+    base.sq = {40, 1, 200, 0, 17}, base.sk = {90, 333, 200, 12, 17};
+    Spec w = base;
+    w.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, w.wl = 32, w.wr = 0;
+    Spec sc = base;
+    sc.softcap = 30.0f, sc.alibi = true, sc.hq = 8, sc.hkv = 2;
+    Spec tl = base;
+    tl.mask = FLASHATTN_MASK_CAUSAL_TOP_LEFT, tl.wr = 5;
+    Spec mqa = base;
+    mqa.hq = 8, mqa.hkv = 1, mqa.d = 96, mqa.alibi = true;
+    for (Spec s : {w, sc, tl, mqa})
+        for (KvMode kv : {kPackedKv, kPagedSeqused}) {
+            s.kv = kv;
+            run_and_check(h, s, st);
+        }
+    print_stats("masks, windows, softcap, ALiBi, GQA/MQA per sequence", st);
+}
+
+TEST_F(Serving, PagedKvAnyPageSize) {
+    Stats st;
+    for (int64_t page : {1, 16, 19, 64, 256})
+        for (KvMode kv : {kPagedSeqused, kPagedCuLens, kPagedCsr}) {
+            Spec s;
+            s.sq = kSq, s.sk = kSk, s.kv = kv, s.page_size = page, s.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+            s.shared_pool = (page == 16 || page == 19) && kv != kPagedCsr;
+            run_and_check(h, s, st);
+        }
+    print_stats("paged K/V (block table, page lists), pages of 1, 16, 19, 64, 256 keys", st);
+}
+
+TEST_F(Serving, DecodeOverCaches) {
+    // Dense Q [B, 1] (one new token per sequence) over a paged, an indexed and a plain dense cache,
+    // with capacities above every length.
+    // Then the same rows packed (cu_seqlens_q, as varlen decode passes them, one sequence with no
+    // query): the fused kernels split these too, and the combine writes the packed rows.
+    Stats st;
+    for (KvMode kv : {kPagedSeqused, kPagedCsr, kIndexedCache, kDenseSeqused})
+        for (int64_t sq : {1, 4}) {
+            Spec s;
+            s.packed_q = false, s.kv = kv, s.hq = 8, s.hkv = 2, s.d = 128, s.cap_k = 1100;
+            s.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+            s.sq = std::vector<int64_t>(5, sq), s.sk = {1000, 7, 0, 513, 64};
+            run_and_check(h, s, st);
+            s.packed_q = true, s.sq[1] = 0;
+            run_and_check(h, s, st);
+        }
+    // Varlen decode with a group of 8 query heads per KV head, head dim 64, softcap, over pages of 16.
+    Spec g8;
+    g8.kv = kPagedSeqused, g8.hq = 16, g8.hkv = 2, g8.d = 64, g8.softcap = 20.0f, g8.cap_k = 2100;
+    g8.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+    g8.sq = {1, 1, 0, 1}, g8.sk = {2000, 1, 77, 0};
+    run_and_check(h, g8, st);
+    EXPECT_GT(st.split_packed_q, 0) << "no packed-Q decode call was split";
+    print_stats("decode over paged, indexed and dense caches (dense and packed Q)", st);
+    printf("[ serving ] decode with packed Q: %d fused calls split their keys\n", st.split_packed_q);
+}
+
+TEST_F(Serving, LeftPaddedCachesSkipThePadding) {
+    // cache_leftpad: sequence b's keys are the sk[b] rows after its lp[b] padding rows (packed K/V,
+    // a dense and an indexed cache), with masks, windows and ALiBi counted from the first real key;
+    // then decode rows over long padded caches (FUSED_SM90 splits those).
+    Stats st;
+    for (KvMode kv : {kPackedKv, kDenseSeqused, kIndexedCache})
+        for (int variant = 0; variant < 3; ++variant) {
+            Spec s;
+            s.kv = kv;
+            s.sq = {37, 1, 5, 0, 64}, s.sk = {300, 50, 0, 12, 129}, s.lp = {13, 0, 7, 4, 200};
+            if (variant == 1) s.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, s.wl = 40, s.alibi = true, s.hq = 8;
+            if (variant == 2) {
+                s.packed_q = false, s.hq = 8, s.hkv = 2, s.d = 128, s.cap_k = 1700;
+                s.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+                s.sq = std::vector<int64_t>(5, 1), s.sk = {1000, 7, 0, 513, 64}, s.lp = {50, 3, 9, 0, 600};
+            }
+            run_and_check(h, s, st);
+        }
+    print_stats("left-padded caches (packed, dense, indexed K/V; decode)", st);
+}
+
+TEST_F(Serving, OutOfRangeContentsStayInsideTheTensors) {
+    // Lengths above the capacities, offsets past total_q/total_k, pages and cache indices outside
+    // the pools: clamped (meaningless numbers), but nothing outside the described tensors is touched
+    // (run under compute-sanitizer by scripts/gpu_check.sh's sanitize step).
+    for (int backend : serving_backends()) {
+        SCOPED_TRACE("backend " + std::to_string(backend));
+        Spec s;
+        s.sq = {10, 20, 30}, s.sk = {40, 50, 60};
+        ServingRun r(s);
+        DeviceRun dev(r);
+        std::vector<int32_t> bad_cu_q = {0, 500, -3, 1 << 30}, bad_cu_k = {-100, 1 << 29, 7, 9};
+        dev.cu_q.upload(bad_cu_q), dev.cu_k.upload(bad_cu_k);
+        dev.poison();
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, call(h, dev.params(r), backend)) << flashattn_last_error();
+        Spec pg = s;
+        pg.kv = kPagedSeqused, pg.page_size = 16;
+        ServingRun rp(pg);
+        DeviceRun devp(rp);
+        std::vector<int32_t> bad_table(rp.table.size(), 1 << 30), bad_used = {100000, -5, 60};
+        devp.table.upload(bad_table), devp.used.upload(bad_used);
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, call(h, devp.params(rp), backend)) << flashattn_last_error();
+        Spec ix = s;
+        ix.kv = kIndexedCache;
+        ServingRun ri(ix);
+        DeviceRun devi(ri);
+        std::vector<int32_t> bad_idx = {-1, 1 << 20, 2};
+        devi.kv_idx.upload(bad_idx);
+        devi.poison();
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, call(h, devi.params(ri), backend)) << flashattn_last_error();
+        // An out-of-range cache index reads zeros: that sequence's values are zeros, O = 0 exactly.
+        const std::vector<uint16_t> o = devi.o.download();
+        for (int64_t x = 0; x < 10 * s.hq * s.d; ++x) ASSERT_EQ(0.0f, to_f32(s.dtype, o[x])) << x;
+        // Padding outside 0..the key count, on a dense cache and on packed K/V.
+        for (KvMode kv : {kDenseSeqused, kPackedKv}) {
+            Spec lp = s;
+            lp.kv = kv, lp.lp = {1, 2, 3};
+            ServingRun rl(lp);
+            DeviceRun devl(rl);
+            std::vector<int32_t> bad_pad = {-5, 1 << 30, 61};
+            devl.leftpad.upload(bad_pad);
+            ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, call(h, devl.params(rl), backend)) << flashattn_last_error();
+        }
+        CUDA_CHECK(cudaGetLastError());
+    }
+}
+
+TEST_F(Serving, GraphReplaysNewLengthsPagesAndContents) {
+    // Capture once with fixed capacities; replay after rewriting every device array in place. Dense
+    // Q over a paged cache (FUSED_SM90 may split it: a workspace), then ragged Q and K.
+    for (int backend : serving_backends())
+        for (KvMode kv : {kPagedSeqused, kPackedKv}) {
+            SCOPED_TRACE("backend " + std::to_string(backend) + " kv " + std::to_string(kv));
+            Spec s;
+            s.kv = kv, s.page_size = 16, s.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, s.hq = 8, s.hkv = 2, s.d = 128;
+            s.packed_q = kv == kPackedKv;
+            s.cap_q = s.packed_q ? 150 : 2, s.cap_k = 1200;
+            s.sq = s.packed_q ? std::vector<int64_t>{100, 3, 0, 150} : std::vector<int64_t>{2, 2, 2, 2};
+            s.sk = {200, 1200, 9, 160};
+            ServingRun first(s);
+            DeviceRun dev(first);
+            flashattn_fwd_params p = dev.params(first);
+            p.backend = backend;
+            size_t need = 0;
+            ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_workspace_size(h, &p, &need)) << flashattn_last_error();
+            DevBuf<char> ws(need);
+            CapturedCall captured(h, p, ws.p, need);
+            ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, captured.status) << flashattn_last_error();
+            Stats stats;
+            const std::vector<std::vector<int64_t>> sqs = {{100, 3, 0, 150}, {1, 150, 77, 0}, {150, 150, 150, 150}};
+            const std::vector<std::vector<int64_t>> sks = {{200, 1200, 9, 160}, {1199, 1, 0, 300}, {1200, 17, 250, 1}};
+            for (size_t rep = 0; rep < sqs.size(); ++rep) {
+                Spec next = s;
+                if (s.packed_q) next.sq = sqs[rep];
+                next.sk = sks[rep];
+                ServingRun r(next);
+                // Same capacities, so the same buffer sizes: rewrite the captured buffers' contents.
+                ASSERT_EQ(first.q.size(), r.q.size());
+                ASSERT_EQ(first.k.size(), r.k.size());
+                ASSERT_EQ(first.table.size(), r.table.size());
+                dev.upload(r);
+                dev.poison();
+                CUDA_CHECK(cudaDeviceSynchronize());
+                captured.replay();
+                check_outputs(h, r, dev.o.download(), dev.lse.download(), stats);
+            }
+            stats.calls[backend] = (int)sqs.size();
+            print_stats("graph replays with new lengths, pages and contents", stats);
+        }
+}
+
+
+// ---- appending new keys, with rotary embedding -----------------------------------------------------
+
+// x rotated at table row `pos` (GPT-J pairs when interleaved, else GPT-NeoX halves), in float, rounded once.
+std::vector<uint16_t> rotate_row(int dtype, const uint16_t *x, int64_t d, int64_t rd, bool interleaved,
+                                 const std::vector<uint16_t> &cos, const std::vector<uint16_t> &sin, int64_t pos) {
+    std::vector<uint16_t> out(x, x + d);
+    const int64_t half = rd / 2;
+    for (int64_t c = 0; c < rd; ++c) {
+        int64_t i, partner;
+        float sign;
+        if (interleaved) i = c / 2, partner = c ^ 1, sign = (c & 1) ? 1.0f : -1.0f;
+        else i = c < half ? c : c - half, partner = c < half ? c + half : c - half, sign = c < half ? -1.0f : 1.0f;
+        const float cv = to_f32(dtype, cos[pos * half + i]), sv = to_f32(dtype, sin[pos * half + i]);
+        out[c] = from_f32(dtype, std::fma(to_f32(dtype, x[c]), cv, sign * to_f32(dtype, x[partner]) * sv));
+    }
+    return out;
+}
+
+// |a - b| in units of the dtype's rounding at b (two values one rounding apart pass).
+bool within_one_rounding(int dtype, uint16_t a, uint16_t b) {
+    const float fa = to_f32(dtype, a), fb = to_f32(dtype, b);
+    return std::fabs(fa - fb) <= dtype_ulp_of(dtype, fb);
+}
+
+TEST_F(Serving, AppendWithRotaryWritesTheCacheThenAttendsOverIt) {
+    Stats st;
+    int calls = 0;
+    for (int backend : serving_backends())
+        for (KvMode kv : {kDenseSeqused, kIndexedCache, kPagedSeqused})
+            for (int rot : {0, 1, 2}) {  // none, GPT-J (interleaved) on all 64 columns, GPT-NeoX on 32
+                const int64_t page = (rot == 2) ? 19 : 16;
+                SCOPED_TRACE("backend " + std::to_string(backend) + " kv " + std::to_string(kv) + " rotary " +
+                             std::to_string(rot) + " page " + std::to_string(page));
+                Spec s;
+                s.packed_q = false, s.kv = kv, s.page_size = page, s.hq = 8, s.hkv = 2, s.d = 64;
+                s.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, s.dtype = rot == 1 ? FLASHATTN_DTYPE_FLOAT16 : FLASHATTN_DTYPE_BFLOAT16;
+                const int64_t n_new = 3, cap = 260;
+                s.cap_k = cap;
+                s.sq = std::vector<int64_t>(4, n_new);
+                s.sk = {100, 0, 37, 258};  // the last appends past the capacity: its third key is not written
+                // Left padding on the dense caches (twice of three): positions still count from row 0.
+                if (kv != kPagedSeqused && rot != 1) s.lp = {5, 0, 20, 0};
+                ServingRun r(s);
+                DeviceRun dev(r);
+                const int64_t B = r.B, hd = s.hkv * s.d, rd = rot == 2 ? 32 : 64, seqlen_ro = cap + 8;
+                std::normal_distribution<float> nd(0.0f, 1.0f);
+                std::vector<uint16_t> k_new(B * n_new * hd), v_new(B * n_new * hd), cos_t, sin_t;
+                for (auto *t : {&k_new, &v_new})
+                    for (auto &x : *t) x = from_f32(s.dtype, nd(rng()));
+                for (int64_t pos = 0; pos < seqlen_ro; ++pos)
+                    for (int64_t i = 0; i < rd / 2; ++i) {
+                        const double ang = pos * std::pow(10000.0, -2.0 * i / rd);
+                        cos_t.push_back(from_f32(s.dtype, (float)std::cos(ang)));
+                        sin_t.push_back(from_f32(s.dtype, (float)std::sin(ang)));
+                    }
+                DevBuf<uint16_t> dkn(k_new.size()), dvn(v_new.size()), dcos(cos_t.size()), dsin(sin_t.size());
+                dkn.upload(k_new), dvn.upload(v_new), dcos.upload(cos_t), dsin.upload(sin_t);
+                flashattn_fwd_params p = dev.params(r);
+                p.backend = backend;
+                p.k_new = dkn.p, p.v_new = dvn.p, p.seqlen_new = n_new;
+                p.k_new_head_stride = p.v_new_head_stride = s.d, p.k_new_seq_stride = p.v_new_seq_stride = hd;
+                p.k_new_batch_stride = p.v_new_batch_stride = n_new * hd;
+                if (rot) {
+                    p.rotary_cos = dcos.p, p.rotary_sin = dsin.p, p.rotary_dim = rd, p.seqlen_ro = seqlen_ro;
+                    p.rotary_interleaved = rot == 1;
+                }
+                size_t need = 0;
+                ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_workspace_size(h, &p, &need)) << flashattn_last_error();
+                DevBuf<char> ws(need);
+                dev.poison();
+                ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd(h, &p, ws.p, need, 0)) << flashattn_last_error();
+                CUDA_CHECK(cudaDeviceSynchronize());
+                ++calls;
+                // The cache: the new rows where they belong (rotated keys within one rounding, values
+                // exact), every other element untouched.
+                const std::vector<uint16_t> kc = dev.k.download(), vc = dev.v.download();
+                std::vector<uint16_t> k_want = r.k, v_want = r.v;
+                std::vector<char> rotated_elem(k_want.size(), 0);
+                for (int64_t b = 0; b < B; ++b)
+                    for (int64_t i = 0; i < n_new; ++i) {
+                        const int64_t pos = r.used[b] + i;
+                        if (pos >= cap) continue;
+                        const int64_t row = r.cache_row(b, pos);
+                        for (int64_t hh = 0; hh < s.hkv; ++hh) {
+                            const uint16_t *kn = &k_new[(b * n_new + i) * hd + hh * s.d];
+                            const std::vector<uint16_t> kr =
+                                rot ? rotate_row(s.dtype, kn, s.d, rd, rot == 1, cos_t, sin_t, pos) : std::vector<uint16_t>(kn, kn + s.d);
+                            for (int64_t dd = 0; dd < s.d; ++dd) {
+                                k_want[row * hd + hh * s.d + dd] = kr[dd];
+                                rotated_elem[row * hd + hh * s.d + dd] = rot != 0;
+                                v_want[row * hd + hh * s.d + dd] = v_new[(b * n_new + i) * hd + hh * s.d + dd];
+                            }
+                        }
+                    }
+                size_t bad_k = 0, bad_v = 0;
+                for (size_t x = 0; x < kc.size(); ++x)
+                    bad_k += rotated_elem[x] ? !within_one_rounding(s.dtype, kc[x], k_want[x]) : kc[x] != k_want[x];
+                for (size_t x = 0; x < vc.size(); ++x) bad_v += vc[x] != v_want[x];
+                EXPECT_EQ(0u, bad_k) << "cache K elements not as appended";
+                EXPECT_EQ(0u, bad_v) << "cache V elements not as appended";
+                // The rotated Q in the workspace (within one rounding of the host's rotation).
+                std::vector<uint16_t> q_used = r.q;
+                if (rot) {
+                    fa_plan plan;
+                    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, fa_plan_make(&h->caps, &p, 0, &plan));
+                    q_used.resize(r.q.size());
+                    CUDA_CHECK(cudaMemcpy(q_used.data(), ws.p + plan.q_rot_off, q_used.size() * 2, cudaMemcpyDeviceToHost));
+                    size_t bad_q = 0;
+                    for (int64_t b = 0; b < B; ++b)
+                        for (int64_t i = 0; i < n_new; ++i)
+                            for (int64_t hh = 0; hh < s.hq; ++hh) {
+                                const int64_t at = ((b * n_new + i) * s.hq + hh) * s.d;
+                                const std::vector<uint16_t> qr =
+                                    rotate_row(s.dtype, &r.q[at], s.d, rd, rot == 1, cos_t, sin_t, r.used[b] + i);
+                                for (int64_t dd = 0; dd < s.d; ++dd) bad_q += !within_one_rounding(s.dtype, q_used[at + dd], qr[dd]);
+                            }
+                    EXPECT_EQ(0u, bad_q) << "rotated Q elements";
+                }
+                // Attention: each sequence against the oracle over its grown cache and the Q used.
+                const std::vector<uint16_t> o = dev.o.download();
+                const std::vector<float> lse = dev.lse.download();
+                for (int64_t b = 0; b < B; ++b) {
+                    SCOPED_TRACE("sequence " + std::to_string(b));
+                    // The keys after the padding rows, through the appended ones.
+                    Case c = r.seq_case(b);
+                    c.sq = n_new, c.sk = std::min(r.used[b] + n_new, cap) - s.pad(b);
+                    Inputs in(c);
+                    for (int64_t x = 0; x < n_new * s.hq * s.d; ++x) in.q[x] = q_used[b * n_new * s.hq * s.d + x];
+                    for (int64_t j = 0; j < c.sk; ++j)
+                        for (int64_t x = 0; x < hd; ++x) {
+                            in.k[j * hd + x] = kc[r.cache_row(b, s.pad(b) + j) * hd + x];
+                            in.v[j * hd + x] = vc[r.cache_row(b, s.pad(b) + j) * hd + x];
+                        }
+                    in.dq.upload(in.q), in.dk.upload(in.k), in.dv.upload(in.v);
+                    std::vector<float> ob(n_new * s.hq * s.d), lb(s.hq * n_new);
+                    for (int64_t x = 0; x < (int64_t)ob.size(); ++x) ob[x] = to_f32(s.dtype, o[b * n_new * s.hq * s.d + x]);
+                    for (int64_t hh = 0; hh < s.hq; ++hh)
+                        for (int64_t i = 0; i < n_new; ++i) lb[hh * n_new + i] = lse[(b * s.hq + hh) * n_new + i];
+                    const Oracle ora = oracle(in);
+                    const Result low = run(h, in, FLASHATTN_BACKEND_REFERENCE, true);
+                    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, low.status) << flashattn_last_error();
+                    const double err_f = max_abs_diff(ob, ora.o), err_l = max_abs_diff(low.o, ora.o);
+                    EXPECT_LE(err_f, 2 * err_l + 1e-5) << "error " << err_f << " vs plain low-precision " << err_l;
+                    EXPECT_LE(max_abs_diff(lb, ora.lse), 2e-3);
+                    st.worst_ratio = std::max(st.worst_ratio, err_f / std::max(err_l, 1e-5));
+                    st.max_err = std::max(st.max_err, err_f);
+                    st.max_lse_err = std::max(st.max_lse_err, max_abs_diff(lb, ora.lse));
+                    ++st.seqs;
+                }
+                ++st.calls[backend];
+            }
+    print_stats("append (dense, indexed, paged 16/19 caches, left padding) with GPT-J / GPT-NeoX rotary", st);
+}
+
+}  // namespace
