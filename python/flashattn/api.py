@@ -549,11 +549,18 @@ def _per_sequence(obj, name, batch, device):
     return ptr
 
 
-def _serving_call(qa, ka, va, p, out_shape, lse_shape, D, softmax_scale, causal, window_size, softcap,
-                  alibi_slopes, return_lse, stream, keep):
-    """Sets the shared fields of a serving call, allocates out (at the padded head dim) and LSE, runs
-    it, and returns (out sliced back to head dim D, lse). p already has the shapes, strides and
-    serving fields; `keep` holds arrays that must outlive the call."""
+class _ServingCall:
+    """A serving call ready to run: its FwdParams filled but for O and LSE, q's _Array, the output
+    shapes (at the real head dim D), and the arrays that must outlive the call."""
+    __slots__ = ("p", "qa", "out_shape", "lse_shape", "D", "keep")
+
+    def __init__(self, p, qa, out_shape, lse_shape, D, keep):
+        self.p, self.qa, self.out_shape, self.lse_shape, self.D, self.keep = p, qa, out_shape, lse_shape, D, keep
+
+
+def _serving_fields(qa, p, out_shape, lse_shape, D, softmax_scale, causal, window_size, softcap, alibi_slopes, keep):
+    """Sets the fields every serving call shares (p already has the shapes, strides and serving
+    fields); returns the _ServingCall."""
     padded = p.head_dim
     if padded != D and softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(D)  # the real head dim's scale, not the padded one's
@@ -572,17 +579,110 @@ def _serving_call(qa, ka, va, p, out_shape, lse_shape, D, softmax_scale, causal,
         p.alibi_slopes = slopes.ptr
         p.alibi_batch_stride = slopes.strides[0] if len(slopes.shape) == 2 else 0
         keep.append(slopes)
-    result = _empty(qa, out_shape[:-1] + (padded,), "same")
+    return _ServingCall(p, qa, out_shape, lse_shape, D, keep)
+
+
+def _serving_run(sc, return_lse, stream):
+    """Allocates out (at the padded head dim) and LSE next to q, runs the call, and returns (out sliced
+    back to head dim D, lse)."""
+    p, qa = sc.p, sc.qa
+    padded = p.head_dim
+    result = _empty(qa, sc.out_shape[:-1] + (padded,), "same")
     oa = _Array(result, "out")
-    lse = _empty(qa, lse_shape, "f32") if return_lse else None
+    lse = _empty(qa, sc.lse_shape, "f32") if return_lse else None
     p.o = oa.ptr
     p.o_seq_stride, p.o_head_stride = oa.strides[-3], oa.strides[-2]
-    p.o_batch_stride = oa.strides[0] if len(out_shape) == 4 else 0
+    p.o_batch_stride = oa.strides[0] if len(sc.out_shape) == 4 else 0
     p.lse = _ptr(lse) if lse is not None else None
     _run(qa, p, stream)
-    if padded != D:
-        result = result[..., :D]
+    if padded != sc.D:
+        result = result[..., :sc.D]
     return result, lse
+
+
+# The FwdParams fields each serving function fills from its tensor arguments, in the order
+# _serving_fast receives them.
+_VARLEN_FIELDS = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "block_table", "seqused_k", "alibi_slopes")
+_KVCACHE_FIELDS = ("q", "k", "v", "k_new", "v_new", "rotary_cos", "rotary_sin", "seqused_k", "kv_batch_idx",
+                   "cache_leftpad", "block_table", "alibi_slopes")
+
+
+class _ServingEntry:
+    """What a serving call of one structure reuses: the _ServingCall (its params, pointers set per
+    call), which fields take which argument's address, the workspace size, handle and entry point."""
+    __slots__ = ("sc", "slots", "ws_bytes", "handle", "fwd", "addr")
+
+
+def _serving_fast(kind, fields, tensors, options, build, return_lse):
+    """(out, lse) of a serving call whose tensor arguments are all torch CUDA tensors (or None),
+    through a per-thread cache keyed by everything the plan depends on: each tensor's shape,
+    strides, dtype, device and address alignment, and the options. A miss builds the call with the
+    general path's checks (`build`, which raises as it does) and runs it; a hit only sets the
+    tensors' addresses, allocates out (and LSE) and calls the library. None: the general path
+    must run (another array library, or an unhashable option)."""
+    state = _torch_state or _torch()
+    if state is None:
+        return None
+    T = state[1]
+    q = tensors[0]
+    if type(q) is not T or not q.is_cuda:
+        return None
+    shapes = []
+    for t in tensors:
+        if t is None:
+            shapes.append(None)
+        elif type(t) is not T:
+            return None
+        else:
+            shapes.append((t.shape, t.stride(), t.dtype, t.get_device(), t.data_ptr() & 15))
+    key = (kind, options, return_lse, tuple(shapes))
+    try:
+        cache = _tls.serving_cache
+    except AttributeError:
+        cache = _tls.serving_cache = {}
+    try:
+        e = cache.get(key)
+    except TypeError:  # an unhashable option (e.g. a list window_size)
+        return None
+    if e is None:
+        sc = build()
+        out, lse = _serving_run(sc, return_lse, None)
+        # Padded copies of q/k/v are never reused, nor what a capture built (an int cache_seqlens'
+        # tensor would be filled only when the graph replays).
+        if sc.p.head_dim == sc.D and not state[5]():
+            e = _ServingEntry()
+            e.sc, e.addr = sc, ctypes.addressof(sc.p)
+            e.slots = tuple((name, i) for i, (name, t) in enumerate(zip(fields, tensors)) if t is not None)
+            handle = get_handle(sc.qa.device)
+            e.ws_bytes = workspace_size(handle, sc.p)
+            e.handle, e.fwd = handle.ptr, lib().flashattn_fwd
+            if len(cache) >= _FAST_CACHE_MAX:
+                cache.clear()
+            cache[key] = e
+        return out, lse
+    p = e.sc.p
+    for name, i in e.slots:
+        setattr(p, name, tensors[i].data_ptr())
+    out = q.new_empty(e.sc.out_shape)
+    p.o = out.data_ptr()
+    lse = None
+    if return_lse:
+        lse = q.new_empty(e.sc.lse_shape, dtype=state[0].float32)
+        p.lse = lse.data_ptr()
+    dev = q.get_device()
+    stream = state[4](dev)
+    ws = _workspace(state, q, dev, stream, e.ws_bytes) if e.ws_bytes else None
+    prev = state[2]()
+    if prev != dev:
+        state[3](dev)
+    try:
+        st = e.fwd(e.handle, e.addr, ws.data_ptr() if ws is not None else None, e.ws_bytes, stream)
+    finally:
+        if prev != dev:
+            state[3](prev)
+    if st != 0:
+        _check(st, "flashattn_fwd")
+    return out, lse
 
 
 def _padded_arrays(arrays, ndim):
@@ -639,11 +739,26 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     causal is bottom-right within each sequence. Returns out (total_q, nheads, headdim); with
     return_attn_probs, (out, softmax_lse (nheads, total_q) fp32, None). Rows past cu_seqlens_q[-1]
     are not written (out is torch.empty-like there). Nothing on this path reads device memory on
-    the host or synchronises: it can be captured in a CUDA graph.
+    the host or synchronises: it can be captured in a CUDA graph. PyTorch calls without stream=
+    reuse per-structure state (a thread-local cache), as flash_attn_func's do.
     """
     if dropout_p != 0.0:
         raise ValueError(f"dropout_p={dropout_p}: libflashattn computes exact attention; dropout is not supported")
     del deterministic
+    build = lambda: _varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                                 causal, window_size, softcap, alibi_slopes, block_table, seqused_k, backend)
+    r = None
+    if stream is None:
+        r = _serving_fast(0, _VARLEN_FIELDS, (q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, alibi_slopes),
+                          (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_size, softcap, backend), build,
+                          return_attn_probs)
+    out, lse = r if r is not None else _serving_run(build(), return_attn_probs, stream)
+    return (out, lse, None) if return_attn_probs else out
+
+
+def _varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_size,
+                 softcap, alibi_slopes, block_table, seqused_k, backend):
+    """flash_attn_varlen_func's checks and parameters: a _ServingCall."""
     paged = block_table is not None
     qa, ka, va, D, padded = _padded_arrays((q, k, v), (3, 4 if paged else 3, 4 if paged else 3))
     dev = qa.device
@@ -671,9 +786,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         p.total_k = ka.shape[0]
     if seqused_k is not None:
         p.seqused_k = _per_sequence(seqused_k, "seqused_k", B, dev)
-    out, lse = _serving_call(qa, ka, va, p, (total_q, Hq, D), (Hq, total_q), D, softmax_scale, causal, window_size,
-                             softcap, alibi_slopes, return_attn_probs, stream, keep)
-    return (out, lse, None) if return_attn_probs else out
+    return _serving_fields(qa, p, (total_q, Hq, D), (Hq, total_q), D, softmax_scale, causal, window_size, softcap,
+                           alibi_slopes, keep)
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
@@ -697,7 +811,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     padding and not attended to; dense cache only, as in FlashAttention-2). Positions (where k goes,
     the rotary rows) still count from row 0.
     Returns out (batch, seqlen_q, nheads, headdim); with return_softmax_lse, (out, lse (batch, nheads,
-    seqlen_q) fp32).
+    seqlen_q) fp32). PyTorch calls without stream= reuse per-structure state (a thread-local cache;
+    an int cache_seqlens is kept as a tensor of that value).
     """
     if (k is None) != (v is None):
         raise ValueError("pass k and v together (the new keys and their values), or neither")
@@ -708,6 +823,25 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if k is not None and cache_seqlens is None:
         raise ValueError("appending k and v needs cache_seqlens (where each sequence's new keys go)")
     del num_splits
+    build = lambda: _kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                                  cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
+                                  rotary_interleaved, alibi_slopes, backend)
+    r = None
+    if stream is None:
+        lens_int = isinstance(cache_seqlens, int)
+        r = _serving_fast(1, _KVCACHE_FIELDS,
+                          (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, None if lens_int else cache_seqlens,
+                           cache_batch_idx, cache_leftpad, block_table, alibi_slopes),
+                          (cache_seqlens if lens_int else None, softmax_scale, causal, window_size, softcap,
+                           rotary_interleaved, backend), build, return_softmax_lse)
+    out, lse = r if r is not None else _serving_run(build(), return_softmax_lse, stream)
+    return (out, lse) if return_softmax_lse else out
+
+
+def _kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
+                  block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, backend):
+    """flash_attn_with_kvcache's checks and parameters: a _ServingCall (an int cache_seqlens becomes a
+    tensor of that value, kept with it)."""
     paged = block_table is not None
     qa, ka, va, D, padded = _padded_arrays((q, k_cache, v_cache), (4, 4, 4))
     dev = qa.device
@@ -777,9 +911,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         p.rotary_interleaved = 1 if rotary_interleaved else 0
         # FlashAttention-2's rule: causal or windowed, query row i at cache_seqlens + i; else all rows there.
         p.rotary_q_at_cache_len = 0 if (causal or tuple(window_size) != (-1, -1)) else 1
-    out, lse = _serving_call(qa, ka, va, p, (B, Sq, Hq, D), (B, Hq, Sq), D, softmax_scale, causal, window_size,
-                             softcap, alibi_slopes, return_softmax_lse, stream, keep)
-    return (out, lse) if return_softmax_lse else out
+    return _serving_fields(qa, p, (B, Sq, Hq, D), (B, Hq, Sq), D, softmax_scale, causal, window_size, softcap,
+                           alibi_slopes, keep)
 
 
 # ---- FlashAttention-2's packed-input forms: views of one tensor, then the functions above -------------

@@ -529,6 +529,52 @@ def test_kvcache_leftpad_skips_the_padding_rows(causal, indexed):
                        torch.cat([vs[b][P:L], v_new[b]]), causal)
 
 
+def test_serving_calls_reuse_their_structure_across_new_tensors():
+    """The serving functions' per-structure cache: calls with new tensors (new data and addresses)
+    of one structure give what the general path (taken with an explicit stream=) gives, bit for bit:
+    varlen over pages, and with_kvcache with an int cache_seqlens and an append into the cache."""
+    Hq, Hkv, D, page = 8, 2, 128, 16
+    cur = lambda: torch.cuda.current_stream().cuda_stream
+    lens_q, lens_k = [1, 0, 1, 1], [700, 5, 0, 130]
+    cu = lambda lens: torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device="cuda")
+    for _ in range(3):
+        ks, vs = [rand(n, Hkv, D) for n in lens_k], [rand(n, Hkv, D) for n in lens_k]
+        kp, vp, table = page_pool(ks, vs, page)
+        q = rand(sum(lens_q), Hq, D)
+        args = (q, kp, vp, cu(lens_q), cu(lens_k), 1, max(lens_k))
+        fast, lse, _ = flashattn.flash_attn_varlen_func(*args, causal=True, block_table=table, return_attn_probs=True)
+        slow, slow_lse, _ = flashattn.flash_attn_varlen_func(*args, causal=True, block_table=table,
+                                                             return_attn_probs=True, stream=cur())
+        rows = torch.tensor([0, 2, 3], device="cuda")  # the sequences with a query
+        assert torch.equal(fast[rows], slow[rows]) and torch.equal(lse[:, rows], slow_lse[:, rows])
+    B, cap = 3, 300
+    for step in range(3):
+        kc, vc = rand(B, cap, Hkv, D), rand(B, cap, Hkv, D)
+        kc2, vc2 = kc.clone(), vc.clone()
+        q, kn, vn = rand(B, 1, Hq, D), rand(B, 1, Hkv, D), rand(B, 1, Hkv, D)
+        fast = flashattn.flash_attn_with_kvcache(q, kc, vc, k=kn, v=vn, cache_seqlens=100 + step, causal=True)
+        slow = flashattn.flash_attn_with_kvcache(q, kc2, vc2, k=kn, v=vn, cache_seqlens=100 + step, causal=True,
+                                                 stream=cur())
+        assert torch.equal(fast, slow) and torch.equal(kc, kc2) and torch.equal(vc, vc2)
+        assert torch.equal(kc[:, 100 + step], kn[:, 0])
+
+
+def test_kvcache_call_first_seen_inside_a_capture():
+    """A serving call whose structure is first seen while capturing is not kept for later calls
+    (its int cache_seqlens tensor is filled only when the graph replays); eager calls after it
+    build their own, and both agree with attention over the first 77 keys."""
+    B, cap, Hq, Hkv, D = 2, 263, 8, 2, 64
+    kc, vc, q = rand(B, cap, Hkv, D), rand(B, cap, Hkv, D), rand(B, 1, Hq, D)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=77)
+    g.replay()
+    torch.cuda.synchronize()
+    eager = flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=77)
+    assert torch.equal(out, eager)
+    check(q, kc[:, :77], vc[:, :77])
+
+
 def test_serving_metadata_must_be_int32_on_the_device():
     q, k, v = rand(10, 4, 64), rand(10, 4, 64), rand(10, 4, 64)
     cu64 = torch.tensor([0, 10], dtype=torch.int64, device="cuda")
