@@ -545,8 +545,8 @@ def test_serving_calls_reuse_their_structure_across_new_tensors():
         fast, lse, _ = flashattn.flash_attn_varlen_func(*args, causal=True, block_table=table, return_attn_probs=True)
         slow, slow_lse, _ = flashattn.flash_attn_varlen_func(*args, causal=True, block_table=table,
                                                              return_attn_probs=True, stream=cur())
-        rows = torch.tensor([0, 2, 3], device="cuda")  # the sequences with a query
-        assert torch.equal(fast[rows], slow[rows]) and torch.equal(lse[:, rows], slow_lse[:, rows])
+        assert fast.shape == (3, Hq, D)  # every row belongs to a sequence with a query
+        assert torch.equal(fast, slow) and torch.equal(lse, slow_lse)
     B, cap = 3, 300
     for step in range(3):
         kc, vc = rand(B, cap, Hkv, D), rand(B, cap, Hkv, D)
@@ -565,6 +565,7 @@ def test_kvcache_call_first_seen_inside_a_capture():
     build their own, and both agree with attention over the first 77 keys."""
     B, cap, Hq, Hkv, D = 2, 263, 8, 2, 64
     kc, vc, q = rand(B, cap, Hkv, D), rand(B, cap, Hkv, D), rand(B, 1, Hq, D)
+    flashattn.get_handle(0)  # the device's handle (cuBLAS inside) is created outside any capture
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         out = flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=77)
