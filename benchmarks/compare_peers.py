@@ -1,7 +1,8 @@
 """Side by side on one GPU, in one process: libflashattn (through the ctypes package) against
 PyTorch's scaled_dot_product_attention with its FLASH (FlashAttention-2) and CUDNN backends, on the
 same tensors, for every prefill and decode shape of the peer table (prefill: 16k tokens, hidden
-2048; decode: one query row against a long KV cache, grouped-query heads 32/8).
+2048; decode: one query row against a long KV cache, grouped-query heads 32/8), and prefill at head
+dims 96, 160 and 192 (summarised apart, so the peer table's lines keep their shapes).
 
     FLASHATTN_LIBRARY=build/libflashattn.so PYTHONPATH=python python3 benchmarks/compare_peers.py --json out.json
 
@@ -62,6 +63,12 @@ def shapes():
         out.append(("decode", torch.bfloat16, b, 32, 8, 1, sk, 128, False))
     out.append(("decode", torch.bfloat16, 16, 32, 8, 1, 8192, 64, False))  # head dim 64
     out.append(("decode", torch.bfloat16, 16, 32, 8, 4, 8192, 128, False))  # speculative: 4 query rows
+    # Head dims outside the peer table (hidden 2048 where it divides, else 16 heads), reported apart.
+    for d in (96, 160, 192):
+        for s in (1024, 4096, 16384):
+            for c in (False, True):
+                h = 2048 // d if 2048 % d == 0 else 16
+                out.append(("prefill-hd", torch.bfloat16, 16384 // s, h, h, s, s, d, c))
     return out
 
 
@@ -154,8 +161,9 @@ def main():
               f"{row['ours' + key]:7.1f} {row.get('fa2' + key, float('nan')):7.1f} {row.get('cudnn' + key, float('nan')):7.1f} "
               f"{r_fa2:7.2f} {r_cud:8.2f} {unit:<8} {'ok' if ok else 'DIFF'} {diff}{cold}", flush=True)
         del q, k, v, o, qt, kt, vt, peer_out
-    for label, sel in (("prefill", [r for r in rows if r["kind"] != "decode"]),
-                       ("decode", [r for r in rows if r["kind"] == "decode"])):
+    for label, sel in (("prefill", [r for r in rows if r["kind"] in ("prefill", "prefill-gqa")]),
+                       ("decode", [r for r in rows if r["kind"] == "decode"]),
+                       ("prefill, head dims 96/160/192", [r for r in rows if r["kind"] == "prefill-hd"])):
         if not sel:
             continue
         for mode, pre in (("end to end", ""), ("cold L2, GPU time", "cold_")):

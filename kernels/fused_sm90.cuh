@@ -4,8 +4,8 @@
  * semantics as the portable kernel in fused_fwd.cuh; a separate backend, so neither constrains the
  * other.
  *
- * A block owns 64 x C query rows of one (batch, head) (C consumer warpgroups: 2 at head dims 128 and
- * 256, 3 or 2 at 64; the table in fa_kernel_params.h) and has C + 1 warpgroups:
+ * A block owns 64 x C query rows of one (batch, head) (C consumer warpgroups: 2 at head dims 128,
+ * 192 and 256, 3 or 2 at 64; the table in fa_kernel_params.h) and has C + 1 warpgroups:
  *   producer (warpgroup 0, one thread): TMA loads of Q once, then of K_j and V_j into two stages
  *     each, as the consumers free them. Each load completes on a "full" mbarrier; each stage is
  *     handed back on an "empty" mbarrier. It keeps 24 registers (setmaxnreg) so that the consumers
@@ -249,14 +249,16 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
     }
     const int32_t *table = p.block_table + sq.s.page0;
     const int rows_valid = sq.s.kv_valid ? sq.s.seqlen_k : 0;
-    /* kRowsW rows per warp; a copy instruction covers kRPI rows of kLPR lanes, one chunk each. */
+    /* kRowsW rows per warp; a copy instruction covers kRPI rows of kLPR lanes, one chunk each (at
+     * head dim 192, one row of 24 lanes: the other 8 lanes copy nothing). */
     constexpr int kRowsW = Tr::kBlockN / 4, kLPR = Tr::kChunks, kRPI = 32 / kLPR, kIters = kRowsW / kRPI;
-    static_assert(Tr::kBlockN % 4 == 0 && kLPR <= 32 && 32 % kLPR == 0 && kRowsW % kRPI == 0 && kRowsW <= 32,
+    static_assert(Tr::kBlockN % 4 == 0 && kLPR <= 32 && kRowsW % kRPI == 0 && kRowsW <= 32,
                   "whole rows per copy instruction, one page lookup per lane");
     const int w = ptid / 32, lane = ptid % 32;
     const int row_l = w * kRowsW + lane; /* the tile row whose page this lane looks up (lane < kRowsW) */
     const int ch = lane % kLPR;          /* the chunk this lane copies, of row w kRowsW + i kRPI + lane / kLPR */
     const bool ch_valid = ch * 8 < p.head_dim;
+    const bool copier = 32 % kLPR == 0 || lane < kRPI * kLPR; /* lanes past the last whole row copy nothing */
     auto page_of = [&](int tile) -> int { /* row_l's page in `tile`, or -1: zeros */
         const int j = (tl.tile_begin + tile) * Tr::kBlockN + row_l;
         if (tile >= tl.n_tiles || lane >= kRowsW || j >= rows_valid) return -1;
@@ -284,7 +286,7 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
         for (int i = 0; i < kIters; ++i) {
             const int64_t o = __shfl_sync(0xffffffffu, off, from);
             const bool v = o >= 0 && ch_valid;
-            cp_async_16(d + ((((uint32_t)ch % 8) ^ r8) << 4), v ? src + o : base, v);
+            if (copier) cp_async_16(d + ((((uint32_t)ch % 8) ^ r8) << 4), v ? src + o : base, v);
             d += kRPI * 128, r8 = (r8 + kRPI) % 8, from += kRPI;
         }
         cp_async_commit();

@@ -682,7 +682,7 @@ TEST(Planning, AutoPicksSm90OnHopperWhereTheTableSaysSo) {
     EXPECT_NE(std::string(flashattn_last_error()).find("compute capability 9.0"), std::string::npos);
     // Forced on Hopper, any multiple of 8 runs on the smallest variant that holds it.
     const fa_device_caps h200 = h200_caps();
-    for (auto [d, khd] : {std::pair<int, int>{8, 64}, {72, 128}, {128, 128}, {136, 256}, {256, 256}}) {
+    for (auto [d, khd] : {std::pair<int, int>{8, 64}, {72, 128}, {128, 128}, {136, 192}, {160, 192}, {192, 192}, {200, 256}, {256, 256}}) {
         p.head_dim = d;
         flashattn_fwd_params_set_packed_strides(&p);
         if (!fa_sm90_compiled(p.dtype, khd)) continue;
