@@ -395,6 +395,13 @@ def _fast_call(state, q, k, v, softmax_scale, causal, window_size, softcap, retu
     if return_lse:
         lse = q.new_empty(e.lse_shape, dtype=state[0].float32)
         p.lse = lse.data_ptr()
+    _enqueue(state, q, dev, e)
+    return (o, lse, None) if return_lse else o
+
+
+def _enqueue(state, q, dev, e):
+    """flashattn_fwd for a cached entry (_FastEntry or _ServingEntry) whose params are filled: on
+    dev's current stream, with that stream's workspace, dev current during the call."""
     stream = state[4](dev)
     ws = _workspace(state, q, dev, stream, e.ws_bytes) if e.ws_bytes else None
     prev = state[2]()
@@ -407,7 +414,6 @@ def _fast_call(state, q, k, v, softmax_scale, causal, window_size, softcap, retu
             state[3](prev)
     if st != 0:
         _check(st, "flashattn_fwd")
-    return (o, lse, None) if return_lse else o
 
 
 def _workspace(state, q, dev, stream, nbytes):
@@ -669,19 +675,7 @@ def _serving_fast(kind, fields, tensors, options, build, return_lse):
     if return_lse:
         lse = q.new_empty(e.sc.lse_shape, dtype=state[0].float32)
         p.lse = lse.data_ptr()
-    dev = q.get_device()
-    stream = state[4](dev)
-    ws = _workspace(state, q, dev, stream, e.ws_bytes) if e.ws_bytes else None
-    prev = state[2]()
-    if prev != dev:
-        state[3](dev)
-    try:
-        st = e.fwd(e.handle, e.addr, ws.data_ptr() if ws is not None else None, e.ws_bytes, stream)
-    finally:
-        if prev != dev:
-            state[3](prev)
-    if st != 0:
-        _check(st, "flashattn_fwd")
+    _enqueue(state, q, q.get_device(), e)
     return out, lse
 
 
