@@ -557,14 +557,18 @@ def _per_sequence(obj, name, batch, device):
 
 class _ServingCall:
     """A serving call ready to run: its FwdParams filled but for O and LSE, q's _Array, the output
-    shapes (at the real head dim D), and the arrays that must outlive the call."""
-    __slots__ = ("p", "qa", "out_shape", "lse_shape", "D", "keep")
+    shapes (at the real head dim D), the arrays that must outlive the call (`keep`), and of those
+    the ones the call made itself (`owned`: an int cache_seqlens' tensor), which its params point to
+    for as long as they are used."""
+    __slots__ = ("p", "qa", "out_shape", "lse_shape", "D", "keep", "owned")
 
-    def __init__(self, p, qa, out_shape, lse_shape, D, keep):
+    def __init__(self, p, qa, out_shape, lse_shape, D, keep, owned=()):
         self.p, self.qa, self.out_shape, self.lse_shape, self.D, self.keep = p, qa, out_shape, lse_shape, D, keep
+        self.owned = tuple(owned)
 
 
-def _serving_fields(qa, p, out_shape, lse_shape, D, softmax_scale, causal, window_size, softcap, alibi_slopes, keep):
+def _serving_fields(qa, p, out_shape, lse_shape, D, softmax_scale, causal, window_size, softcap, alibi_slopes, keep,
+                    owned=()):
     """Sets the fields every serving call shares (p already has the shapes, strides and serving
     fields); returns the _ServingCall."""
     padded = p.head_dim
@@ -585,7 +589,7 @@ def _serving_fields(qa, p, out_shape, lse_shape, D, softmax_scale, causal, windo
         p.alibi_slopes = slopes.ptr
         p.alibi_batch_stride = slopes.strides[0] if len(slopes.shape) == 2 else 0
         keep.append(slopes)
-    return _ServingCall(p, qa, out_shape, lse_shape, D, keep)
+    return _ServingCall(p, qa, out_shape, lse_shape, D, keep, owned)
 
 
 def _serving_run(sc, return_lse, stream):
@@ -614,9 +618,11 @@ _KVCACHE_FIELDS = ("q", "k", "v", "k_new", "v_new", "rotary_cos", "rotary_sin", 
 
 
 class _ServingEntry:
-    """What a serving call of one structure reuses: the _ServingCall (its params, pointers set per
-    call), which fields take which argument's address, the workspace size, handle and entry point."""
-    __slots__ = ("sc", "slots", "ws_bytes", "handle", "fwd", "addr")
+    """What a serving call of one structure reuses: its params (pointers set per call), the output
+    shapes, which fields take which argument's address, the workspace size, handle and entry point,
+    and what the call made itself (`owned`). No reference to a caller's tensor: a cached entry must
+    not keep a KV cache the caller has dropped alive."""
+    __slots__ = ("params", "out_shape", "lse_shape", "owned", "slots", "ws_bytes", "handle", "fwd", "addr")
 
 
 def _serving_fast(kind, fields, tensors, options, build, return_lse):
@@ -657,7 +663,8 @@ def _serving_fast(kind, fields, tensors, options, build, return_lse):
         # tensor would be filled only when the graph replays).
         if sc.p.head_dim == sc.D and not state[5]():
             e = _ServingEntry()
-            e.sc, e.addr = sc, ctypes.addressof(sc.p)
+            e.params, e.addr, e.out_shape, e.lse_shape, e.owned = sc.p, ctypes.addressof(sc.p), sc.out_shape, \
+                sc.lse_shape, sc.owned
             e.slots = tuple((name, i) for i, (name, t) in enumerate(zip(fields, tensors)) if t is not None)
             handle = get_handle(sc.qa.device)
             e.ws_bytes = workspace_size(handle, sc.p)
@@ -666,14 +673,14 @@ def _serving_fast(kind, fields, tensors, options, build, return_lse):
                 cache.clear()
             cache[key] = e
         return out, lse
-    p = e.sc.p
+    p = e.params
     for name, i in e.slots:
         setattr(p, name, tensors[i].data_ptr())
-    out = q.new_empty(e.sc.out_shape)
+    out = q.new_empty(e.out_shape)
     p.o = out.data_ptr()
     lse = None
     if return_lse:
-        lse = q.new_empty(e.sc.lse_shape, dtype=state[0].float32)
+        lse = q.new_empty(e.lse_shape, dtype=state[0].float32)
         p.lse = lse.data_ptr()
     _enqueue(state, q, q.get_device(), e)
     return out, lse
@@ -865,12 +872,14 @@ def _kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
         if cache_leftpad is not None:
             p.cache_leftpad = _per_sequence(cache_leftpad, "cache_leftpad", B, dev)
             keep.append(cache_leftpad)
+    owned = []
     if cache_seqlens is not None:
         if isinstance(cache_seqlens, int):
             if qa.lib is not _Torch:
                 raise TypeError("cache_seqlens as an int needs torch tensors; pass an int32 CUDA array")
             import torch
             cache_seqlens = torch.full((B,), cache_seqlens, dtype=torch.int32, device=qa.obj.device)
+            owned.append(cache_seqlens)
         p.seqused_k = _per_sequence(cache_seqlens, "cache_seqlens", B, dev)
         keep.append(cache_seqlens)
     if k is not None:
@@ -906,7 +915,7 @@ def _kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
         # FlashAttention-2's rule: causal or windowed, query row i at cache_seqlens + i; else all rows there.
         p.rotary_q_at_cache_len = 0 if (causal or tuple(window_size) != (-1, -1)) else 1
     return _serving_fields(qa, p, (B, Sq, Hq, D), (B, Hq, Sq), D, softmax_scale, causal, window_size, softcap,
-                           alibi_slopes, keep)
+                           alibi_slopes, keep, owned)
 
 
 # ---- FlashAttention-2's packed-input forms: views of one tensor, then the functions above -------------

@@ -559,6 +559,23 @@ def test_serving_calls_reuse_their_structure_across_new_tensors():
         assert torch.equal(kc[:, 100 + step], kn[:, 0])
 
 
+def test_cached_serving_calls_keep_no_caller_tensor_alive():
+    """A server that drops its KV cache gets the memory back: the per-structure cache holds no
+    reference to a caller's tensor (only the int cache_seqlens' tensor it made)."""
+    import gc
+    import weakref
+    kc, vc, q = rand(2, 130, 2, 64), rand(2, 130, 2, 64), rand(2, 1, 8, 64)
+    for _ in range(2):  # a miss, then a hit
+        out = flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=100)
+    ref, _ = reference(q, kc[:, :100], vc[:, :100])
+    low, _ = reference(q, kc[:, :100], vc[:, :100], upcast=False)
+    assert (out.float() - ref).abs().max() <= 2 * (low.float() - ref).abs().max() + 1e-5
+    refs = [weakref.ref(t) for t in (kc, vc, q)]
+    del kc, vc, q, out, ref, low
+    gc.collect()
+    assert all(r() is None for r in refs)
+
+
 def test_kvcache_call_first_seen_inside_a_capture():
     """A serving call whose structure is first seen while capturing is not kept for later calls
     (its int cache_seqlens tensor is filled only when the graph replays); eager calls after it

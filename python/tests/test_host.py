@@ -275,3 +275,98 @@ def test_flashattention2_signatures(name):
 def test_packed_forms_check_their_packing(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
+
+
+class _FakeTensor:
+    """Just enough of a torch CUDA tensor for the serving functions' per-structure cache."""
+    is_cuda = True
+    _next = [0x200000]
+
+    def __init__(self, shape, dtype="bf16"):
+        self.shape, self.dtype = tuple(shape), dtype
+        self._ptr = _FakeTensor._next[0]
+        _FakeTensor._next[0] += 0x10000
+
+    def stride(self):
+        st, acc = [], 1
+        for n in reversed(self.shape):
+            st.append(acc)
+            acc *= n
+        return tuple(reversed(st))
+
+    def get_device(self):
+        return 0
+
+    def data_ptr(self):
+        return self._ptr
+
+    def new_empty(self, shape, dtype=None):
+        return _FakeTensor(shape, dtype or self.dtype)
+
+
+def test_serving_cache_sets_every_address_and_keeps_no_caller_tensor(monkeypatch):
+    """The serving functions' per-structure cache, without a GPU: a hit passes the library the new
+    tensors' addresses (none of the first call's), a different structure builds again, a call seen
+    while capturing is not kept, a cached entry holds no caller tensor (only what the call made),
+    and an unhashable option falls back to the general path."""
+    import gc
+    import types
+    import weakref
+    from flashattn import api
+    capturing = [False]
+    state = (types.SimpleNamespace(float32="f32", uint8="u8"), _FakeTensor, lambda: 0, lambda d: None,
+             lambda d: 0, lambda: capturing[0])
+    monkeypatch.setattr(api, "_torch_state", state)
+    monkeypatch.setattr(api._tls, "serving_cache", {}, raising=False)
+    monkeypatch.setattr(api._tls, "workspaces", {}, raising=False)
+    built, seen = [], []
+
+    def fwd(handle, addr, ws, n, stream):
+        p = flashattn.FwdParams.from_address(addr)
+        seen.append({f: getattr(p, f) for f in api._VARLEN_FIELDS + ("o",)})
+        return 0
+    monkeypatch.setattr(api, "lib", lambda: types.SimpleNamespace(flashattn_fwd=fwd))
+    monkeypatch.setattr(api, "get_handle", lambda dev: types.SimpleNamespace(ptr=None))
+    monkeypatch.setattr(api, "workspace_size", lambda h, p: 0)
+    monkeypatch.setattr(api, "_serving_run", lambda sc, ret, stream: (sc.qa.obj.new_empty(sc.out_shape), None))
+    made = [_FakeTensor((2,), "i32")]  # what each build makes itself (an int cache_seqlens' tensor)
+
+    def call(t, options=(1, 100, None, True, (-1, -1), 0.0, 0)):
+        def build():
+            built.append(1)
+            p = flashattn.FwdParams.new()
+            p.head_dim = 64  # no padding: the call can be kept
+            for f, x in zip(api._VARLEN_FIELDS, t):  # the general path would set these from t
+                setattr(p, f, x.data_ptr() if x is not None else None)
+            qa = types.SimpleNamespace(obj=t[0], device=0)
+            return api._ServingCall(p, qa, t[0].shape, (4, 3), 64, [qa] + [x for x in t if x is not None], (made[0],))
+        return api._serving_fast(0, api._VARLEN_FIELDS, t, options, build, False)
+
+    def tensors(total_q=3):
+        return (_FakeTensor((total_q, 4, 64)), _FakeTensor((48, 16, 2, 64)), _FakeTensor((48, 16, 2, 64)),
+                _FakeTensor((4,), "i32"), _FakeTensor((4,), "i32"), _FakeTensor((3, 16), "i32"), None, None)
+
+    first = tensors()
+    call(first)
+    assert len(built) == 1 and not seen  # a miss runs the general path
+    second = tensors()
+    out, _ = call(second)
+    assert len(built) == 1 and len(seen) == 1
+    want = {f: x.data_ptr() for f, x in zip(api._VARLEN_FIELDS, second) if x is not None}
+    assert {f: seen[0][f] for f in want} == want and seen[0]["o"] == out.data_ptr()
+    assert seen[0]["seqused_k"] is None and seen[0]["alibi_slopes"] is None
+    refs = [weakref.ref(x) for x in first + second if x is not None]
+    made_ref = weakref.ref(made[0])
+    made[0] = _FakeTensor((2,), "i32")
+    del first, second, out
+    gc.collect()
+    assert all(r() is None for r in refs)  # the cache holds no caller tensor...
+    assert made_ref() is not None          # ...but keeps what the call made
+    call(tensors(total_q=5))               # another structure: built again
+    assert len(built) == 2
+    capturing[0] = True
+    call(tensors(total_q=7))               # first seen while capturing: run, not kept
+    capturing[0] = False
+    call(tensors(total_q=7))
+    assert len(built) == 4
+    assert call(tensors(), options=(1, 100, None, True, [-1, -1], 0.0, 0)) is None  # unhashable: general path
