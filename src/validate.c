@@ -40,7 +40,8 @@ static flashattn_status check_tensor(const tensor_desc *t) {
     if (((uintptr_t)t->ptr) % 2 != 0)
         return fa_fail(FLASHATTN_STATUS_MISALIGNED_POINTER,
                        "%s = %p is not aligned to its 2-byte element size", t->name, t->ptr);
-    /* The largest element offset, and in bytes, must fit int64. */
+    /* The largest element offset must fit int64, and so must the tensor's end in bytes (one past
+     * its last element: 2 x (offset + 1)). */
     int64_t off = 0;
     for (int i = 0; i < 4; ++i) {
         if (!add_mul_ok(t->extent[i] - 1, t->stride[i], off, &off))
@@ -49,9 +50,9 @@ static flashattn_status check_tensor(const tensor_desc *t) {
                            "stride %lld)",
                            t->name, i, (ll)t->extent[i], (ll)t->stride[i]);
     }
-    if (off > INT64_MAX / 2)
+    if (off >= INT64_MAX / 2)
         return fa_fail(FLASHATTN_STATUS_INDEX_OVERFLOW,
-                       "%s: largest byte offset (2 x %lld) overflows int64", t->name, (ll)off);
+                       "%s: the tensor's end in bytes (2 x (%lld + 1)) overflows int64", t->name, (ll)off);
     return FLASHATTN_STATUS_SUCCESS;
 }
 

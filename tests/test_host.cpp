@@ -304,6 +304,9 @@ const std::vector<BadCase> &bad_cases() {
         {"alibi batch stride < heads", [](auto &p) { p.alibi_batch_stride = 3; }, FLASHATTN_STATUS_BAD_STRIDE, "alibi_batch_stride"},
         {"q extent x stride overflow", [](auto &p) { p.q_batch_stride = INT64_MAX / 2; }, FLASHATTN_STATUS_INDEX_OVERFLOW, "q"},
         {"k byte offset overflow", [](auto &p) { p.k_seq_stride = INT64_MAX / 300; }, FLASHATTN_STATUS_INDEX_OVERFLOW, "k"},
+        // v's last element at offset INT64_MAX / 2: its offset fits, its end in bytes does not.
+        {"v end one byte past int64", [](auto &p) { p.v_batch_stride = INT64_MAX / 2 - (199 * 256 + 128 + 127); },
+         FLASHATTN_STATUS_INDEX_OVERFLOW, "v:"},
         {"scale negative", [](auto &p) { p.softmax_scale = -0.125f; }, FLASHATTN_STATUS_BAD_SCALE, "softmax_scale"},
         {"scale NaN", [](auto &p) { p.softmax_scale = NAN; }, FLASHATTN_STATUS_BAD_SCALE, "softmax_scale"},
         {"scale inf", [](auto &p) { p.softmax_scale = INFINITY; }, FLASHATTN_STATUS_BAD_SCALE, "softmax_scale"},
@@ -518,6 +521,9 @@ TEST(Serving, Sm90SplitsDecodeWithDenseOrPackedQ) {
 
 TEST(Validation, ValidParamsPass) {
     flashattn_fwd_params p = valid_params();
+    EXPECT_EQ(FLASHATTN_STATUS_SUCCESS, fa_validate(&p)) << flashattn_last_error();
+    // The last element one below that limit: the tensor ends at byte INT64_MAX - 1, which fits.
+    p.v_batch_stride = INT64_MAX / 2 - 1 - (199 * 256 + 128 + 127);
     EXPECT_EQ(FLASHATTN_STATUS_SUCCESS, fa_validate(&p)) << flashattn_last_error();
 }
 
