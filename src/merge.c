@@ -38,7 +38,8 @@ flashattn_status flashattn_merge_params_init_size(flashattn_merge_params *params
 
 static int elem_bytes(int32_t dtype) { return dtype == FLASHATTN_DTYPE_FLOAT32 ? 4 : 2; }
 
-/* The largest byte offset of a tensor (extents x strides, element size) fits int64: 1, else 0. */
+/* A tensor's end in bytes (one past its last element: extents x strides, element size) fits int64:
+ * 1, else 0. */
 static int extent_fits(int n, const int64_t *extent, const int64_t *stride, int elem) {
     int64_t off = 0;
     for (int i = 0; i < n; ++i) {
