@@ -80,7 +80,34 @@ typedef struct fa_kernel_params {
      * from the tensor's start, and its LSE rows are total_q apart ([heads_q, total_q]). */
     int32_t q_group_rows;
     int64_t q_row0_stride, o_row0_stride;
+    /* FUSED_SM90 dense calls whose query tiles differ in work (a causal mask or a right window; no
+     * split, no pack_gqa): the blocks take their tiles heaviest first across sections of
+     * sched_heads (batch, head) pairs (fa_sched_tile), so the last wave is not one head's heaviest
+     * tiles started late, and the K/V of the heads a section runs at once stay in the L2. 0: the grid
+     * order (blockIdx.x the query tile, heaviest first within each head). */
+    int32_t sched_heads;
 } fa_kernel_params;
+
+#ifdef __CUDACC__
+#define FA_HOST_DEVICE __host__ __device__
+#else
+#define FA_HOST_DEVICE
+#endif
+
+/* The tile of the block at `linear` (= x + grid_x (y + grid_y z), the order blocks are dispatched)
+ * under kp->sched_heads > 0: the blocks run section by section, a section being sched_heads
+ * consecutive (batch, head) pairs bh = batch * heads_q + head (the last one may hold fewer); within
+ * a section, every pair's heaviest query tile first (m_block num_m_blocks - 1), then every pair's
+ * next, and so on. A bijection between [0, num_m_blocks x batch x heads_q) and the (m_block, bh)
+ * pairs (tests/test_host.cpp checks it). */
+static inline FA_HOST_DEVICE void fa_sched_tile(const fa_kernel_params *kp, int64_t linear, int32_t *m_block,
+                                                int64_t *bh) {
+    const int64_t m = kp->num_m_blocks, pairs = (int64_t)kp->batch * kp->heads_q, sec = kp->sched_heads;
+    const int64_t first = linear / (sec * m) * sec, rest = linear - first * m;
+    const int64_t width = pairs - first < sec ? pairs - first : sec;
+    *m_block = (int32_t)(m - 1 - rest / width);
+    *bh = first + rest % width;
+}
 
 /* Launch shape decided by the planner; a launcher refuses one that its kernel was not built for. */
 typedef struct fa_launch {

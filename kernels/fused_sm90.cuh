@@ -123,12 +123,18 @@ template <class Tr> struct tile {
      * its fa_seq for a serving call). */
     template <class Bounds> __device__ __forceinline__ tile(const fa_kernel_params &p, const Bounds &bnd) {
         split = (int)blockIdx.x % p.num_splits;
-        const int m_block = p.num_m_blocks - 1 - (int)blockIdx.x / p.num_splits; /* heaviest tiles first */
+        int m_block = p.num_m_blocks - 1 - (int)blockIdx.x / p.num_splits; /* heaviest tiles first */
         b = blockIdx.z;
+        int head = blockIdx.y;
+        if (p.sched_heads > 0) { /* heaviest first across a section of heads (no split, no pack_gqa) */
+            int64_t bh;
+            fa_sched_tile(&p, blockIdx.x + (int64_t)gridDim.x * (blockIdx.y + (int64_t)gridDim.y * blockIdx.z), &m_block, &bh);
+            b = (int)(bh / p.heads_q), head = (int)(bh % p.heads_q);
+        }
         heads = p.pack_gqa ? p.head_group : 1;
         rows_per_head = p.pack_gqa ? p.pack_rows : Tr::kBlockM;
-        hk = p.pack_gqa ? (int)blockIdx.y : (int)blockIdx.y / p.head_group;
-        h0 = p.pack_gqa ? hk * p.head_group : (int)blockIdx.y;
+        hk = p.pack_gqa ? head : head / p.head_group;
+        h0 = p.pack_gqa ? hk * p.head_group : head;
         m0 = m_block * rows_per_head;
         row_last = min(m0 + rows_per_head, bnd.seqlen_q) - 1;
         partial = p.num_splits > 1;

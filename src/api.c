@@ -49,13 +49,14 @@ static flashattn_status read_caps(int device, fa_device_caps *caps) {
     if (device < 0 || device >= count)
         return fa_fail(FLASHATTN_STATUS_NO_DEVICE, "device is %d; this machine has devices 0..%d",
                        device, count - 1);
-    int smem_optin = 0;
+    int smem_optin = 0, l2 = 0;
     caps->device = device;
     const struct { enum cudaDeviceAttr attr; int *dst; const char *name; } attrs[] = {
         {cudaDevAttrComputeCapabilityMajor, &caps->cc_major, "ComputeCapabilityMajor"},
         {cudaDevAttrComputeCapabilityMinor, &caps->cc_minor, "ComputeCapabilityMinor"},
         {cudaDevAttrMultiProcessorCount, &caps->sm_count, "MultiProcessorCount"},
         {cudaDevAttrMaxSharedMemoryPerBlockOptin, &smem_optin, "MaxSharedMemoryPerBlockOptin"},
+        {cudaDevAttrL2CacheSize, &l2, "L2CacheSize"},
     };
     for (size_t i = 0; i < sizeof attrs / sizeof attrs[0]; ++i) {
         err = cudaDeviceGetAttribute(attrs[i].dst, attrs[i].attr, device);
@@ -64,6 +65,7 @@ static flashattn_status read_caps(int device, fa_device_caps *caps) {
                            attrs[i].name, cudaGetErrorString(err));
     }
     caps->smem_per_block_optin = smem_optin;
+    caps->l2_bytes = l2;
     if (caps->cc_major < 8)
         return fa_fail(FLASHATTN_STATUS_DEVICE_TOO_OLD,
                        "device %d has compute capability %d.%d; libflashattn needs 8.0 or newer",

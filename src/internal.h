@@ -35,6 +35,7 @@ typedef struct fa_device_caps {
     int cc_major, cc_minor;
     int sm_count;
     int64_t smem_per_block_optin;
+    int64_t l2_bytes;   /* 0: unknown (the planner assumes 50 MB) */
 } fa_device_caps;
 
 struct flashattn_handle {
@@ -122,6 +123,7 @@ FA_HIDDEN const fa_fused_config *fa_sm90_config_for_call(int kernel_head_dim, co
 #define FA_MAX_SPLITS 64
 FA_HIDDEN int fa_should_pack_gqa(int sm90, int64_t group, int64_t block_m, int64_t seqlen_q);
 FA_HIDDEN int64_t fa_num_splits(int64_t sm_count, int64_t ctas, int64_t key_tiles);
+FA_HIDDEN int64_t fa_sched_heads(const fa_device_caps *caps, const flashattn_fwd_params *p);
 /* Whether AUTO prefers FUSED_SM90 over FUSED for this head dim (when both can run the call). */
 FA_HIDDEN int fa_sm90_auto_prefers(int64_t head_dim);
 FA_HIDDEN void fa_plan_describe(const fa_plan *plan, flashattn_plan_info *info);

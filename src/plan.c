@@ -369,6 +369,22 @@ int64_t fa_num_splits(int64_t sm_count, int64_t ctas, int64_t key_tiles) {
     return splits < 2 ? 1 : splits;
 }
 
+/* FUSED_SM90's section of (batch, head) pairs for a dense call whose query tiles differ in work (a
+ * causal mask or a right window): as many pairs as keep their K and V (shared by a KV head's group)
+ * within two thirds of the L2, at least 1, at most batch x heads_q; 0 (the grid order) for any other
+ * call. The blocks run each section's heaviest tiles first (fa_sched_tile). In the grid order, a
+ * head's tiles run heaviest to lightest before the next head's, so the last wave holds the last
+ * head's heavy tiles started late: about 5% of a causal call's time at 2k-8k keys. */
+int64_t fa_sched_heads(const fa_device_caps *caps, const flashattn_fwd_params *p) {
+    if (p->mask == FLASHATTN_MASK_NONE && p->window_right < 0) return 0;
+    const int64_t l2 = caps->l2_bytes > 0 ? caps->l2_bytes : 50ll << 20;
+    const int64_t group = p->heads_kv > 0 && p->heads_q >= p->heads_kv ? p->heads_q / p->heads_kv : 1;
+    /* K and V of one query head's share: 2 tensors x seqlen_k x head_dim x 2 bytes / group */
+    const int64_t kv = p->seqlen_k > 0 && p->head_dim > 0 ? (4 * p->seqlen_k * p->head_dim + group - 1) / group : 1;
+    const int64_t pairs = p->batch * p->heads_q;
+    return max64(1, min64(min64(pairs, INT32_MAX), l2 * 2 / 3 / kv));
+}
+
 /* The split partial results in the workspace: float32 O [splits, batch, heads_q, seqlen_q, head_dim],
  * then float32 LSE [splits, batch, heads_q, seqlen_q]. 0 if the size overflows int64. */
 static int split_workspace(const flashattn_fwd_params *p, int64_t splits, fa_plan *plan) {
@@ -402,6 +418,8 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
     const int64_t splits = no_split ? 1 : fa_num_splits(caps->sm_count, ctas, key_tiles);
     plan->kp.num_splits = (int32_t)splits;
     plan->grid_x = (int32_t)(mblocks * splits);
+    if (sm90 && splits == 1 && !pack && !fa_is_serving(p))
+        plan->kp.sched_heads = (int32_t)fa_sched_heads(caps, p);
     return splits > 1 ? split_workspace(p, splits, plan) : 1;
 }
 
@@ -573,11 +591,14 @@ void fa_plan_describe(const fa_plan *plan, flashattn_plan_info *info) {
                  kp->kv_batch_idx ? " kv_batch_idx" : "", kp->cache_leftpad ? " leftpad" : "",
                  plan->append ? (plan->app.cos ? " append+rotary" : " append") : "");
     }
+    /* Heaviest query tiles first across sections of this many (batch, head) pairs. */
+    char order[32] = "";
+    if (kp->sched_heads > 0) snprintf(order, sizeof order, " heaviest_first=%d", kp->sched_heads);
     snprintf(info->description, sizeof info->description,
-             "backend=%s kernel=%s grid=(%d,%d,%d) threads=%d smem=%lld splits=%d workspace=%lld%s%s",
+             "backend=%s kernel=%s grid=(%d,%d,%d) threads=%d smem=%lld splits=%d workspace=%lld%s%s%s",
              bname, info->kernel_name,
              info->grid_x, info->grid_y, info->grid_z, plan->threads, (ll)plan->smem_bytes,
              info->num_splits, (ll)plan->workspace_bytes,
              plan->noop ? " (no-op: seqlen_q=0)" : plan->kp.pack_gqa ? " gqa_packed" : plan->gqa_rows ? " gqa_rows" : "",
-             serving);
+             serving, order);
 }

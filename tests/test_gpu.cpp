@@ -323,6 +323,40 @@ TEST_F(GpuSm90, DecodePackedAndSplit) {
     EXPECT_GT(split, 20);
 }
 
+// Causal calls whose K and V outgrow the L2 run their heaviest tiles first in sections of fewer
+// heads than the call has (the last section partial); every tile still lands where it belongs.
+TEST_F(GpuSm90, CausalSectionsOfHeads) {
+    RuleStats st;
+    int l2 = 0;
+    ASSERT_EQ(cudaSuccess, cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
+    struct Shape { int64_t b, hq, hkv, sq, sk, d; int mask; };
+    const Shape shapes[] = {
+        {1, 7, 7, 700, 16384, 128, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT},  // 8 MiB of K and V a head
+        {1, 6, 2, 300, 65536, 128, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT},  // 32 MiB a KV head, shared by 3
+        {2, 3, 3, 300, 32768, 256, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT},  // 32 MiB a head
+        {2, 3, 3, 700, 32768, 64, FLASHATTN_MASK_CAUSAL_TOP_LEFT},       // 8 MiB a head
+    };
+    for (const Shape &sh : shapes) {
+        Case c;
+        c.dtype = FLASHATTN_DTYPE_BFLOAT16, c.b = sh.b, c.hq = sh.hq, c.hkv = sh.hkv, c.sq = sh.sq, c.sk = sh.sk;
+        c.d = sh.d, c.mask = sh.mask;
+        Inputs in(c);
+        flashattn_fwd_params p = make_params(in, nullptr, nullptr, FLASHATTN_BACKEND_FUSED_SM90);
+        flashattn_plan_info info;
+        flashattn_plan_info_init(&info);
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_plan(h, &p, &info)) << flashattn_last_error();
+        const std::string d = info.description;
+        const size_t at = d.find(" heaviest_first=");
+        ASSERT_NE(std::string::npos, at) << d;
+        const int64_t kv = 4 * sh.sk * sh.d / (sh.hq / sh.hkv), expected = std::max<int64_t>(1, (int64_t)l2 * 2 / 3 / kv);
+        EXPECT_EQ(expected, std::atoi(d.c_str() + at + 16)) << d;
+        EXPECT_LT(expected, sh.b * sh.hq) << "the shape must need more than one section";
+        printf("[ fused_sm90 ] %s: %s\n", c.str().c_str(), d.c_str());
+        check_fa_rule(h, c, st, FLASHATTN_BACKEND_FUSED_SM90);
+    }
+    print_rule("causal, heaviest tiles first in sections of heads", st, FLASHATTN_BACKEND_FUSED_SM90);
+}
+
 // 100 repeats of one call must give bit-identical O and LSE.
 void check_deterministic(flashattn_handle *h, int backend, const Case &c, const char *what) {
     Inputs in(c);

@@ -3,6 +3,7 @@
 // planner's decisions for synthetic devices. Runs everywhere, CI included.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
@@ -743,6 +744,79 @@ TEST(Planning, Sm90DecodePacksQueryGroupsAndSplitsKeys) {
     EXPECT_EQ(0, pre.kp.pack_gqa);
     EXPECT_EQ(1, pre.kp.num_splits);
     EXPECT_EQ(0, pre.workspace_bytes);
+}
+
+// Causal calls on FUSED_SM90 run their heaviest query tiles first across sections of heads whose K
+// and V fit two thirds of the L2; other calls keep the grid order. The order is a permutation of
+// the tiles: every (m_block, batch x head) pair exactly once.
+TEST(Planning, Sm90CausalCallsRunHeaviestTilesFirstAcrossHeads) {
+    if (!fa_sm90_compiled(FLASHATTN_DTYPE_BFLOAT16, 128)) GTEST_SKIP() << "no FUSED_SM90 d128 in this build";
+    flashattn_fwd_params p = valid_params();
+    p.batch = 2, p.seqlen_q = p.seqlen_k = 8192, p.heads_q = p.heads_kv = 16, p.head_dim = 128;
+    p.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+    flashattn_fwd_params_set_packed_strides(&p);
+    fa_device_caps caps = h200_caps();
+    caps.l2_bytes = 50LL << 20;
+    fa_plan plan = plan_ok(p, caps);
+    ASSERT_EQ(FLASHATTN_BACKEND_FUSED_SM90, plan.backend);
+    EXPECT_EQ(8, plan.kp.sched_heads);  // 4 MiB of K and V per head; 33.3 MB / 4 MiB
+    flashattn_plan_info info;
+    flashattn_plan_info_init(&info);
+    fa_plan_describe(&plan, &info);
+    EXPECT_NE(std::string(info.description).find(" heaviest_first=8"), std::string::npos) << info.description;
+    p.heads_kv = 4;  // a KV head's K and V serve four query heads
+    flashattn_fwd_params_set_packed_strides(&p);
+    EXPECT_EQ(32, plan_ok(p, caps).kp.sched_heads);
+    p.seqlen_q = p.seqlen_k = 512;  // small: the whole call is one section
+    EXPECT_EQ(32, plan_ok(p, caps).kp.sched_heads);
+    caps.l2_bytes = 0;  // unknown: 50 MB assumed
+    EXPECT_EQ(32, plan_ok(p, caps).kp.sched_heads);
+    p.batch = 1, p.seqlen_q = 4096, p.seqlen_k = 1 << 20, p.heads_kv = p.heads_q;  // 512 MiB a head: sections of one
+    flashattn_fwd_params_set_packed_strides(&p);
+    EXPECT_EQ(1, plan_ok(p, caps).kp.sched_heads);
+    p.window_left = 256, p.window_right = 0, p.mask = FLASHATTN_MASK_NONE;  // a right window: tiles differ too
+    EXPECT_EQ(1, plan_ok(p, caps).kp.sched_heads);
+    p.window_left = p.window_right = -1;  // no mask: every tile the same work, the grid order
+    plan = plan_ok(p, caps);
+    EXPECT_EQ(0, plan.kp.sched_heads);
+    fa_plan_describe(&plan, &info);
+    EXPECT_EQ(std::string(info.description).find("heaviest_first"), std::string::npos) << info.description;
+    // Split or packed calls (decode) and serving calls keep the grid order.
+    p.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, p.seqlen_q = 1, p.heads_kv = 4;
+    flashattn_fwd_params_set_packed_strides(&p);
+    plan = plan_ok(p, caps);
+    EXPECT_TRUE(plan.kp.num_splits > 1 || plan.kp.pack_gqa);
+    EXPECT_EQ(0, plan.kp.sched_heads);
+    flashattn_fwd_params v = valid_varlen_paged();
+    v.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, v.backend = FLASHATTN_BACKEND_FUSED_SM90;
+    EXPECT_EQ(0, plan_ok(v, caps).kp.sched_heads);
+    // The FUSED backend keeps the grid order.
+    p = valid_params();
+    p.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, p.backend = FLASHATTN_BACKEND_FUSED;
+    EXPECT_EQ(0, plan_ok(p, caps).kp.sched_heads);
+
+    // fa_sched_tile: a bijection, sections in order, heaviest first within each.
+    for (auto [m, batch, heads, sec] : std::vector<std::array<int, 4>>{
+             {1, 1, 1, 1}, {4, 3, 5, 4}, {7, 2, 16, 8}, {128, 1, 16, 4}, {3, 1, 7, 32}, {5, 2, 3, 1}, {64, 4, 32, 6}}) {
+        fa_kernel_params kp{};
+        kp.num_m_blocks = m, kp.batch = batch, kp.heads_q = heads, kp.sched_heads = sec;
+        const int64_t pairs = (int64_t)batch * heads, n = pairs * m;
+        std::vector<int> seen(n, 0);
+        int64_t prev_bh_section = 0;
+        int32_t prev_m = m;
+        for (int64_t L = 0; L < n; ++L) {
+            int32_t mb = -1;
+            int64_t bh = -1;
+            fa_sched_tile(&kp, L, &mb, &bh);
+            ASSERT_TRUE(mb >= 0 && mb < m && bh >= 0 && bh < pairs) << L << " -> " << mb << ", " << bh;
+            ++seen[bh * m + mb];
+            const int64_t section = bh / sec;
+            ASSERT_GE(section, prev_bh_section) << "sections run in order";
+            if (section == prev_bh_section) ASSERT_LE(mb, prev_m) << "heaviest first within a section";
+            prev_bh_section = section, prev_m = mb;
+        }
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(1, seen[i]) << "tile " << i << " of m " << m << " pairs " << pairs;
+    }
 }
 
 TEST(Planning, FusedDecodeRunsAGroupsQueryHeadsAsTheRowsOfOneTile) {

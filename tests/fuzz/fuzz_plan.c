@@ -187,6 +187,13 @@ static void check_plan(const fa_device_caps *caps, const flashattn_fwd_params *p
         CHECK(plan.kp.seqlen_q == full.seqlen_q && plan.kp.heads_q == full.heads_q && plan.kp.q_group_rows == 0,
               "int32 kernel dims");
     CHECK(plan.kp.seqlen_k == full.seqlen_k && plan.kp.batch == full.batch, "int32 kernel dims");
+    if (plan.kp.sched_heads != 0) /* heaviest-first sections: FUSED_SM90's unsplit, unpacked dense calls */
+        CHECK(plan.backend == FLASHATTN_BACKEND_FUSED_SM90 && !plan.kp.serving && plan.kp.num_splits == 1 &&
+                  !plan.kp.pack_gqa && plan.kp.sched_heads >= 1 &&
+                  plan.kp.sched_heads <= (int64_t)plan.kp.batch * plan.kp.heads_q &&
+                  (int64_t)plan.grid_x * plan.grid_y * plan.grid_z ==
+                      (int64_t)plan.kp.num_m_blocks * plan.kp.batch * plan.kp.heads_q,
+              "heaviest-first order");
     if (plan.kp.num_splits > 1) { /* the partial results fit the workspace; without splitting, none needed for them */
         CHECK(plan.backend != FLASHATTN_BACKEND_REFERENCE && plan.o_accum_off >= 0 &&
                   plan.lse_accum_off > plan.o_accum_off && plan.lse_accum_off < plan.workspace_bytes,
