@@ -80,11 +80,11 @@ typedef struct fa_kernel_params {
      * from the tensor's start, and its LSE rows are total_q apart ([heads_q, total_q]). */
     int32_t q_group_rows;
     int64_t q_row0_stride, o_row0_stride;
-    /* FUSED_SM90 dense calls whose query tiles differ in work (a causal mask or a right window; no
-     * split, no pack_gqa): the blocks take their tiles heaviest first across sections of
-     * sched_heads (batch, head) pairs (fa_sched_tile), so the last wave is not one head's heaviest
-     * tiles started late, and the K/V of the heads a section runs at once stay in the L2. 0: the grid
-     * order (blockIdx.x the query tile, heaviest first within each head). */
+    /* FUSED_SM90 dense calls with many query tiles a head, the tiles differing in work (a causal
+     * mask or a right window; no split, no pack_gqa): the blocks take their tiles heaviest first
+     * across sections of sched_heads (batch, head) pairs (fa_sched_tile), so the last wave is not
+     * one head's heaviest tiles started late, and the K/V of the heads a section runs at once stay
+     * in the L2. 0: the grid order (blockIdx.x the query tile, heaviest first within each head). */
     int32_t sched_heads;
 } fa_kernel_params;
 

@@ -123,7 +123,9 @@ FA_HIDDEN const fa_fused_config *fa_sm90_config_for_call(int kernel_head_dim, co
 #define FA_MAX_SPLITS 64
 FA_HIDDEN int fa_should_pack_gqa(int sm90, int64_t group, int64_t block_m, int64_t seqlen_q);
 FA_HIDDEN int64_t fa_num_splits(int64_t sm_count, int64_t ctas, int64_t key_tiles);
-FA_HIDDEN int64_t fa_sched_heads(const fa_device_caps *caps, const flashattn_fwd_params *p);
+/* Query tiles a head from which FUSED_SM90's causal calls take their tiles heaviest first across heads. */
+#define FA_SCHED_MIN_M_BLOCKS 32
+FA_HIDDEN int64_t fa_sched_heads(const fa_device_caps *caps, const flashattn_fwd_params *p, int64_t m_blocks);
 /* Whether AUTO prefers FUSED_SM90 over FUSED for this head dim (when both can run the call). */
 FA_HIDDEN int fa_sm90_auto_prefers(int64_t head_dim);
 FA_HIDDEN void fa_plan_describe(const fa_plan *plan, flashattn_plan_info *info);

@@ -369,14 +369,16 @@ int64_t fa_num_splits(int64_t sm_count, int64_t ctas, int64_t key_tiles) {
     return splits < 2 ? 1 : splits;
 }
 
-/* FUSED_SM90's section of (batch, head) pairs for a dense call whose query tiles differ in work (a
- * causal mask or a right window): as many pairs as keep their K and V (shared by a KV head's group)
- * within two thirds of the L2, at least 1, at most batch x heads_q; 0 (the grid order) for any other
- * call. The blocks run each section's heaviest tiles first (fa_sched_tile). In the grid order, a
- * head's tiles run heaviest to lightest before the next head's, so the last wave holds the last
- * head's heavy tiles started late: about 5% of a causal call's time at 2k-8k keys. */
-int64_t fa_sched_heads(const fa_device_caps *caps, const flashattn_fwd_params *p) {
-    if (p->mask == FLASHATTN_MASK_NONE && p->window_right < 0) return 0;
+/* FUSED_SM90's section of (batch, head) pairs for a dense call of at least FA_SCHED_MIN_M_BLOCKS
+ * query tiles a head whose tiles differ in work (a causal mask or a right window): as many pairs as
+ * keep their K and V (shared by a KV head's group) within two thirds of the L2, at least 1, at most
+ * batch x heads_q; 0 (the grid order) for any other call. The blocks run each section's heaviest
+ * tiles first (fa_sched_tile). In the grid order, a head's tiles run heaviest to lightest before the
+ * next head's, so the last wave holds the last head's heavy tiles started late. With fewer tiles a
+ * head, the grid order wins: the blocks running at once share the K and V of a few heads
+ * (docs/performance.md, v13). */
+int64_t fa_sched_heads(const fa_device_caps *caps, const flashattn_fwd_params *p, int64_t m_blocks) {
+    if ((p->mask == FLASHATTN_MASK_NONE && p->window_right < 0) || m_blocks < FA_SCHED_MIN_M_BLOCKS) return 0;
     const int64_t l2 = caps->l2_bytes > 0 ? caps->l2_bytes : 50ll << 20;
     const int64_t group = p->heads_kv > 0 && p->heads_q >= p->heads_kv ? p->heads_q / p->heads_kv : 1;
     /* K and V of one query head's share: 2 tensors x seqlen_k x head_dim x 2 bytes / group */
@@ -419,7 +421,7 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
     plan->kp.num_splits = (int32_t)splits;
     plan->grid_x = (int32_t)(mblocks * splits);
     if (sm90 && splits == 1 && !pack && !fa_is_serving(p))
-        plan->kp.sched_heads = (int32_t)fa_sched_heads(caps, p);
+        plan->kp.sched_heads = (int32_t)fa_sched_heads(caps, p, mblocks);
     return splits > 1 ? split_workspace(p, splits, plan) : 1;
 }
 

@@ -331,10 +331,11 @@ TEST_F(GpuSm90, CausalSectionsOfHeads) {
     ASSERT_EQ(cudaSuccess, cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
     struct Shape { int64_t b, hq, hkv, sq, sk, d; int mask; };
     const Shape shapes[] = {
-        {1, 7, 7, 700, 16384, 128, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT},  // 8 MiB of K and V a head
-        {1, 6, 2, 300, 65536, 128, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT},  // 32 MiB a KV head, shared by 3
-        {2, 3, 3, 300, 32768, 256, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT},  // 32 MiB a head
-        {2, 3, 3, 700, 32768, 64, FLASHATTN_MASK_CAUSAL_TOP_LEFT},       // 8 MiB a head
+        // 32 query tiles a head or more (128 rows a tile; 192 at head dim 64)
+        {1, 7, 7, 4096, 16384, 128, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT},  // 8 MiB of K and V a head
+        {1, 6, 2, 4100, 65536, 128, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT},  // 32 MiB a KV head, shared by 3
+        {2, 3, 3, 4096, 32768, 256, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT},  // 32 MiB a head
+        {2, 3, 3, 6144, 32768, 64, FLASHATTN_MASK_CAUSAL_TOP_LEFT},       // 8 MiB a head
     };
     for (const Shape &sh : shapes) {
         Case c;
@@ -342,6 +343,7 @@ TEST_F(GpuSm90, CausalSectionsOfHeads) {
         c.d = sh.d, c.mask = sh.mask;
         Inputs in(c);
         flashattn_fwd_params p = make_params(in, nullptr, nullptr, FLASHATTN_BACKEND_FUSED_SM90);
+        p.o = in.dq.p;  // planned only, never run
         flashattn_plan_info info;
         flashattn_plan_info_init(&info);
         ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_plan(h, &p, &info)) << flashattn_last_error();

@@ -767,10 +767,14 @@ TEST(Planning, Sm90CausalCallsRunHeaviestTilesFirstAcrossHeads) {
     p.heads_kv = 4;  // a KV head's K and V serve four query heads
     flashattn_fwd_params_set_packed_strides(&p);
     EXPECT_EQ(32, plan_ok(p, caps).kp.sched_heads);
-    p.seqlen_q = p.seqlen_k = 512;  // small: the whole call is one section
-    EXPECT_EQ(32, plan_ok(p, caps).kp.sched_heads);
     caps.l2_bytes = 0;  // unknown: 50 MB assumed
     EXPECT_EQ(32, plan_ok(p, caps).kp.sched_heads);
+    p.seqlen_q = p.seqlen_k = 32 * 128;  // 32 query tiles a head: the least that takes the order
+    flashattn_fwd_params_set_packed_strides(&p);
+    EXPECT_EQ(32, plan_ok(p, caps).kp.sched_heads);
+    p.seqlen_q = p.seqlen_k = 31 * 128;  // fewer: the grid order (its blocks share a few heads' K and V)
+    flashattn_fwd_params_set_packed_strides(&p);
+    EXPECT_EQ(0, plan_ok(p, caps).kp.sched_heads);
     p.batch = 1, p.seqlen_q = 4096, p.seqlen_k = 1 << 20, p.heads_kv = p.heads_q;  // 512 MiB a head: sections of one
     flashattn_fwd_params_set_packed_strides(&p);
     EXPECT_EQ(1, plan_ok(p, caps).kp.sched_heads);
