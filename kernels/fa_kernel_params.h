@@ -86,6 +86,12 @@ typedef struct fa_kernel_params {
      * one head's heaviest tiles started late, and the K/V of the heads a section runs at once stay
      * in the L2. 0: the grid order (blockIdx.x the query tile, heaviest first within each head). */
     int32_t sched_heads;
+    /* FUSED_SM90 dense calls without a mask or window (every query tile the same work; no split, no
+     * pack_gqa): grid_x blocks stay resident and each takes the query tiles blockIdx.x,
+     * blockIdx.x + grid_x, ... of the grid order (query tile fastest, then head, then batch), its
+     * producer loading the next tile's Q and K while the consumers finish this one. 0: one tile a
+     * block. */
+    int32_t persistent;
 } fa_kernel_params;
 
 #ifdef __CUDACC__
@@ -168,10 +174,16 @@ static inline int64_t fa_fused_smem_bytes(const fa_fused_config *c) {
 #define FA_SM90_TMA_PAGES(page_size, block_n) \
     ((page_size) % (block_n) == 0 || ((block_n) % (page_size) == 0 && (page_size) % 8 == 0))
 
+/* The shared memory a Hopper block may opt in to (227 KB). */
+#define FA_SM90_SMEM_MAX 232448
+
 static inline int64_t fa_sm90_smem_bytes(int head_dim, int block_m, int block_n) {
     /* Q, two stages of K, two of V, 128 bytes of barriers, plus 1 KB to align the base to the
-     * 1024-byte swizzle atom. */
-    return 1024 + 2 * (int64_t)head_dim * (block_m + 4 * (int64_t)block_n) + 128;
+     * 1024-byte swizzle atom; and where it fits, a tile of O of Q's size for the epilogue
+     * (fa_sm90_o_region), so that the next tile's Q can load while this one's O is stored. */
+    const int64_t base = 1024 + 2 * (int64_t)head_dim * (block_m + 4 * (int64_t)block_n) + 128;
+    const int64_t o = 2 * (int64_t)head_dim * block_m;
+    return base + o <= FA_SM90_SMEM_MAX ? base + o : base;
 }
 
 /* Kernel launchers (the .cu files under kernels/). Each returns a cudaError_t value (0 = cudaSuccess) and enqueues

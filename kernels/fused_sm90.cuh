@@ -72,30 +72,38 @@ template <int kDtype, int kHeadDim, int kNumConsumers> struct traits {
     static constexpr int kConsumerRegs = kConsumerShare > 240 ? 240 : kConsumerShare;
     static constexpr int kChunks = kHeadDim / 8; /* 16-byte chunks per row */
     static constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2, kKVBytes = kBlockN * kHeadDim * 2;
-    static constexpr int kSmemBytes = 1024 + (int)(kQBytes + 4 * kKVBytes) + 128;
-    static_assert(kSmemBytes == (int)(1024 + 2 * kHeadDim * (kBlockM + 4 * kBlockN) + 128), "see fa_sm90_smem_bytes");
+    /* An O tile of its own for the epilogue where it fits (else O is staged in Q's rows). */
+    static constexpr bool kOwnO = 1024 + 2 * kQBytes + 4 * kKVBytes + 128 <= FA_SM90_SMEM_MAX;
+    static constexpr uint32_t kOBytes = kOwnO ? kQBytes : 0;
+    static constexpr int kSmemBytes = 1024 + (int)(kQBytes + kOBytes + 4 * kKVBytes) + 128;
+    static_assert(kSmemBytes == (int)(1024 + 2 * kHeadDim * (kBlockM + 4 * kBlockN) + 128 + (kOwnO ? 2 * kHeadDim * kBlockM : 0)),
+                  "see fa_sm90_smem_bytes (the launcher checks the planner's figure against kSmemBytes)");
     static_assert(kHeadDim % 64 == 0 && kBlockN % 16 == 0 && kBlockN <= 256, "tile shape");
     static_assert(kConsumers == 2 || kConsumers == 3, "one producer and two or three consumer warpgroups");
 };
 
-/* Shared memory: Q (1024-byte aligned for the swizzle atom), two stages of K, two of V, then the
- * mbarriers (8 bytes each): Q loaded; K and V stage s full (the TMA landed) and empty (every
- * consumer warp is done with it). full_* and empty_* are stage 0's; stage s's is 8 s bytes on. */
+/* Shared memory: Q (1024-byte aligned for the swizzle atom), the epilogue's O tile (Tr::kOwnO; else
+ * o is Q's), two stages of K, two of V, then the mbarriers (8 bytes each): Q loaded and Q free (every
+ * consumer warp is done with it: a persistent block's next Q may load); K and V stage s full (the
+ * TMA landed) and empty (every consumer warp is done with it). full_* and empty_* are stage 0's;
+ * stage s's is 8 s bytes on. */
 template <class Tr> struct smem_layout {
-    uint32_t q, k, v, bar_q, full_k, full_v, empty_k, empty_v;
+    uint32_t q, o, k, v, bar_q, full_k, full_v, empty_k, empty_v, empty_q;
     __device__ __forceinline__ explicit smem_layout(uint32_t raw) {
         q = (raw + 1023u) & ~1023u;
-        k = q + Tr::kQBytes;
+        o = Tr::kOwnO ? q + Tr::kQBytes : q;
+        k = q + Tr::kQBytes + Tr::kOBytes;
         v = k + 2 * Tr::kKVBytes;
         bar_q = v + 2 * Tr::kKVBytes;
-        full_k = bar_q + 8, full_v = bar_q + 24, empty_k = bar_q + 40, empty_v = bar_q + 56;
+        full_k = bar_q + 8, full_v = bar_q + 24, empty_k = bar_q + 40, empty_v = bar_q + 56, empty_q = bar_q + 72;
     }
     /* Thread 0, before the block's first barrier: a load arrives once (with its byte count), a
-     * stage is handed back once per consumer warp. */
+     * stage or Q is handed back once per consumer warp. */
     /* The K/V stages are filled by `full_arrivals` producer threads: 1 with TMA, the whole producer
      * warpgroup when a serving call gathers its pages with cp.async. */
     __device__ __forceinline__ void init_barriers(int full_arrivals = 1) const {
         mbar_init(bar_q, 1);
+        mbar_init(empty_q, 4 * Tr::kConsumers);
 #pragma unroll
         for (int st = 0; st < 2; ++st) {
             mbar_init(full_k + 8 * st, full_arrivals);
@@ -121,12 +129,19 @@ template <class Tr> struct tile {
     bool partial;
     /* bnd: the sequence's counts and visibility offsets (the kernel parameters for a dense call,
      * its fa_seq for a serving call). */
-    template <class Bounds> __device__ __forceinline__ tile(const fa_kernel_params &p, const Bounds &bnd) {
+    /* work: a persistent block's tile number in the grid order (p.persistent; no split, no
+     * pack_gqa), or -1: the block's own tile. */
+    template <class Bounds>
+    __device__ __forceinline__ tile(const fa_kernel_params &p, const Bounds &bnd, int work = -1) {
         split = (int)blockIdx.x % p.num_splits;
         int m_block = p.num_m_blocks - 1 - (int)blockIdx.x / p.num_splits; /* heaviest tiles first */
         b = blockIdx.z;
         int head = blockIdx.y;
-        if (p.sched_heads > 0) { /* heaviest first across a section of heads (no split, no pack_gqa) */
+        if (work >= 0) {
+            const int bh = work / p.num_m_blocks;
+            split = 0, m_block = work - bh * p.num_m_blocks;
+            b = bh / p.heads_q, head = bh - b * p.heads_q;
+        } else if (p.sched_heads > 0) { /* heaviest first across a section of heads (no split, no pack_gqa) */
             int64_t bh;
             fa_sched_tile(&p, blockIdx.x + (int64_t)gridDim.x * (blockIdx.y + (int64_t)gridDim.y * blockIdx.z), &m_block, &bh);
             b = (int)(bh / p.heads_q), head = (int)(bh % p.heads_q);
@@ -201,31 +216,41 @@ __device__ __forceinline__ void store_empty(const fa_kernel_params &p, const til
     }
 }
 
-/* The producer (one thread): TMA loads of Q once, then of K_j and V_j into two stages each as the
- * consumers hand the stages back. */
+/* The producer (one thread) of one tile: TMA loads of Q once, then of K_j and V_j into two stages
+ * each as the consumers hand the stages back. A persistent block's tiles follow one another: `nth`
+ * is the tile's number in the block (its Q waits until every consumer warp is done with the last
+ * one's), `kv0` how many K (and V) tiles the block loaded before it (the stages and their phases
+ * run on across tiles). */
 template <class Tr>
 __device__ __forceinline__ void produce(const tile<Tr> &tl, const smem_layout<Tr> &sm, const CUtensorMap *tm_q,
-                                        const CUtensorMap *tm_k, const CUtensorMap *tm_v) {
+                                        const CUtensorMap *tm_k, const CUtensorMap *tm_v, int nth = 0, int kv0 = 0) {
     constexpr int kCB = Tr::kChunks / 8; /* 64-column regions of a tile */
-    mbar_expect_tx(sm.bar_q, (uint32_t)(kCB * 128 * tl.rows_per_head * tl.heads));
-#pragma unroll
-    for (int cb = 0; cb < kCB; ++cb) tma_load(sm.q + cb * Tr::kBlockM * 128, tm_q, cb * 64, tl.m0, tl.h0, tl.b, sm.bar_q);
     auto load_kv = [&](const CUtensorMap *map, uint32_t dst, uint32_t full, int tile) {
         mbar_expect_tx(full, Tr::kKVBytes);
 #pragma unroll
         for (int cb = 0; cb < kCB; ++cb)
             tma_load(dst + cb * Tr::kBlockN * 128, map, cb * 64, (tl.tile_begin + tile) * Tr::kBlockN, tl.hk, tl.b, full);
     };
-    load_kv(tm_k, sm.k, sm.full_k, 0);
+    /* K or V tile j of this tile goes to stage (kv0 + j) % 2, once the consumers handed back its
+     * use two loads earlier. */
+    auto stage_free = [&](uint32_t empty, int j) {
+        const int g = kv0 + j;
+        if (g >= 2) mbar_wait(empty + 8 * (g & 1), ((g - 2) >> 1) & 1);
+        return (uint32_t)(g & 1);
+    };
+    uint32_t st = stage_free(sm.empty_k, 0);
+    load_kv(tm_k, sm.k + st * Tr::kKVBytes, sm.full_k + 8 * st, 0);
+    if (nth > 0) mbar_wait(sm.empty_q, (nth - 1) & 1);
+    mbar_expect_tx(sm.bar_q, (uint32_t)(kCB * 128 * tl.rows_per_head * tl.heads));
+#pragma unroll
+    for (int cb = 0; cb < kCB; ++cb) tma_load(sm.q + cb * Tr::kBlockM * 128, tm_q, cb * 64, tl.m0, tl.h0, tl.b, sm.bar_q);
     for (int j = 0; j < tl.n_tiles; ++j) {
         /* K_{j+1} once S_{j-1} is done with its stage; V_j once P V_{j-2} is done with its. */
         if (j + 1 < tl.n_tiles) {
-            const int st = (j + 1) & 1;
-            if (j + 1 >= 2) mbar_wait(sm.empty_k + 8 * st, ((j - 1) >> 1) & 1);
+            st = stage_free(sm.empty_k, j + 1);
             load_kv(tm_k, sm.k + st * Tr::kKVBytes, sm.full_k + 8 * st, j + 1);
         }
-        const int st = j & 1;
-        if (j >= 2) mbar_wait(sm.empty_v + 8 * st, ((j - 2) >> 1) & 1);
+        st = stage_free(sm.empty_v, j);
         load_kv(tm_v, sm.v + st * Tr::kKVBytes, sm.full_v + 8 * st, j);
     }
 }
@@ -435,17 +460,18 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     if (p.num_splits > 1 && tid == 0) launch_dependents(); /* the combine's blocks may start */
     const seq_view<kServing> sq(p);
     const auto &bnd = sq.bounds(p);
-    const tile<Tr> tl(p, bnd);
-    const int b = tl.b, m0 = tl.m0, row_last = tl.row_last, tile_begin = tl.tile_begin, n_tiles = tl.n_tiles;
-    const bool partial = tl.partial;
-    auto row_target = [&](int r, int &head, int &pos) { return tl.row_target(bnd, r, head, pos); };
-    auto lse_slot = [&](int head, int pos) { return tl.lse_slot(p, head, pos, sq.lse_row0()); };
-
-    if constexpr (kServing)
-        if (m0 >= bnd.seqlen_q) return; /* past this sequence's queries (the grid covers the capacity) */
-    if (n_tiles == 0) {
-        store_empty(p, tl, sq, tid);
-        return;
+    /* A persistent block's tiles: blockIdx.x, then gridDim.x on, up to `works` (every one has keys:
+     * the planner takes no mask, no window and seqlen_k > 0, and at most INT32_MAX tiles). */
+    const int works = p.persistent ? p.num_m_blocks * p.heads_q * p.batch : 0;
+    const int work0 = p.persistent ? (int)blockIdx.x : -1;
+    {
+        const tile<Tr> tl(p, bnd, work0);
+        if constexpr (kServing)
+            if (tl.m0 >= bnd.seqlen_q) return; /* past this sequence's queries (the grid covers the capacity) */
+        if (tl.n_tiles == 0) {
+            store_empty(p, tl, sq, tid);
+            return;
+        }
     }
 
     if (tid == 0) {
@@ -457,161 +483,186 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     if (wg == 0) { /* the producer warpgroup */
         release_registers<Tr::kProducerRegs>();
         if constexpr (kServing) {
-            if (tid < 32 || gathers_pages<Tr>(p)) produce_serving(p, sq, tl, sm, &tm_q, &tm_k, &tm_v, tid);
+            if (tid < 32 || gathers_pages<Tr>(p)) produce_serving(p, sq, tile<Tr>(p, bnd), sm, &tm_q, &tm_k, &tm_v, tid);
         } else if (tid == 0) {
-            produce(tl, sm, &tm_q, &tm_k, &tm_v);
+            int nth = 0, kv0 = 0;
+            for (int work = work0;; work += gridDim.x) {
+                const tile<Tr> tl(p, bnd, work);
+                produce(tl, sm, &tm_q, &tm_k, &tm_v, nth++, kv0);
+                kv0 += tl.n_tiles;
+                if (work < 0 || work >= works - (int)gridDim.x) break;
+            }
         }
         return;
     }
 
-    /* ---- a consumer warpgroup: its 64 rows through every key tile (the mainloop) ---- */
+    /* ---- a consumer warpgroup: its 64 rows of each tile through every key tile (the mainloop) ---- */
     claim_registers<Tr::kConsumerRegs>();
     const int c = wg - 1; /* consumer index: tile rows 64c..64c+63 */
     const int g = lane / 4, t = lane % 4;
     const int trow = c * 64 + ((tid % kWarpgroupThreads) / 32) * 16 + g; /* this thread's tile rows: trow, trow + 8 */
-    int head_r[2], pos_r[2];
-    bool valid_r[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) valid_r[r] = row_target(trow + 8 * r, head_r[r], pos_r[r]);
-    const float mult = kTransform ? 1.0f : p.scale_log2;
-    float slope_r[2] = {0.0f, 0.0f};
-    if constexpr (kTransform) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) slope_r[r] = valid_r[r] ? alibi_slope(p, b, head_r[r]) : 0.0f;
-    }
-
-    float o[kON], s[kSN];
-    uint32_t pf[kBlockN / 16][4];
-    auto s_at = [&s](int j, int e) -> float & { return s[4 * j + e]; };
-#pragma unroll
-    for (int i = 0; i < kON; ++i) o[i] = 0.0f;
-    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
     const uint32_t q_wg = sm.q + (uint32_t)c * 64 * 128; /* this consumer's 64 rows of Q */
-
-    mbar_wait(sm.bar_q, 0);
     /* Turns go round: consumer c waits on its turn barrier and then passes to c + 1 (mod C); the
-     * last one starts the round by passing to consumer 0. */
+     * last one starts each tile's round by passing to consumer 0. */
     const int my_turn = turn_barrier(c), next_turn = turn_barrier((c + 1) % kNC);
-    if (c == kNC - 1) named_arrive(turn_barrier(0), kTurnThreads);
-
-    for (int it = 0; it < n_tiles; ++it) {
-        const int n0 = (tile_begin + it) * kBlockN;
-        const int st = it & 1;
-        mbar_wait(sm.full_k + 8 * st, (it >> 1) & 1);
-        if (it > 0) mbar_wait(sm.full_v + 8 * (st ^ 1), ((it - 1) >> 1) & 1);
-        const uint32_t k_st = sm.k + (uint32_t)st * Tr::kKVBytes;
-
-        named_sync(my_turn, kTurnThreads); /* our turn on the tensor cores */
-        reg_fence(o);
-        reg_fence(pf);
-        wgmma_fence();
+    const float mult = kTransform ? 1.0f : p.scale_log2;
+    int nth = 0, kv0 = 0; /* tiles done by this block, and their K/V tiles (the stages' running count) */
+    for (int work = work0;; work += gridDim.x) {
+        const tile<Tr> tl(p, bnd, work);
+        const int b = tl.b, m0 = tl.m0, row_last = tl.row_last, tile_begin = tl.tile_begin, n_tiles = tl.n_tiles;
+        auto row_target = [&](int r, int &head, int &pos) { return tl.row_target(bnd, r, head, pos); };
+        auto lse_slot = [&](int head, int pos) { return tl.lse_slot(p, head, pos, sq.lse_row0()); };
+        int head_r[2], pos_r[2];
+        bool valid_r[2];
 #pragma unroll
-        for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-            const uint32_t col = (uint32_t)(ks / 4), sub = (uint32_t)(ks % 4) * 32;
-            wgmma_ss<kBlockN, kDtype>::run(s, smem_desc(q_wg + col * kBlockM * 128 + sub, 16, 1024),
-                                           smem_desc(k_st + col * kBlockN * 128 + sub, 16, 1024), ks > 0);
+        for (int r = 0; r < 2; ++r) valid_r[r] = row_target(trow + 8 * r, head_r[r], pos_r[r]);
+        float slope_r[2] = {0.0f, 0.0f};
+        if constexpr (kTransform) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) slope_r[r] = valid_r[r] ? alibi_slope(p, b, head_r[r]) : 0.0f;
         }
-        wgmma_commit();
-        if (it > 0) {
-            const uint32_t v_st = sm.v + (uint32_t)(st ^ 1) * Tr::kKVBytes;
-            wgmma_fence(); /* P and O were written by ordinary instructions since the last one */
+
+        float o[kON], s[kSN];
+        uint32_t pf[kBlockN / 16][4];
+        auto s_at = [&s](int j, int e) -> float & { return s[4 * j + e]; };
+#pragma unroll
+        for (int i = 0; i < kON; ++i) o[i] = 0.0f;
+        float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+
+        mbar_wait(sm.bar_q, nth & 1);
+        if (c == kNC - 1) named_arrive(turn_barrier(0), kTurnThreads);
+
+        for (int it = 0; it < n_tiles; ++it) {
+            const int n0 = (tile_begin + it) * kBlockN;
+            const int kv = kv0 + it, st = kv & 1; /* K_it's and V_it's stage */
+            mbar_wait(sm.full_k + 8 * st, (kv >> 1) & 1);
+            if (it > 0) mbar_wait(sm.full_v + 8 * (st ^ 1), ((kv - 1) >> 1) & 1);
+            const uint32_t k_st = sm.k + (uint32_t)st * Tr::kKVBytes;
+
+            named_sync(my_turn, kTurnThreads); /* our turn on the tensor cores */
+            reg_fence(o);
+            reg_fence(pf);
+            wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+                const uint32_t col = (uint32_t)(ks / 4), sub = (uint32_t)(ks % 4) * 32;
+                wgmma_ss<kBlockN, kDtype>::run(s, smem_desc(q_wg + col * kBlockM * 128 + sub, 16, 1024),
+                                               smem_desc(k_st + col * kBlockN * 128 + sub, 16, 1024), ks > 0);
+            }
+            wgmma_commit();
+            if (it > 0) {
+                const uint32_t v_st = sm.v + (uint32_t)(st ^ 1) * Tr::kKVBytes;
+                wgmma_fence(); /* P and O were written by ordinary instructions since the last one */
+#pragma unroll
+                for (int kk = 0; kk < kBlockN / 16; ++kk)
+                    wgmma_rs<kHeadDim, kDtype>::run(o, pf[kk], smem_desc(v_st + kk * 16 * 128, kBlockN * 128, 1024), 1);
+            }
+            wgmma_commit(); /* empty on the first tile: "all but the newest group" then always means S */
+            named_arrive(next_turn, kTurnThreads); /* the next consumer's turn */
+
+            wgmma_wait<1>();
+            reg_fence(s);
+            if (lane == 0) {
+                mbar_arrive(sm.empty_k + 8 * st); /* this warp is done with K_it */
+                /* and with Q, after the last S (O has a tile of its own) */
+                if (Tr::kOwnO && it == n_tiles - 1) mbar_arrive(sm.empty_q);
+            }
+
+            if constexpr (kTransform) {
+#pragma unroll
+                for (int i = 0; i < kSN; ++i) {
+                    const int r = (i % 4) / 2;
+                    s[i] = kLog2e * transform_raw_score(p, bnd, s[i], slope_r[r], pos_r[r], n0 + 8 * (i / 4) + 2 * t + (i % 2));
+                }
+            }
+            const bool need_mask = FA_TILE_NEEDS_MASK(bnd, n0, kBlockN, m0, row_last);
+            if (need_mask) mask_scores<kBlockN / 8>(s_at, bnd, [&pos_r](int r) { return pos_r[r]; }, n0, t);
+
+            float corr[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                float m_scaled;
+                corr[r] = softmax_new_max<kBlockN / 8>(s_at, r, row_max[r], mult, m_scaled);
+                const float sum = softmax_exp<kBlockN / 8>(s_at, r, mult, m_scaled, 0.0f);
+                row_sum[r] = row_sum[r] * corr[r] + sum;
+            }
+
+            wgmma_wait<0>(); /* P V_{it-1} is done with O, pf and V_{it-1} */
+            reg_fence(o);
+            reg_fence(pf);
+            if (it > 0 && lane == 0) mbar_arrive(sm.empty_v + 8 * (st ^ 1));
+#pragma unroll
+            for (int j = 0; j < kHeadDim / 8; ++j) {
+                o[4 * j] *= corr[0], o[4 * j + 1] *= corr[0];
+                o[4 * j + 2] *= corr[1], o[4 * j + 3] *= corr[1];
+            }
+#pragma unroll
+            for (int kk = 0; kk < kBlockN / 16; ++kk) pack_p<kDtype>(s_at, kk, pf[kk]);
+        }
+
+        /* The last tile's P V; its V stage is handed back for a persistent block's next tile. */
+        {
+            const int kv = kv0 + n_tiles - 1, st = kv & 1;
+            mbar_wait(sm.full_v + 8 * st, (kv >> 1) & 1);
+            const uint32_t v_st = sm.v + (uint32_t)st * Tr::kKVBytes;
+            named_sync(my_turn, kTurnThreads);
+            reg_fence(o);
+            reg_fence(pf);
+            wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < kBlockN / 16; ++kk)
                 wgmma_rs<kHeadDim, kDtype>::run(o, pf[kk], smem_desc(v_st + kk * 16 * 128, kBlockN * 128, 1024), 1);
+            wgmma_commit();
+            if (c != kNC - 1) named_arrive(next_turn, kTurnThreads); /* nobody waits for consumer 0 again this tile */
+            wgmma_wait<0>();
+            reg_fence(o);
+            if (lane == 0) mbar_arrive(sm.empty_v + 8 * st);
         }
-        wgmma_commit(); /* empty on the first tile: "all but the newest group" then always means S */
-        named_arrive(next_turn, kTurnThreads); /* the next consumer's turn */
 
-        wgmma_wait<1>();
-        reg_fence(s);
-        if (lane == 0) mbar_arrive(sm.empty_k + 8 * st); /* this warp is done with K_it */
-
-        if constexpr (kTransform) {
-#pragma unroll
-            for (int i = 0; i < kSN; ++i) {
-                const int r = (i % 4) / 2;
-                s[i] = kLog2e * transform_raw_score(p, bnd, s[i], slope_r[r], pos_r[r], n0 + 8 * (i / 4) + 2 * t + (i % 2));
-            }
-        }
-        const bool need_mask = FA_TILE_NEEDS_MASK(bnd, n0, kBlockN, m0, row_last);
-        if (need_mask) mask_scores<kBlockN / 8>(s_at, bnd, [&pos_r](int r) { return pos_r[r]; }, n0, t);
-
-        float corr[2];
+        float inv_r[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            float m_scaled;
-            corr[r] = softmax_new_max<kBlockN / 8>(s_at, r, row_max[r], mult, m_scaled);
-            const float sum = softmax_exp<kBlockN / 8>(s_at, r, mult, m_scaled, 0.0f);
-            row_sum[r] = row_sum[r] * corr[r] + sum;
+            const float l = quad_sum(row_sum[r]);
+            inv_r[r] = softmax_inv(l);
+            if (valid_r[r] && t == 0)
+                if (float *ls = lse_slot(head_r[r], pos_r[r]))
+                    *ls = softmax_lse(l, row_max[r], mult);
         }
-
-        wgmma_wait<0>(); /* P V_{it-1} is done with O, pf and V_{it-1} */
-        reg_fence(o);
-        reg_fence(pf);
-        if (it > 0 && lane == 0) mbar_arrive(sm.empty_v + 8 * (st ^ 1));
-#pragma unroll
-        for (int j = 0; j < kHeadDim / 8; ++j) {
-            o[4 * j] *= corr[0], o[4 * j + 1] *= corr[0];
-            o[4 * j + 2] *= corr[1], o[4 * j + 3] *= corr[1];
+        if (tl.partial) {
+            store_split_partial(p, tl, o, inv_r, valid_r, head_r, pos_r, t);
+            return;
         }
+        /* Epilogue: normalise; stage O (swizzled, conflict-free) in this consumer's 64 rows of the O tile
+         * (Q's rows when O has no tile of its own: only this consumer's finished S products read them);
+         * store rows with 16-byte writes. */
 #pragma unroll
-        for (int kk = 0; kk < kBlockN / 16; ++kk) pack_p<kDtype>(s_at, kk, pf[kk]);
-    }
-
-    /* The last tile's P V (the stage needs no handing back: nothing more is loaded). */
-    {
-        const int st = (n_tiles - 1) & 1;
-        mbar_wait(sm.full_v + 8 * st, ((n_tiles - 1) >> 1) & 1);
-        const uint32_t v_st = sm.v + (uint32_t)st * Tr::kKVBytes;
-        named_sync(my_turn, kTurnThreads);
-        reg_fence(o);
-        reg_fence(pf);
-        wgmma_fence();
+        for (int r = 0; r < 2; ++r)
 #pragma unroll
-        for (int kk = 0; kk < kBlockN / 16; ++kk)
-            wgmma_rs<kHeadDim, kDtype>::run(o, pf[kk], smem_desc(v_st + kk * 16 * 128, kBlockN * 128, 1024), 1);
-        wgmma_commit();
-        if (c != kNC - 1) named_arrive(next_turn, kTurnThreads); /* nobody waits for consumer 0 again */
-        wgmma_wait<0>();
-        reg_fence(o);
-    }
-
-    float inv_r[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const float l = quad_sum(row_sum[r]);
-        inv_r[r] = softmax_inv(l);
-        if (valid_r[r] && t == 0)
-            if (float *ls = lse_slot(head_r[r], pos_r[r]))
-                *ls = softmax_lse(l, row_max[r], mult);
-    }
-    if (partial) {
-        store_split_partial(p, tl, o, inv_r, valid_r, head_r, pos_r, t);
-        return;
-    }
-    /* Epilogue: normalise; stage O (swizzled, conflict-free) in this consumer's own 64 rows of the Q
-     * tile, which only its finished S products read; store rows with 16-byte writes. */
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-#pragma unroll
-        for (int j = 0; j < kHeadDim / 8; ++j) {
-            const uint32_t v = pack_pair<kDtype>(o[4 * j + 2 * r] * inv_r[r], o[4 * j + 2 * r + 1] * inv_r[r]);
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sm.q + swz_off<kBlockM>(trow + 8 * r, j) + 4 * t), "r"(v)
-                         : "memory");
+            for (int j = 0; j < kHeadDim / 8; ++j) {
+                const uint32_t v = pack_pair<kDtype>(o[4 * j + 2 * r] * inv_r[r], o[4 * j + 2 * r + 1] * inv_r[r]);
+                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sm.o + swz_off<kBlockM>(trow + 8 * r, j) + 4 * t), "r"(v)
+                             : "memory");
+            }
+        named_sync(epilogue_barrier(c, kNC), kWarpgroupThreads); /* this consumer's rows of O are staged */
+        for (int i = tid % kWarpgroupThreads; i < 64 * Tr::kChunks; i += kWarpgroupThreads) {
+            const int rl = c * 64 + i / Tr::kChunks, ch = i % Tr::kChunks;
+            int head, pos;
+            if (row_target(rl, head, pos) && ch * 8 < p.head_dim) {
+                uint4 v;
+                asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                             : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                             : "r"(sm.o + swz_off<kBlockM>(rl, ch))
+                             : "memory");
+                *reinterpret_cast<uint4 *>((T *)p.o + b * p.o_batch_stride + head * p.o_head_stride +
+                                           ((int64_t)pos + sq.q_row0()) * p.o_seq_stride + ch * 8) = v;
+            }
         }
-    named_sync(epilogue_barrier(c, kNC), kWarpgroupThreads); /* this consumer's rows of O are staged */
-    for (int i = tid % kWarpgroupThreads; i < 64 * Tr::kChunks; i += kWarpgroupThreads) {
-        const int rl = c * 64 + i / Tr::kChunks, ch = i % Tr::kChunks;
-        int head, pos;
-        if (row_target(rl, head, pos) && ch * 8 < p.head_dim) {
-            uint4 v;
-            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                         : "r"(sm.q + swz_off<kBlockM>(rl, ch))
-                         : "memory");
-            *reinterpret_cast<uint4 *>((T *)p.o + b * p.o_batch_stride + head * p.o_head_stride +
-                                       ((int64_t)pos + sq.q_row0()) * p.o_seq_stride + ch * 8) = v;
+        if (!Tr::kOwnO) { /* Q's rows held O: this warp is done with Q now */
+            __syncwarp();
+            if (lane == 0) mbar_arrive(sm.empty_q);
         }
+        ++nth, kv0 += n_tiles;
+        if (work < 0 || work >= works - (int)gridDim.x) break;
     }
 #endif
 }

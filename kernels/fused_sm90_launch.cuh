@@ -54,7 +54,9 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
     using Tr = traits<kDtype, kHeadDim, kConsumers>;
     if (l->threads != Tr::kThreads || l->smem_bytes != Tr::kSmemBytes ||
         (kp->pack_gqa && (kp->pack_rows < 1 || kp->pack_rows * kp->head_group > Tr::kBlockM)) ||
-        (kp->num_splits > 1 && (kp->o_accum == nullptr || kp->lse_accum == nullptr)))
+        (kp->num_splits > 1 && (kp->o_accum == nullptr || kp->lse_accum == nullptr)) ||
+        (kp->persistent && (kp->num_splits > 1 || kp->pack_gqa || kp->serving || kp->sched_heads || l->grid_y != 1 ||
+                            l->grid_z != 1)))
         return (int)cudaErrorInvalidConfiguration; /* planner and kernel disagree: refuse */
     CUtensorMap tq, tk, tv;
     /* Q in boxes of one head x kBlockM positions, or (pack_gqa) head_group heads x pack_rows positions. */

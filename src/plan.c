@@ -420,8 +420,16 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
     const int64_t splits = no_split ? 1 : fa_num_splits(caps->sm_count, ctas, key_tiles);
     plan->kp.num_splits = (int32_t)splits;
     plan->grid_x = (int32_t)(mblocks * splits);
-    if (sm90 && splits == 1 && !pack && !fa_is_serving(p))
+    if (sm90 && splits == 1 && !pack && !fa_is_serving(p)) {
         plan->kp.sched_heads = (int32_t)fa_sched_heads(caps, p, mblocks);
+        /* Every tile the same work (no mask, no window, keys to see) and more tiles than SMs: one
+         * resident block per SM takes tile after tile (kp.persistent). */
+        if (p->mask == FLASHATTN_MASK_NONE && p->window_left < 0 && p->window_right < 0 && p->seqlen_k > 0 &&
+            ctas > caps->sm_count && ctas <= INT32_MAX) {
+            plan->kp.persistent = 1;
+            plan->grid_x = caps->sm_count, plan->grid_y = plan->grid_z = 1;
+        }
+    }
     return splits > 1 ? split_workspace(p, splits, plan) : 1;
 }
 
@@ -596,6 +604,7 @@ void fa_plan_describe(const fa_plan *plan, flashattn_plan_info *info) {
     /* Heaviest query tiles first across sections of this many (batch, head) pairs. */
     char order[32] = "";
     if (kp->sched_heads > 0) snprintf(order, sizeof order, " heaviest_first=%d", kp->sched_heads);
+    if (kp->persistent) snprintf(order, sizeof order, " persistent");
     snprintf(info->description, sizeof info->description,
              "backend=%s kernel=%s grid=(%d,%d,%d) threads=%d smem=%lld splits=%d workspace=%lld%s%s%s",
              bname, info->kernel_name,

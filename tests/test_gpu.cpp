@@ -287,6 +287,17 @@ TEST_F(GpuSm90, SanitizerSubset) {
         Case g = c;
         g.sq = 150, g.sk = 150, g.mask = FLASHATTN_MASK_CAUSAL_TOP_LEFT;
         check_fa_rule(h, g, st, FLASHATTN_BACKEND_FUSED_SM90);
+        // Persistent blocks (more tiles than SMs, no mask): checked against the FUSED kernel, which
+        // the rule checks elsewhere, so that no REFERENCE call of this size runs under the tools.
+        Case q = c;
+        q.b = 3, q.hq = q.hkv = 8, q.sq = 1000, q.sk = 100, q.mask = FLASHATTN_MASK_NONE, q.softcap = d == 128 ? 3.0f : 0.0f;
+        Inputs in(q);
+        const Result a = run(h, in, FLASHATTN_BACKEND_FUSED_SM90), b = run(h, in, FLASHATTN_BACKEND_FUSED);
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, a.status) << flashattn_last_error();
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, b.status) << flashattn_last_error();
+        EXPECT_EQ(0u, a.unwritten);
+        EXPECT_LE(max_abs_diff(a.o, b.o), 2e-2) << q.str();
+        EXPECT_LE(max_abs_diff(a.lse, b.lse), 1e-4) << q.str();
     }
     print_rule("sanitizer subset", st, FLASHATTN_BACKEND_FUSED_SM90);
 }
@@ -321,6 +332,32 @@ TEST_F(GpuSm90, DecodePackedAndSplit) {
     printf("[ fused_sm90 ] decode shapes: %d of 54 packed, %d of 54 split\n", packed, split);
     EXPECT_GT(packed, 20);
     EXPECT_GT(split, 20);
+}
+
+// Calls without a mask or window and more query tiles than SMs run on resident blocks that take
+// tile after tile (the next tile's Q and K loading while this one's O is stored): every head dim,
+// a tile count that does not divide evenly, GQA, softcap and ALiBi, padded layouts, both dtypes.
+TEST_F(GpuSm90, PersistentBlocksTakeTileAfterTile) {
+    RuleStats st;
+    int persistent = 0, cases = 0;
+    for (int64_t d : {64, 96, 128, 160, 192, 256})
+        for (int variant = 0; variant < 4; ++variant) {
+            Case c;
+            c.dtype = variant == 1 ? FLASHATTN_DTYPE_FLOAT16 : FLASHATTN_DTYPE_BFLOAT16;
+            c.d = d, c.b = 3, c.hq = 8, c.hkv = variant == 2 ? 2 : 8, c.sq = 1000 + 37 * variant, c.sk = 777 + 211 * variant;
+            if (variant == 2) c.softcap = 4.0f, c.alibi = true;
+            if (variant == 3) c.layout = kPadded, c.lse = false;
+            Inputs in(c);
+            flashattn_fwd_params p = make_params(in, nullptr, nullptr, FLASHATTN_BACKEND_FUSED_SM90);
+            flashattn_plan_info info;
+            flashattn_plan_info_init(&info);
+            ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_plan(h, &p, &info)) << flashattn_last_error();
+            persistent += std::string(info.description).find(" persistent") != std::string::npos;
+            ++cases;
+            check_fa_rule(h, c, st, FLASHATTN_BACKEND_FUSED_SM90);
+        }
+    print_rule("persistent blocks (no mask, more tiles than SMs)", st, FLASHATTN_BACKEND_FUSED_SM90);
+    EXPECT_EQ(cases, persistent) << "every case must take the persistent path";
 }
 
 // Causal calls whose K and V outgrow the L2 run their heaviest tiles first in sections of fewer

@@ -746,6 +746,55 @@ TEST(Planning, Sm90DecodePacksQueryGroupsAndSplitsKeys) {
     EXPECT_EQ(0, pre.workspace_bytes);
 }
 
+// FUSED_SM90 calls whose tiles are all the same work (no mask, no window) and outnumber the SMs run
+// one resident block per SM that takes tile after tile; anything else keeps a block per tile.
+TEST(Planning, Sm90UnmaskedCallsWithManyTilesArePersistent) {
+    if (!fa_sm90_compiled(FLASHATTN_DTYPE_BFLOAT16, 128)) GTEST_SKIP() << "no FUSED_SM90 d128 in this build";
+    const fa_device_caps caps = h200_caps();
+    flashattn_fwd_params p = valid_params();
+    p.batch = 32, p.seqlen_q = p.seqlen_k = 512, p.heads_q = p.heads_kv = 16, p.head_dim = 128;
+    flashattn_fwd_params_set_packed_strides(&p);
+    fa_plan plan = plan_ok(p, caps);
+    ASSERT_EQ(FLASHATTN_BACKEND_FUSED_SM90, plan.backend);
+    EXPECT_EQ(1, plan.kp.persistent);
+    EXPECT_EQ(4, plan.kp.num_m_blocks);  // 2048 tiles over 132 resident blocks
+    EXPECT_EQ(132, plan.grid_x);
+    EXPECT_EQ(1, plan.grid_y);
+    EXPECT_EQ(1, plan.grid_z);
+    EXPECT_EQ(0, plan.kp.sched_heads);
+    flashattn_plan_info info;
+    flashattn_plan_info_init(&info);
+    fa_plan_describe(&plan, &info);
+    EXPECT_NE(std::string(info.description).find(" persistent"), std::string::npos) << info.description;
+    EXPECT_EQ(132, info.grid_x);
+    // The epilogue's own O tile where it fits (head dims 64 and 128), Q's rows otherwise.
+    EXPECT_EQ(1024 + 2 * 128 * (128 + 4 * 128) + 128 + 2 * 128 * 128, plan.smem_bytes);
+    EXPECT_LE(plan.smem_bytes, FA_SM90_SMEM_MAX);
+    EXPECT_EQ(1024 + 2 * 256 * (128 + 4 * 64) + 128, fa_sm90_smem_bytes(256, 128, 64));
+    auto persistent = [&](const flashattn_fwd_params &q) { return plan_ok(q, caps).kp.persistent; };
+    flashattn_fwd_params q = p;
+    q.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;  // tiles differ in work: a block each
+    EXPECT_EQ(0, persistent(q));
+    q = p, q.window_left = 1000;
+    EXPECT_EQ(0, persistent(q));
+    q = p, q.window_right = 1000;
+    EXPECT_EQ(0, persistent(q));
+    q = p, q.batch = 2;  // 128 tiles: no more than the SMs
+    flashattn_fwd_params_set_packed_strides(&q);
+    EXPECT_EQ(0, persistent(q));
+    q = p, q.batch = 3;  // 192
+    flashattn_fwd_params_set_packed_strides(&q);
+    EXPECT_EQ(1, persistent(q));
+    q = p, q.seqlen_q = 1, q.heads_kv = 4;  // decode: packed query heads, a block each
+    flashattn_fwd_params_set_packed_strides(&q);
+    EXPECT_EQ(0, persistent(q));
+    q = p, q.backend = FLASHATTN_BACKEND_FUSED;  // the portable kernel: a block each
+    EXPECT_EQ(0, persistent(q));
+    flashattn_fwd_params v = valid_varlen_paged();  // serving calls: a block each
+    v.backend = FLASHATTN_BACKEND_FUSED_SM90;
+    EXPECT_EQ(0, persistent(v));
+}
+
 // Causal calls on FUSED_SM90 run their heaviest query tiles first across sections of heads whose K
 // and V fit two thirds of the L2; other calls keep the grid order. The order is a permutation of
 // the tiles: every (m_block, batch x head) pair exactly once.

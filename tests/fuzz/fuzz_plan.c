@@ -187,6 +187,14 @@ static void check_plan(const fa_device_caps *caps, const flashattn_fwd_params *p
         CHECK(plan.kp.seqlen_q == full.seqlen_q && plan.kp.heads_q == full.heads_q && plan.kp.q_group_rows == 0,
               "int32 kernel dims");
     CHECK(plan.kp.seqlen_k == full.seqlen_k && plan.kp.batch == full.batch, "int32 kernel dims");
+    if (plan.kp.persistent) /* resident blocks: FUSED_SM90's unsplit, unpacked dense calls with tiles of equal work */
+        CHECK(plan.backend == FLASHATTN_BACKEND_FUSED_SM90 && !plan.kp.serving && plan.kp.num_splits == 1 &&
+                  !plan.kp.pack_gqa && plan.kp.sched_heads == 0 && full.mask == FLASHATTN_MASK_NONE &&
+                  full.window_left < 0 && full.window_right < 0 && full.seqlen_k > 0 && plan.grid_x == caps->sm_count &&
+                  plan.grid_y == 1 && plan.grid_z == 1 &&
+                  (int64_t)plan.kp.num_m_blocks * plan.kp.batch * plan.kp.heads_q > caps->sm_count &&
+                  (int64_t)plan.kp.num_m_blocks * plan.kp.batch * plan.kp.heads_q <= INT32_MAX,
+              "persistent plan");
     if (plan.kp.sched_heads != 0) /* heaviest-first sections: FUSED_SM90's unsplit, unpacked dense calls */
         CHECK(plan.backend == FLASHATTN_BACKEND_FUSED_SM90 && !plan.kp.serving && plan.kp.num_splits == 1 &&
                   !plan.kp.pack_gqa && plan.kp.sched_heads >= 1 &&
