@@ -177,13 +177,13 @@ static inline int64_t fa_fused_smem_bytes(const fa_fused_config *c) {
 /* The shared memory a Hopper block may opt in to (227 KB). */
 #define FA_SM90_SMEM_MAX 232448
 
-static inline int64_t fa_sm90_smem_bytes(int head_dim, int block_m, int block_n) {
+static inline int64_t fa_sm90_smem_bytes(int head_dim, int block_m, int block_n, int persistent) {
     /* Q, two stages of K, two of V, 128 bytes of barriers, plus 1 KB to align the base to the
-     * 1024-byte swizzle atom; and where it fits, a tile of O of Q's size for the epilogue
-     * (fa_sm90_o_region), so that the next tile's Q can load while this one's O is stored. */
+     * 1024-byte swizzle atom; and for a persistent block, where it fits, a tile of O of Q's size for
+     * the epilogue, so that the next tile's Q can load while this one's O is stored. */
     const int64_t base = 1024 + 2 * (int64_t)head_dim * (block_m + 4 * (int64_t)block_n) + 128;
     const int64_t o = 2 * (int64_t)head_dim * block_m;
-    return base + o <= FA_SM90_SMEM_MAX ? base + o : base;
+    return persistent && base + o <= FA_SM90_SMEM_MAX ? base + o : base;
 }
 
 /* Kernel launchers (the .cu files under kernels/). Each returns a cudaError_t value (0 = cudaSuccess) and enqueues

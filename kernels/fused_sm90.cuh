@@ -60,7 +60,7 @@ template <int kHeadDim, int kConsumers> struct cfg;
 FA_SM90_CONFIGS(FA_SM90_CFG_SPEC)
 #undef FA_SM90_CFG_SPEC
 
-template <int kDtype, int kHeadDim, int kNumConsumers> struct traits {
+template <int kDtype, int kHeadDim, int kNumConsumers, bool kPersistentBlock = false> struct traits {
     using T = typename elem<kDtype>::type;
     static constexpr int kConsumers = kNumConsumers;
     static constexpr int kBlockM = 64 * kConsumers, kBlockN = cfg<kHeadDim, kConsumers>::block_n;
@@ -72,8 +72,10 @@ template <int kDtype, int kHeadDim, int kNumConsumers> struct traits {
     static constexpr int kConsumerRegs = kConsumerShare > 240 ? 240 : kConsumerShare;
     static constexpr int kChunks = kHeadDim / 8; /* 16-byte chunks per row */
     static constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2, kKVBytes = kBlockN * kHeadDim * 2;
-    /* An O tile of its own for the epilogue where it fits (else O is staged in Q's rows). */
-    static constexpr bool kOwnO = 1024 + 2 * kQBytes + 4 * kKVBytes + 128 <= FA_SM90_SMEM_MAX;
+    /* A persistent block (p.persistent: tile after tile) stages O in a tile of its own where it
+     * fits, so the next tile's Q can load during the epilogue; otherwise O is staged in Q's rows. */
+    static constexpr bool kPersistent = kPersistentBlock;
+    static constexpr bool kOwnO = kPersistent && 1024 + 2 * kQBytes + 4 * kKVBytes + 128 <= FA_SM90_SMEM_MAX;
     static constexpr uint32_t kOBytes = kOwnO ? kQBytes : 0;
     static constexpr int kSmemBytes = 1024 + (int)(kQBytes + kOBytes + 4 * kKVBytes) + 128;
     static_assert(kSmemBytes == (int)(1024 + 2 * kHeadDim * (kBlockM + 4 * kBlockN) + 128 + (kOwnO ? 2 * kHeadDim * kBlockM : 0)),
@@ -103,7 +105,7 @@ template <class Tr> struct smem_layout {
      * warpgroup when a serving call gathers its pages with cp.async. */
     __device__ __forceinline__ void init_barriers(int full_arrivals = 1) const {
         mbar_init(bar_q, 1);
-        mbar_init(empty_q, 4 * Tr::kConsumers);
+        if (Tr::kPersistent) mbar_init(empty_q, 4 * Tr::kConsumers);
 #pragma unroll
         for (int st = 0; st < 2; ++st) {
             mbar_init(full_k + 8 * st, full_arrivals);
@@ -238,12 +240,18 @@ __device__ __forceinline__ void produce(const tile<Tr> &tl, const smem_layout<Tr
         if (g >= 2) mbar_wait(empty + 8 * (g & 1), ((g - 2) >> 1) & 1);
         return (uint32_t)(g & 1);
     };
+    auto load_q = [&] {
+        mbar_expect_tx(sm.bar_q, (uint32_t)(kCB * 128 * tl.rows_per_head * tl.heads));
+#pragma unroll
+        for (int cb = 0; cb < kCB; ++cb) tma_load(sm.q + cb * Tr::kBlockM * 128, tm_q, cb * 64, tl.m0, tl.h0, tl.b, sm.bar_q);
+    };
+    if (nth == 0) load_q();
     uint32_t st = stage_free(sm.empty_k, 0);
     load_kv(tm_k, sm.k + st * Tr::kKVBytes, sm.full_k + 8 * st, 0);
-    if (nth > 0) mbar_wait(sm.empty_q, (nth - 1) & 1);
-    mbar_expect_tx(sm.bar_q, (uint32_t)(kCB * 128 * tl.rows_per_head * tl.heads));
-#pragma unroll
-    for (int cb = 0; cb < kCB; ++cb) tma_load(sm.q + cb * Tr::kBlockM * 128, tm_q, cb * 64, tl.m0, tl.h0, tl.b, sm.bar_q);
+    if (nth > 0) { /* the last tile's K is in flight; Q once the consumers are done with the last one's */
+        mbar_wait(sm.empty_q, (nth - 1) & 1);
+        load_q();
+    }
     for (int j = 0; j < tl.n_tiles; ++j) {
         /* K_{j+1} once S_{j-1} is done with its stage; V_j once P V_{j-2} is done with its. */
         if (j + 1 < tl.n_tiles) {
@@ -442,12 +450,13 @@ __device__ __forceinline__ void store_split_partial(const fa_kernel_params &p, c
 /* kTransform: softcap and/or ALiBi present. kServing: a serving call (fa_kernel_params.serving):
  * the sequence's counts, offsets and rows from the device arrays (seq_view), ragged Q/K/V and page
  * pools through the tensor maps; its own instantiation, so the dense kernels carry none of it. */
-template <int kDtype, int kHeadDim, int kConsumers, bool kTransform, bool kServing = false>
+template <int kDtype, int kHeadDim, int kConsumers, bool kTransform, bool kServing = false, bool kPersistent = false>
 __global__ void __launch_bounds__(kWarpgroupThreads * (kConsumers + 1), 1)
 fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_constant__ CUtensorMap tm_q,
                   const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using Tr = traits<kDtype, kHeadDim, kConsumers>;
+    static_assert(!(kServing && kPersistent), "serving calls take a block a tile");
+    using Tr = traits<kDtype, kHeadDim, kConsumers, kPersistent>;
     using T = typename Tr::T;
     constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN;
     constexpr int kSN = kBlockN / 2, kON = kHeadDim / 2; /* accumulator floats per thread */
@@ -462,10 +471,10 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     const auto &bnd = sq.bounds(p);
     /* A persistent block's tiles: blockIdx.x, then gridDim.x on, up to `works` (every one has keys:
      * the planner takes no mask, no window and seqlen_k > 0, and at most INT32_MAX tiles). */
-    const int works = p.persistent ? p.num_m_blocks * p.heads_q * p.batch : 0;
-    const int work0 = p.persistent ? (int)blockIdx.x : -1;
-    {
-        const tile<Tr> tl(p, bnd, work0);
+    const int works = kPersistent ? p.num_m_blocks * p.heads_q * p.batch : 0;
+    const int work0 = kPersistent ? (int)blockIdx.x : -1;
+    if constexpr (!kPersistent) {
+        const tile<Tr> tl(p, bnd);
         if constexpr (kServing)
             if (tl.m0 >= bnd.seqlen_q) return; /* past this sequence's queries (the grid covers the capacity) */
         if (tl.n_tiles == 0) {
@@ -490,7 +499,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                 const tile<Tr> tl(p, bnd, work);
                 produce(tl, sm, &tm_q, &tm_k, &tm_v, nth++, kv0);
                 kv0 += tl.n_tiles;
-                if (work < 0 || work >= works - (int)gridDim.x) break;
+                if (!kPersistent || work >= works - (int)gridDim.x) break;
             }
         }
         return;
@@ -565,7 +574,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             if (lane == 0) {
                 mbar_arrive(sm.empty_k + 8 * st); /* this warp is done with K_it */
                 /* and with Q, after the last S (O has a tile of its own) */
-                if (Tr::kOwnO && it == n_tiles - 1) mbar_arrive(sm.empty_q);
+                if (Tr::kPersistent && Tr::kOwnO && it == n_tiles - 1) mbar_arrive(sm.empty_q);
             }
 
             if constexpr (kTransform) {
@@ -600,7 +609,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             for (int kk = 0; kk < kBlockN / 16; ++kk) pack_p<kDtype>(s_at, kk, pf[kk]);
         }
 
-        /* The last tile's P V; its V stage is handed back for a persistent block's next tile. */
+        /* The last tile's P V; a persistent block hands its V stage back for the next tile. */
         {
             const int kv = kv0 + n_tiles - 1, st = kv & 1;
             mbar_wait(sm.full_v + 8 * st, (kv >> 1) & 1);
@@ -616,7 +625,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             if (c != kNC - 1) named_arrive(next_turn, kTurnThreads); /* nobody waits for consumer 0 again this tile */
             wgmma_wait<0>();
             reg_fence(o);
-            if (lane == 0) mbar_arrive(sm.empty_v + 8 * st);
+            if (Tr::kPersistent && lane == 0) mbar_arrive(sm.empty_v + 8 * st);
         }
 
         float inv_r[2];
@@ -657,12 +666,12 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                                            ((int64_t)pos + sq.q_row0()) * p.o_seq_stride + ch * 8) = v;
             }
         }
-        if (!Tr::kOwnO) { /* Q's rows held O: this warp is done with Q now */
+        if (Tr::kPersistent && !Tr::kOwnO) { /* Q's rows held O: this warp is done with Q now */
             __syncwarp();
             if (lane == 0) mbar_arrive(sm.empty_q);
         }
         ++nth, kv0 += n_tiles;
-        if (work < 0 || work >= works - (int)gridDim.x) break;
+        if (!kPersistent || work >= works - (int)gridDim.x) break;
     }
 #endif
 }

@@ -52,7 +52,9 @@ inline bool encode_map(CUtensorMap *map, int dtype, const void *ptr, int64_t hea
 template <int kDtype, int kHeadDim, int kConsumers>
 int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
     using Tr = traits<kDtype, kHeadDim, kConsumers>;
-    if (l->threads != Tr::kThreads || l->smem_bytes != Tr::kSmemBytes ||
+    using TrP = traits<kDtype, kHeadDim, kConsumers, true>;
+    const int smem = kp->persistent ? TrP::kSmemBytes : Tr::kSmemBytes;
+    if (l->threads != Tr::kThreads || l->smem_bytes != smem ||
         (kp->pack_gqa && (kp->pack_rows < 1 || kp->pack_rows * kp->head_group > Tr::kBlockM)) ||
         (kp->num_splits > 1 && (kp->o_accum == nullptr || kp->lse_accum == nullptr)) ||
         (kp->persistent && (kp->num_splits > 1 || kp->pack_gqa || kp->serving || kp->sched_heads || l->grid_y != 1 ||
@@ -84,16 +86,17 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
                     kp->v_head_stride, kp->v_batch_stride, kv_box, 1))
         return (int)cudaErrorInvalidValue; /* the planner checked the limits; not expected */
     const bool transform = kp->softcap > 0.0f || kp->alibi_slopes != nullptr;
-    static std::atomic<unsigned long long> configured[4]; /* per kernel below: devices configured */
-    const int which = (kp->serving ? 2 : 0) + (transform ? 1 : 0);
-    auto kernel = kp->serving ? (transform ? fused_sm90_kernel<kDtype, kHeadDim, kConsumers, true, true>
-                                           : fused_sm90_kernel<kDtype, kHeadDim, kConsumers, false, true>)
-                              : (transform ? fused_sm90_kernel<kDtype, kHeadDim, kConsumers, true, false>
-                                           : fused_sm90_kernel<kDtype, kHeadDim, kConsumers, false, false>);
-    cudaError_t err = set_smem_once(kernel, Tr::kSmemBytes, configured[which]);
+    static std::atomic<unsigned long long> configured[6]; /* per kernel below: devices configured */
+    const int which = (kp->serving ? 2 : kp->persistent ? 4 : 0) + (transform ? 1 : 0);
+    auto kernel = kp->serving      ? (transform ? fused_sm90_kernel<kDtype, kHeadDim, kConsumers, true, true>
+                                                : fused_sm90_kernel<kDtype, kHeadDim, kConsumers, false, true>)
+                  : kp->persistent ? (transform ? fused_sm90_kernel<kDtype, kHeadDim, kConsumers, true, false, true>
+                                                : fused_sm90_kernel<kDtype, kHeadDim, kConsumers, false, false, true>)
+                                   : (transform ? fused_sm90_kernel<kDtype, kHeadDim, kConsumers, true, false>
+                                                : fused_sm90_kernel<kDtype, kHeadDim, kConsumers, false, false>);
+    cudaError_t err = set_smem_once(kernel, smem, configured[which]);
     if (err != cudaSuccess) return (int)err;
-    kernel<<<dim3(l->grid_x, l->grid_y, l->grid_z), Tr::kThreads, Tr::kSmemBytes, (cudaStream_t)stream>>>(*kp, tq, tk,
-                                                                                                         tv);
+    kernel<<<dim3(l->grid_x, l->grid_y, l->grid_z), Tr::kThreads, smem, (cudaStream_t)stream>>>(*kp, tq, tk, tv);
     err = cudaGetLastError();
     if (err != cudaSuccess || kp->num_splits <= 1) return (int)err;
     return fa_split_combine(kp, kDtype, 1, stream);

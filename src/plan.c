@@ -274,7 +274,7 @@ static const char *sm90_unsupported_reason(const fa_device_caps *caps, const fla
             return buf;
         }
     const fa_fused_config *cfg = fa_sm90_config_for_call(khd, p);
-    const int64_t smem = fa_sm90_smem_bytes(cfg->head_dim, cfg->block_m, cfg->block_n);
+    const int64_t smem = fa_sm90_smem_bytes(cfg->head_dim, cfg->block_m, cfg->block_n, 0);
     if (smem > caps->smem_per_block_optin) {
         snprintf(buf, n, "the fused_sm90 kernel for head_dim %lld (kernel head dim %d) needs %lld bytes "
                  "of shared memory; device %d allows %lld per block", (ll)p->head_dim, khd, (ll)smem,
@@ -424,10 +424,12 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
         plan->kp.sched_heads = (int32_t)fa_sched_heads(caps, p, mblocks);
         /* Every tile the same work (no mask, no window, keys to see) and more tiles than SMs: one
          * resident block per SM takes tile after tile (kp.persistent). */
+        const int64_t smem = fa_sm90_smem_bytes(plan->cfg.head_dim, plan->cfg.block_m, plan->cfg.block_n, 1);
         if (p->mask == FLASHATTN_MASK_NONE && p->window_left < 0 && p->window_right < 0 && p->seqlen_k > 0 &&
-            ctas > caps->sm_count && ctas <= INT32_MAX) {
+            ctas > caps->sm_count && ctas <= INT32_MAX && smem <= caps->smem_per_block_optin) {
             plan->kp.persistent = 1;
             plan->grid_x = caps->sm_count, plan->grid_y = plan->grid_z = 1;
+            plan->smem_bytes = (int32_t)smem;
         }
     }
     return splits > 1 ? split_workspace(p, splits, plan) : 1;
@@ -522,7 +524,7 @@ flashattn_status fa_plan_make(const fa_device_caps *caps, const flashattn_fwd_pa
         plan.cfg = sm90 ? *fa_sm90_config_for_call(fa_sm90_kernel_head_dim(p->head_dim), p)
                         : *fa_fused_config_for(fa_fused_kernel_head_dim(p->head_dim));
         plan.threads = 32 * plan.cfg.warps;
-        plan.smem_bytes = sm90 ? fa_sm90_smem_bytes(plan.cfg.head_dim, plan.cfg.block_m, plan.cfg.block_n)
+        plan.smem_bytes = sm90 ? fa_sm90_smem_bytes(plan.cfg.head_dim, plan.cfg.block_m, plan.cfg.block_n, 0)
                                : fa_fused_smem_bytes(&plan.cfg);
         if (!fused_grid_plan(caps, pk, sm90, (options & FA_PLAN_NO_SPLIT) != 0, &plan))
             return fa_fail(FLASHATTN_STATUS_INDEX_OVERFLOW,
