@@ -473,12 +473,13 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
      * the planner takes no mask, no window and seqlen_k > 0, and at most INT32_MAX tiles). */
     const int works = kPersistent ? p.num_m_blocks * p.heads_q * p.batch : 0;
     const int work0 = kPersistent ? (int)blockIdx.x : -1;
+    /* The block's (first) tile, built once: a block a tile uses it throughout. */
+    const tile<Tr> tl0(p, bnd, work0);
     if constexpr (!kPersistent) {
-        const tile<Tr> tl(p, bnd);
         if constexpr (kServing)
-            if (tl.m0 >= bnd.seqlen_q) return; /* past this sequence's queries (the grid covers the capacity) */
-        if (tl.n_tiles == 0) {
-            store_empty(p, tl, sq, tid);
+            if (tl0.m0 >= bnd.seqlen_q) return; /* past this sequence's queries (the grid covers the capacity) */
+        if (tl0.n_tiles == 0) {
+            store_empty(p, tl0, sq, tid);
             return;
         }
     }
@@ -492,11 +493,11 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     if (wg == 0) { /* the producer warpgroup */
         release_registers<Tr::kProducerRegs>();
         if constexpr (kServing) {
-            if (tid < 32 || gathers_pages<Tr>(p)) produce_serving(p, sq, tile<Tr>(p, bnd), sm, &tm_q, &tm_k, &tm_v, tid);
+            if (tid < 32 || gathers_pages<Tr>(p)) produce_serving(p, sq, tl0, sm, &tm_q, &tm_k, &tm_v, tid);
         } else if (tid == 0) {
             int nth = 0, kv0 = 0;
             for (int work = work0;; work += gridDim.x) {
-                const tile<Tr> tl(p, bnd, work);
+                const tile<Tr> tl = work == work0 ? tl0 : tile<Tr>(p, bnd, work);
                 produce(tl, sm, &tm_q, &tm_k, &tm_v, nth++, kv0);
                 kv0 += tl.n_tiles;
                 if (!kPersistent || work >= works - (int)gridDim.x) break;
@@ -517,7 +518,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     const float mult = kTransform ? 1.0f : p.scale_log2;
     int nth = 0, kv0 = 0; /* tiles done by this block, and their K/V tiles (the stages' running count) */
     for (int work = work0;; work += gridDim.x) {
-        const tile<Tr> tl(p, bnd, work);
+        const tile<Tr> tl = work == work0 ? tl0 : tile<Tr>(p, bnd, work);
         const int b = tl.b, m0 = tl.m0, row_last = tl.row_last, tile_begin = tl.tile_begin, n_tiles = tl.n_tiles;
         auto row_target = [&](int r, int &head, int &pos) { return tl.row_target(bnd, r, head, pos); };
         auto lse_slot = [&](int head, int pos) { return tl.lse_slot(p, head, pos, sq.lse_row0()); };
