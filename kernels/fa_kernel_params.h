@@ -86,11 +86,11 @@ typedef struct fa_kernel_params {
      * one head's heaviest tiles started late, and the K/V of the heads a section runs at once stay
      * in the L2. 0: the grid order (blockIdx.x the query tile, heaviest first within each head). */
     int32_t sched_heads;
-    /* FUSED_SM90 dense calls without a mask or window (every query tile the same work; no split, no
-     * pack_gqa): grid_x blocks stay resident and each takes the query tiles blockIdx.x,
-     * blockIdx.x + grid_x, ... of the grid order (query tile fastest, then head, then batch), its
-     * producer loading the next tile's Q and K while the consumers finish this one. 0: one tile a
-     * block. */
+    /* FUSED_SM90 dense calls with more query tiles than SMs, no window, no split, no pack_gqa:
+     * grid_x blocks stay resident and each takes tile after tile (fa_persistent_work), its producer
+     * loading the next tile's Q and K while the consumers finish this one. 1: no mask, every tile
+     * the same work; 2: a causal mask with seqlen_q <= seqlen_k, a tile's work growing linearly with
+     * its query position, taken in pairs of equal work. 0: one tile a block. */
     int32_t persistent;
 } fa_kernel_params;
 
@@ -106,6 +106,35 @@ typedef struct fa_kernel_params {
  * a section, every pair's heaviest query tile first (m_block num_m_blocks - 1), then every pair's
  * next, and so on. A bijection between [0, num_m_blocks x batch x heads_q) and the (m_block, bh)
  * pairs (tests/test_host.cpp checks it). */
+/* Persistent blocks (kp->persistent): how many work numbers there are, the k-th a block takes,
+ * and the tile a work number stands for. persistent 1: work w is tile w of the grid order (query
+ * tile fastest, then head, then batch), block i takes i, i + grid_x, ... persistent 2: work
+ * 2 u + s is side s of unit u, unit u = bh x half + j (half = ceil(num_m_blocks / 2)) the pair of
+ * query tiles m - 1 - j (s = 0, the heavier under a causal mask) and j (s = 1) of (batch, head)
+ * pair bh; a pair's work is the same for every j, and block i takes units i, i + grid_x, ...
+ * With num_m_blocks odd the middle tile is alone: its s = 1 stands for no tile (returns 0).
+ * Every (m_block, bh) is one work number's tile (tests/test_host.cpp checks it). */
+static inline FA_HOST_DEVICE int32_t fa_persistent_works(const fa_kernel_params *kp) {
+    const int32_t pairs = kp->batch * kp->heads_q;
+    return kp->persistent == 2 ? 2 * ((kp->num_m_blocks + 1) / 2) * pairs : kp->num_m_blocks * pairs;
+}
+static inline FA_HOST_DEVICE int32_t fa_persistent_work(const fa_kernel_params *kp, int32_t block, int32_t grid,
+                                                        int32_t k) {
+    return kp->persistent == 2 ? 2 * (block + (k >> 1) * grid) + (k & 1) : block + k * grid;
+}
+static inline FA_HOST_DEVICE int fa_persistent_tile(const fa_kernel_params *kp, int32_t work, int32_t *m_block,
+                                                    int32_t *bh) {
+    const int32_t m = kp->num_m_blocks;
+    if (kp->persistent != 2) {
+        *bh = work / m, *m_block = work - *bh * m;
+        return 1;
+    }
+    const int32_t half = (m + 1) / 2, unit = work >> 1, j = unit % half;
+    *bh = unit / half;
+    *m_block = (work & 1) ? j : m - 1 - j;
+    return !((work & 1) && j == m - 1 - j);
+}
+
 static inline FA_HOST_DEVICE void fa_sched_tile(const fa_kernel_params *kp, int64_t linear, int32_t *m_block,
                                                 int64_t *bh) {
     const int64_t m = kp->num_m_blocks, pairs = (int64_t)kp->batch * kp->heads_q, sec = kp->sched_heads;

@@ -131,18 +131,19 @@ template <class Tr> struct tile {
     bool partial;
     /* bnd: the sequence's counts and visibility offsets (the kernel parameters for a dense call,
      * its fa_seq for a serving call). */
-    /* work: a persistent block's tile number in the grid order (p.persistent; no split, no
-     * pack_gqa), or -1: the block's own tile. */
+    /* work: a persistent block's work number (fa_persistent_tile; p.persistent, no split, no
+     * pack_gqa; a number that stands for no tile gets n_tiles = 0), or -1: the block's own tile. */
     template <class Bounds>
     __device__ __forceinline__ tile(const fa_kernel_params &p, const Bounds &bnd, int work = -1) {
         split = (int)blockIdx.x % p.num_splits;
         int m_block = p.num_m_blocks - 1 - (int)blockIdx.x / p.num_splits; /* heaviest tiles first */
         b = blockIdx.z;
         int head = blockIdx.y;
+        bool exists = true;
         if (work >= 0) {
-            const int bh = work / p.num_m_blocks;
-            split = 0, m_block = work - bh * p.num_m_blocks;
-            b = bh / p.heads_q, head = bh - b * p.heads_q;
+            int32_t bh;
+            exists = fa_persistent_tile(&p, work, &m_block, &bh);
+            split = 0, b = bh / p.heads_q, head = bh - b * p.heads_q;
         } else if (p.sched_heads > 0) { /* heaviest first across a section of heads (no split, no pack_gqa) */
             int64_t bh;
             fa_sched_tile(&p, blockIdx.x + (int64_t)gridDim.x * (blockIdx.y + (int64_t)gridDim.y * blockIdx.z), &m_block, &bh);
@@ -161,7 +162,7 @@ template <class Tr> struct tile {
         const int tiles_all = key_hi > key_lo ? (key_hi + Tr::kBlockN - 1) / Tr::kBlockN - tile_first : 0;
         const int tiles_per_split = (tiles_all + p.num_splits - 1) / p.num_splits;
         tile_begin = tile_first + split * tiles_per_split;
-        n_tiles = max(0, min(tiles_per_split, tiles_all - split * tiles_per_split));
+        n_tiles = exists ? max(0, min(tiles_per_split, tiles_all - split * tiles_per_split)) : 0;
     }
     /* Where tile row r goes: false if it is padding (no such head or position). */
     template <class Bounds>
@@ -469,10 +470,12 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     if (p.num_splits > 1 && tid == 0) launch_dependents(); /* the combine's blocks may start */
     const seq_view<kServing> sq(p);
     const auto &bnd = sq.bounds(p);
-    /* A persistent block's tiles: blockIdx.x, then gridDim.x on, up to `works` (every one has keys:
-     * the planner takes no mask, no window and seqlen_k > 0, and at most INT32_MAX tiles). */
-    const int works = kPersistent ? p.num_m_blocks * p.heads_q * p.batch : 0;
-    const int work0 = kPersistent ? (int)blockIdx.x : -1;
+    /* A persistent block's work numbers: fa_persistent_work(k) for k = 0, 1, ... below `works` (every
+     * tile has keys: the planner takes no window, seqlen_k > 0 and, under a causal mask,
+     * seqlen_q <= seqlen_k; at most INT32_MAX work numbers; the first is a tile). */
+    const int works = kPersistent ? fa_persistent_works(&p) : 0;
+    auto work_of = [&](int k) { return kPersistent ? fa_persistent_work(&p, blockIdx.x, gridDim.x, k) : -1; };
+    const int work0 = work_of(0);
     /* The block's (first) tile, built once: a block a tile uses it throughout. */
     const tile<Tr> tl0(p, bnd, work0);
     if constexpr (!kPersistent) {
@@ -496,11 +499,11 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             if (tid < 32 || gathers_pages<Tr>(p)) produce_serving(p, sq, tl0, sm, &tm_q, &tm_k, &tm_v, tid);
         } else if (tid == 0) {
             int nth = 0, kv0 = 0;
-            for (int work = work0;; work += gridDim.x) {
-                const tile<Tr> tl = work == work0 ? tl0 : tile<Tr>(p, bnd, work);
+            for (int k = 0; k == 0 || (kPersistent && work_of(k) < works); ++k) {
+                const tile<Tr> tl = k == 0 ? tl0 : tile<Tr>(p, bnd, work_of(k));
+                if (tl.n_tiles == 0) continue; /* a work number that stands for no tile */
                 produce(tl, sm, &tm_q, &tm_k, &tm_v, nth++, kv0);
                 kv0 += tl.n_tiles;
-                if (!kPersistent || work >= works - (int)gridDim.x) break;
             }
         }
         return;
@@ -517,8 +520,9 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     const int my_turn = turn_barrier(c), next_turn = turn_barrier((c + 1) % kNC);
     const float mult = kTransform ? 1.0f : p.scale_log2;
     int nth = 0, kv0 = 0; /* tiles done by this block, and their K/V tiles (the stages' running count) */
-    for (int work = work0;; work += gridDim.x) {
-        const tile<Tr> tl = work == work0 ? tl0 : tile<Tr>(p, bnd, work);
+    for (int k = 0; k == 0 || (kPersistent && work_of(k) < works); ++k) {
+        const tile<Tr> tl = k == 0 ? tl0 : tile<Tr>(p, bnd, work_of(k));
+        if (tl.n_tiles == 0) continue; /* a work number that stands for no tile */
         const int b = tl.b, m0 = tl.m0, row_last = tl.row_last, tile_begin = tl.tile_begin, n_tiles = tl.n_tiles;
         auto row_target = [&](int r, int &head, int &pos) { return tl.row_target(bnd, r, head, pos); };
         auto lse_slot = [&](int head, int pos) { return tl.lse_slot(p, head, pos, sq.lse_row0()); };
@@ -672,7 +676,6 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             if (lane == 0) mbar_arrive(sm.empty_q);
         }
         ++nth, kv0 += n_tiles;
-        if (!kPersistent || work >= works - (int)gridDim.x) break;
     }
 #endif
 }

@@ -421,15 +421,22 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
     plan->kp.num_splits = (int32_t)splits;
     plan->grid_x = (int32_t)(mblocks * splits);
     if (sm90 && splits == 1 && !pack && !fa_is_serving(p)) {
-        plan->kp.sched_heads = (int32_t)fa_sched_heads(caps, p, mblocks);
-        /* Every tile the same work (no mask, no window, keys to see) and more tiles than SMs: one
-         * resident block per SM takes tile after tile (kp.persistent). */
+        /* More tiles than SMs, every tile with keys to see, and work that is the same for every tile
+         * (no mask) or grows linearly with its query position (a causal mask, seqlen_q <= seqlen_k;
+         * taken in pairs of equal work): one resident block per SM takes tile after tile
+         * (kp.persistent, fa_persistent_work). Windows keep a block a tile. */
         const int64_t smem = fa_sm90_smem_bytes(plan->cfg.head_dim, plan->cfg.block_m, plan->cfg.block_n, 1);
-        if (p->mask == FLASHATTN_MASK_NONE && p->window_left < 0 && p->window_right < 0 && p->seqlen_k > 0 &&
-            ctas > caps->sm_count && ctas <= INT32_MAX && smem <= caps->smem_per_block_optin) {
-            plan->kp.persistent = 1;
-            plan->grid_x = caps->sm_count, plan->grid_y = plan->grid_z = 1;
+        const int kind = p->window_left >= 0 || p->window_right >= 0 || p->seqlen_k == 0 ? 0
+                         : p->mask == FLASHATTN_MASK_NONE                                 ? 1
+                         : p->seqlen_q <= p->seqlen_k                                      ? 2
+                                                                                           : 0;
+        const int64_t units = kind == 2 ? (mblocks + 1) / 2 * plan->grid_y * p->batch : ctas;
+        if (kind && ctas > caps->sm_count && 2 * units <= INT32_MAX && smem <= caps->smem_per_block_optin) {
+            plan->kp.persistent = kind;
+            plan->grid_x = (int32_t)min64(caps->sm_count, units), plan->grid_y = plan->grid_z = 1;
             plan->smem_bytes = (int32_t)smem;
+        } else {
+            plan->kp.sched_heads = (int32_t)fa_sched_heads(caps, p, mblocks);
         }
     }
     return splits > 1 ? split_workspace(p, splits, plan) : 1;
@@ -606,7 +613,7 @@ void fa_plan_describe(const fa_plan *plan, flashattn_plan_info *info) {
     /* Heaviest query tiles first across sections of this many (batch, head) pairs. */
     char order[32] = "";
     if (kp->sched_heads > 0) snprintf(order, sizeof order, " heaviest_first=%d", kp->sched_heads);
-    if (kp->persistent) snprintf(order, sizeof order, " persistent");
+    if (kp->persistent) snprintf(order, sizeof order, " persistent%s", kp->persistent == 2 ? "=pairs" : "");
     snprintf(info->description, sizeof info->description,
              "backend=%s kernel=%s grid=(%d,%d,%d) threads=%d smem=%lld splits=%d workspace=%lld%s%s%s",
              bname, info->kernel_name,

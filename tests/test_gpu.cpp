@@ -287,10 +287,11 @@ TEST_F(GpuSm90, SanitizerSubset) {
         Case g = c;
         g.sq = 150, g.sk = 150, g.mask = FLASHATTN_MASK_CAUSAL_TOP_LEFT;
         check_fa_rule(h, g, st, FLASHATTN_BACKEND_FUSED_SM90);
-        // Persistent blocks (more tiles than SMs, no mask): checked against the FUSED kernel, which
+        // Persistent blocks (more tiles than SMs; no mask, or causal): checked against the FUSED kernel, which
         // the rule checks elsewhere, so that no REFERENCE call of this size runs under the tools.
         Case q = c;
         q.b = 3, q.hq = q.hkv = 8, q.sq = 1000, q.sk = 100, q.mask = FLASHATTN_MASK_NONE, q.softcap = d == 128 ? 3.0f : 0.0f;
+        if (d == 64) q.sk = 1100, q.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;  // pairs of tiles
         Inputs in(q);
         const Result a = run(h, in, FLASHATTN_BACKEND_FUSED_SM90), b = run(h, in, FLASHATTN_BACKEND_FUSED);
         ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, a.status) << flashattn_last_error();
@@ -334,19 +335,24 @@ TEST_F(GpuSm90, DecodePackedAndSplit) {
     EXPECT_GT(split, 20);
 }
 
-// Calls without a mask or window and more query tiles than SMs run on resident blocks that take
-// tile after tile (the next tile's Q and K loading while this one's O is stored): every head dim,
-// a tile count that does not divide evenly, GQA, softcap and ALiBi, padded layouts, both dtypes.
+// Calls without a window and more query tiles than SMs run on resident blocks that take tile after
+// tile (the next tile's Q and K loading while this one's O is stored; causal calls in pairs of
+// tiles): every head dim, a tile count that does not divide evenly, GQA, softcap and ALiBi, padded
+// layouts, both dtypes, both causal masks.
 TEST_F(GpuSm90, PersistentBlocksTakeTileAfterTile) {
     RuleStats st;
     int persistent = 0, cases = 0;
     for (int64_t d : {64, 96, 128, 160, 192, 256})
-        for (int variant = 0; variant < 4; ++variant) {
+        for (int variant = 0; variant < 6; ++variant) {
             Case c;
             c.dtype = variant == 1 ? FLASHATTN_DTYPE_FLOAT16 : FLASHATTN_DTYPE_BFLOAT16;
             c.d = d, c.b = 3, c.hq = 8, c.hkv = variant == 2 ? 2 : 8, c.sq = 1000 + 37 * variant, c.sk = 777 + 211 * variant;
             if (variant == 2) c.softcap = 4.0f, c.alibi = true;
             if (variant == 3) c.layout = kPadded, c.lse = false;
+            // Causal (pairs of tiles): bottom-right with more keys than queries; top-left with an
+            // odd count of query tiles (the middle one alone) and GQA.
+            if (variant == 4) c.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, c.sq = 1000, c.sk = 1300;
+            if (variant == 5) c.mask = FLASHATTN_MASK_CAUSAL_TOP_LEFT, c.sq = c.sk = 1150, c.hkv = 4;
             Inputs in(c);
             flashattn_fwd_params p = make_params(in, nullptr, nullptr, FLASHATTN_BACKEND_FUSED_SM90);
             p.o = in.dq.p;  // planned only, never run
@@ -357,12 +363,13 @@ TEST_F(GpuSm90, PersistentBlocksTakeTileAfterTile) {
             ++cases;
             check_fa_rule(h, c, st, FLASHATTN_BACKEND_FUSED_SM90);
         }
-    print_rule("persistent blocks (no mask, more tiles than SMs)", st, FLASHATTN_BACKEND_FUSED_SM90);
+    print_rule("persistent blocks (no mask or causal, more tiles than SMs)", st, FLASHATTN_BACKEND_FUSED_SM90);
     EXPECT_EQ(cases, persistent) << "every case must take the persistent path";
 }
 
-// Causal calls whose K and V outgrow the L2 run their heaviest tiles first in sections of fewer
-// heads than the call has (the last section partial); every tile still lands where it belongs.
+// Windowed causal calls (a block a tile) whose K and V outgrow the L2 run their heaviest tiles first
+// in sections of fewer heads than the call has (the last section partial); every tile still lands
+// where it belongs.
 TEST_F(GpuSm90, CausalSectionsOfHeads) {
     RuleStats st;
     int l2 = 0;
@@ -378,7 +385,7 @@ TEST_F(GpuSm90, CausalSectionsOfHeads) {
     for (const Shape &sh : shapes) {
         Case c;
         c.dtype = FLASHATTN_DTYPE_BFLOAT16, c.b = sh.b, c.hq = sh.hq, c.hkv = sh.hkv, c.sq = sh.sq, c.sk = sh.sk;
-        c.d = sh.d, c.mask = sh.mask;
+        c.d = sh.d, c.mask = sh.mask, c.wl = 3000;
         Inputs in(c);
         flashattn_fwd_params p = make_params(in, nullptr, nullptr, FLASHATTN_BACKEND_FUSED_SM90);
         p.o = in.dq.p;  // planned only, never run

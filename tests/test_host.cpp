@@ -775,8 +775,27 @@ TEST(Planning, Sm90UnmaskedCallsWithManyTilesArePersistent) {
     EXPECT_EQ(1024 + 2 * 128 * (128 + 4 * 128) + 128, fa_sm90_smem_bytes(128, 128, 128, 0));
     auto persistent = [&](const flashattn_fwd_params &q) { return plan_ok(q, caps).kp.persistent; };
     flashattn_fwd_params q = p;
-    q.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;  // tiles differ in work: a block each
+    // A causal mask: a tile's work grows linearly with its position; pairs of tiles of equal work.
+    q.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+    fa_plan pairs = plan_ok(q, caps);
+    EXPECT_EQ(2, pairs.kp.persistent);
+    EXPECT_EQ(0, pairs.kp.sched_heads);
+    EXPECT_EQ(132, pairs.grid_x);  // 1024 pairs
+    fa_plan_describe(&pairs, &info);
+    EXPECT_NE(std::string(info.description).find(" persistent=pairs"), std::string::npos) << info.description;
+    q.mask = FLASHATTN_MASK_CAUSAL_TOP_LEFT;
+    EXPECT_EQ(2, persistent(q));
+    // More queries than keys: the first rows of a bottom-right mask see none, and the work of a
+    // top-left one stops growing; a block a tile.
+    q.seqlen_q = 600;
+    flashattn_fwd_params_set_packed_strides(&q);
     EXPECT_EQ(0, persistent(q));
+    q.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+    EXPECT_EQ(0, persistent(q));
+    q = p, q.batch = 5, q.heads_q = q.heads_kv = 8, q.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;  // 160 tiles: 80 pairs
+    flashattn_fwd_params_set_packed_strides(&q);
+    EXPECT_EQ(2, persistent(q));
+    EXPECT_EQ(80, plan_ok(q, caps).grid_x);
     q = p, q.window_left = 1000;
     EXPECT_EQ(0, persistent(q));
     q = p, q.window_right = 1000;
@@ -797,6 +816,41 @@ TEST(Planning, Sm90UnmaskedCallsWithManyTilesArePersistent) {
     EXPECT_EQ(0, persistent(v));
 }
 
+// The work numbers of persistent blocks: every tile exactly once across the blocks; under pairs,
+// a block's units hold one heavy and one light tile whose work (m_block + 1 key tiles when block_m =
+// block_n) sums to the same for every unit.
+TEST(Planning, PersistentWorkCoversEveryTileOnce) {
+    for (int kind : {1, 2})
+        for (auto [m, batch, heads, grid] : std::vector<std::array<int, 4>>{
+                 {1, 1, 1, 1}, {4, 32, 16, 132}, {5, 3, 7, 13}, {7, 2, 3, 132}, {64, 2, 16, 132}, {3, 1, 200, 100}}) {
+            fa_kernel_params kp{};
+            kp.num_m_blocks = m, kp.batch = batch, kp.heads_q = heads, kp.persistent = kind;
+            const int64_t pairs = (int64_t)batch * heads;
+            std::vector<int> seen(pairs * m, 0);
+            const int32_t works = fa_persistent_works(&kp);
+            EXPECT_EQ(kind == 2 ? 2 * ((m + 1) / 2) * pairs : m * pairs, works);
+            for (int32_t block = 0; block < grid; ++block) {
+                int32_t prev_unit_m = -1;
+                for (int32_t k = 0;; ++k) {
+                    const int32_t w = fa_persistent_work(&kp, block, grid, k);
+                    if (w >= works) break;
+                    int32_t mb = -1, bh = -1;
+                    if (!fa_persistent_tile(&kp, w, &mb, &bh)) {
+                        ASSERT_EQ(2, kind);
+                        ASSERT_EQ(1, m % 2);  // only the middle tile of an odd count is alone
+                        ASSERT_EQ(m / 2, mb);
+                        continue;
+                    }
+                    ASSERT_TRUE(mb >= 0 && mb < m && bh >= 0 && bh < pairs) << w;
+                    ++seen[bh * m + mb];
+                    if (kind == 2 && k % 2 == 0) prev_unit_m = mb;
+                    if (kind == 2 && k % 2 == 1) EXPECT_EQ(m - 1, prev_unit_m + mb) << "a unit's two tiles are m - 1 apart";
+                }
+            }
+            for (int64_t i = 0; i < pairs * m; ++i) ASSERT_EQ(1, seen[i]) << "kind " << kind << " m " << m << " tile " << i;
+        }
+}
+
 // Causal calls on FUSED_SM90 run their heaviest query tiles first across sections of heads whose K
 // and V fit two thirds of the L2; other calls keep the grid order. The order is a permutation of
 // the tiles: every (m_block, batch x head) pair exactly once.
@@ -804,7 +858,7 @@ TEST(Planning, Sm90CausalCallsRunHeaviestTilesFirstAcrossHeads) {
     if (!fa_sm90_compiled(FLASHATTN_DTYPE_BFLOAT16, 128)) GTEST_SKIP() << "no FUSED_SM90 d128 in this build";
     flashattn_fwd_params p = valid_params();
     p.batch = 2, p.seqlen_q = p.seqlen_k = 8192, p.heads_q = p.heads_kv = 16, p.head_dim = 128;
-    p.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+    p.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, p.window_left = 4096;  // a window: a block a tile (not persistent)
     flashattn_fwd_params_set_packed_strides(&p);
     fa_device_caps caps = h200_caps();
     caps.l2_bytes = 50LL << 20;
@@ -831,7 +885,16 @@ TEST(Planning, Sm90CausalCallsRunHeaviestTilesFirstAcrossHeads) {
     EXPECT_EQ(1, plan_ok(p, caps).kp.sched_heads);
     p.window_left = 256, p.window_right = 0, p.mask = FLASHATTN_MASK_NONE;  // a right window: tiles differ too
     EXPECT_EQ(1, plan_ok(p, caps).kp.sched_heads);
-    p.window_left = p.window_right = -1;  // no mask: every tile the same work, the grid order
+    p.window_left = -1, p.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;  // sq > sk: rows that see no key
+    p.seqlen_q = 16384, p.seqlen_k = 8192, p.window_right = -1;
+    flashattn_fwd_params_set_packed_strides(&p);
+    EXPECT_EQ(0, plan_ok(p, caps).kp.persistent);
+    EXPECT_EQ(8, plan_ok(p, caps).kp.sched_heads);  // 4 MiB of K and V a head
+    p.mask = FLASHATTN_MASK_CAUSAL_TOP_LEFT, p.seqlen_q = 4096;  // persistent pairs instead
+    flashattn_fwd_params_set_packed_strides(&p);
+    EXPECT_EQ(2, plan_ok(p, caps).kp.persistent);
+    EXPECT_EQ(0, plan_ok(p, caps).kp.sched_heads);
+    p.mask = FLASHATTN_MASK_NONE;  // no mask: every tile the same work, the grid order
     plan = plan_ok(p, caps);
     EXPECT_EQ(0, plan.kp.sched_heads);
     fa_plan_describe(&plan, &info);

@@ -187,14 +187,19 @@ static void check_plan(const fa_device_caps *caps, const flashattn_fwd_params *p
         CHECK(plan.kp.seqlen_q == full.seqlen_q && plan.kp.heads_q == full.heads_q && plan.kp.q_group_rows == 0,
               "int32 kernel dims");
     CHECK(plan.kp.seqlen_k == full.seqlen_k && plan.kp.batch == full.batch, "int32 kernel dims");
-    if (plan.kp.persistent) /* resident blocks: FUSED_SM90's unsplit, unpacked dense calls with tiles of equal work */
+    if (plan.kp.persistent) { /* resident blocks: FUSED_SM90's unsplit, unpacked dense calls, every tile with keys */
+        const int64_t tiles = (int64_t)plan.kp.num_m_blocks * plan.kp.batch * plan.kp.heads_q;
+        const int64_t units =
+            plan.kp.persistent == 2 ? (int64_t)((plan.kp.num_m_blocks + 1) / 2) * plan.kp.batch * plan.kp.heads_q : tiles;
         CHECK(plan.backend == FLASHATTN_BACKEND_FUSED_SM90 && !plan.kp.serving && plan.kp.num_splits == 1 &&
-                  !plan.kp.pack_gqa && plan.kp.sched_heads == 0 && full.mask == FLASHATTN_MASK_NONE &&
-                  full.window_left < 0 && full.window_right < 0 && full.seqlen_k > 0 && plan.grid_x == caps->sm_count &&
-                  plan.grid_y == 1 && plan.grid_z == 1 &&
-                  (int64_t)plan.kp.num_m_blocks * plan.kp.batch * plan.kp.heads_q > caps->sm_count &&
-                  (int64_t)plan.kp.num_m_blocks * plan.kp.batch * plan.kp.heads_q <= INT32_MAX,
+                  !plan.kp.pack_gqa && plan.kp.sched_heads == 0 && full.window_left < 0 && full.window_right < 0 &&
+                  full.seqlen_k > 0 && plan.grid_y == 1 && plan.grid_z == 1 && tiles > caps->sm_count &&
+                  2 * units <= INT32_MAX && plan.grid_x == (units < caps->sm_count ? units : caps->sm_count) &&
+                  (plan.kp.persistent == 1 ? full.mask == FLASHATTN_MASK_NONE
+                                           : plan.kp.persistent == 2 && full.mask != FLASHATTN_MASK_NONE &&
+                                                 full.seqlen_q <= full.seqlen_k),
               "persistent plan");
+    }
     if (plan.kp.sched_heads != 0) /* heaviest-first sections: FUSED_SM90's unsplit, unpacked dense calls */
         CHECK(plan.backend == FLASHATTN_BACKEND_FUSED_SM90 && !plan.kp.serving && plan.kp.num_splits == 1 &&
                   !plan.kp.pack_gqa && plan.kp.sched_heads >= 1 &&
