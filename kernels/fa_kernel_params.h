@@ -106,33 +106,50 @@ typedef struct fa_kernel_params {
  * a section, every pair's heaviest query tile first (m_block num_m_blocks - 1), then every pair's
  * next, and so on. A bijection between [0, num_m_blocks x batch x heads_q) and the (m_block, bh)
  * pairs (tests/test_host.cpp checks it). */
-/* Persistent blocks (kp->persistent): how many work numbers there are, the k-th a block takes,
- * and the tile a work number stands for. persistent 1: work w is tile w of the grid order (query
- * tile fastest, then head, then batch), block i takes i, i + grid_x, ... persistent 2: work
- * 2 u + s is side s of unit u, unit u = bh x half + j (half = ceil(num_m_blocks / 2)) the pair of
- * query tiles m - 1 - j (s = 0, the heavier under a causal mask) and j (s = 1) of (batch, head)
- * pair bh; a pair's work is the same for every j, and block i takes units i, i + grid_x, ...
- * With num_m_blocks odd the middle tile is alone: its s = 1 stands for no tile (returns 0).
- * Every (m_block, bh) is one work number's tile (tests/test_host.cpp checks it). */
+/* Persistent blocks (kp->persistent): how many work numbers there are, the ones a block takes
+ * (fa_persistent_first, then fa_persistent_next), and the tile a work number stands for. persistent 1: work w is tile w of the grid order (query
+ * tile fastest, then head, then batch); block i takes i, i + grid_x, ... persistent 2: first the
+ * units, unit u = bh x (m / 2) + j the pair of query tiles m - 1 - j (work 2u, the heavier under
+ * a causal mask) and j (work 2u + 1) of (batch, head) pair bh, m = num_m_blocks: a pair's work is
+ * the same for every j, and block i takes units i, i + grid_x, ...; then, when m is odd, the
+ * middle tiles (m / 2) of every bh, work 2 U + bh (U units), half a unit's work each, dealt first to
+ * the blocks that took one unit fewer. Every (m_block, bh) is one work number's tile
+ * (tests/test_host.cpp checks it). */
 static inline FA_HOST_DEVICE int32_t fa_persistent_works(const fa_kernel_params *kp) {
     const int32_t pairs = kp->batch * kp->heads_q;
-    return kp->persistent == 2 ? 2 * ((kp->num_m_blocks + 1) / 2) * pairs : kp->num_m_blocks * pairs;
+    return kp->num_m_blocks * pairs; /* 2 U + (m odd ? pairs : 0) = m x pairs */
 }
-static inline FA_HOST_DEVICE int32_t fa_persistent_work(const fa_kernel_params *kp, int32_t block, int32_t grid,
-                                                        int32_t k) {
-    return kp->persistent == 2 ? 2 * (block + (k >> 1) * grid) + (k & 1) : block + k * grid;
+/* A block's first work number, and the one after `work` (>= fa_persistent_works: none left). */
+static inline FA_HOST_DEVICE int32_t fa_persistent_first(const fa_kernel_params *kp, int32_t block, int32_t grid) {
+    const int32_t units = kp->num_m_blocks / 2 * (kp->batch * kp->heads_q);
+    if (kp->persistent != 2 || block < units) return kp->persistent != 2 ? block : 2 * block;
+    return 2 * units + (block - units % grid + grid) % grid;
 }
-static inline FA_HOST_DEVICE int fa_persistent_tile(const fa_kernel_params *kp, int32_t work, int32_t *m_block,
-                                                    int32_t *bh) {
+static inline FA_HOST_DEVICE int32_t fa_persistent_next(const fa_kernel_params *kp, int32_t work, int32_t block,
+                                                        int32_t grid) {
+    if (kp->persistent != 2) return work + grid;
+    const int32_t units2 = 2 * (kp->num_m_blocks / 2 * (kp->batch * kp->heads_q));
+    if (work >= units2) return work + grid;              /* the middle tiles */
+    work = (work & 1) ? work - 1 + 2 * grid : work + 1; /* the unit's lighter tile, or the block's next unit */
+    if (work < units2) return work;
+    /* past the units: the middle tiles, the first of them to the blocks that took one unit fewer */
+    return units2 + (block - units2 / 2 % grid + grid) % grid;
+}
+static inline FA_HOST_DEVICE void fa_persistent_tile(const fa_kernel_params *kp, int32_t work, int32_t *m_block,
+                                                     int32_t *bh) {
     const int32_t m = kp->num_m_blocks;
     if (kp->persistent != 2) {
         *bh = work / m, *m_block = work - *bh * m;
-        return 1;
+        return;
     }
-    const int32_t half = (m + 1) / 2, unit = work >> 1, j = unit % half;
+    const int32_t half = m / 2, units = half * (kp->batch * kp->heads_q);
+    if (work >= 2 * units) { /* a middle tile */
+        *bh = work - 2 * units, *m_block = half;
+        return;
+    }
+    const int32_t unit = work >> 1, j = unit % half;
     *bh = unit / half;
     *m_block = (work & 1) ? j : m - 1 - j;
-    return !((work & 1) && j == m - 1 - j);
 }
 
 static inline FA_HOST_DEVICE void fa_sched_tile(const fa_kernel_params *kp, int64_t linear, int32_t *m_block,

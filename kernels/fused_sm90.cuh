@@ -132,17 +132,16 @@ template <class Tr> struct tile {
     /* bnd: the sequence's counts and visibility offsets (the kernel parameters for a dense call,
      * its fa_seq for a serving call). */
     /* work: a persistent block's work number (fa_persistent_tile; p.persistent, no split, no
-     * pack_gqa; a number that stands for no tile gets n_tiles = 0), or -1: the block's own tile. */
+     * pack_gqa), or -1: the block's own tile. */
     template <class Bounds>
     __device__ __forceinline__ tile(const fa_kernel_params &p, const Bounds &bnd, int work = -1) {
         split = (int)blockIdx.x % p.num_splits;
         int m_block = p.num_m_blocks - 1 - (int)blockIdx.x / p.num_splits; /* heaviest tiles first */
         b = blockIdx.z;
         int head = blockIdx.y;
-        bool exists = true;
         if (work >= 0) {
             int32_t bh;
-            exists = fa_persistent_tile(&p, work, &m_block, &bh);
+            fa_persistent_tile(&p, work, &m_block, &bh);
             split = 0, b = bh / p.heads_q, head = bh - b * p.heads_q;
         } else if (p.sched_heads > 0) { /* heaviest first across a section of heads (no split, no pack_gqa) */
             int64_t bh;
@@ -162,7 +161,7 @@ template <class Tr> struct tile {
         const int tiles_all = key_hi > key_lo ? (key_hi + Tr::kBlockN - 1) / Tr::kBlockN - tile_first : 0;
         const int tiles_per_split = (tiles_all + p.num_splits - 1) / p.num_splits;
         tile_begin = tile_first + split * tiles_per_split;
-        n_tiles = exists ? max(0, min(tiles_per_split, tiles_all - split * tiles_per_split)) : 0;
+        n_tiles = max(0, min(tiles_per_split, tiles_all - split * tiles_per_split));
     }
     /* Where tile row r goes: false if it is padding (no such head or position). */
     template <class Bounds>
@@ -472,10 +471,10 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     const auto &bnd = sq.bounds(p);
     /* A persistent block's work numbers: fa_persistent_work(k) for k = 0, 1, ... below `works` (every
      * tile has keys: the planner takes no window, seqlen_k > 0 and, under a causal mask,
-     * seqlen_q <= seqlen_k; at most INT32_MAX work numbers; the first is a tile). */
+     * seqlen_q <= seqlen_k; at most INT32_MAX work numbers; every block has at least one). */
     const int works = kPersistent ? fa_persistent_works(&p) : 0;
-    auto work_of = [&](int k) { return kPersistent ? fa_persistent_work(&p, blockIdx.x, gridDim.x, k) : -1; };
-    const int work0 = work_of(0);
+    const int work0 = kPersistent ? fa_persistent_first(&p, blockIdx.x, gridDim.x) : -1;
+    auto next_work = [&](int work) { return fa_persistent_next(&p, work, blockIdx.x, gridDim.x); };
     /* The block's (first) tile, built once: a block a tile uses it throughout. */
     const tile<Tr> tl0(p, bnd, work0);
     if constexpr (!kPersistent) {
@@ -499,11 +498,11 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             if (tid < 32 || gathers_pages<Tr>(p)) produce_serving(p, sq, tl0, sm, &tm_q, &tm_k, &tm_v, tid);
         } else if (tid == 0) {
             int nth = 0, kv0 = 0;
-            for (int k = 0; k == 0 || (kPersistent && work_of(k) < works); ++k) {
-                const tile<Tr> tl = k == 0 ? tl0 : tile<Tr>(p, bnd, work_of(k));
-                if (tl.n_tiles == 0) continue; /* a work number that stands for no tile */
+            for (int work = work0;;) {
+                const tile<Tr> tl = nth == 0 ? tl0 : tile<Tr>(p, bnd, work);
                 produce(tl, sm, &tm_q, &tm_k, &tm_v, nth++, kv0);
                 kv0 += tl.n_tiles;
+                if (!kPersistent || (work = next_work(work)) >= works) break;
             }
         }
         return;
@@ -520,9 +519,8 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     const int my_turn = turn_barrier(c), next_turn = turn_barrier((c + 1) % kNC);
     const float mult = kTransform ? 1.0f : p.scale_log2;
     int nth = 0, kv0 = 0; /* tiles done by this block, and their K/V tiles (the stages' running count) */
-    for (int k = 0; k == 0 || (kPersistent && work_of(k) < works); ++k) {
-        const tile<Tr> tl = k == 0 ? tl0 : tile<Tr>(p, bnd, work_of(k));
-        if (tl.n_tiles == 0) continue; /* a work number that stands for no tile */
+    for (int work = work0;;) {
+        const tile<Tr> tl = nth == 0 ? tl0 : tile<Tr>(p, bnd, work);
         const int b = tl.b, m0 = tl.m0, row_last = tl.row_last, tile_begin = tl.tile_begin, n_tiles = tl.n_tiles;
         auto row_target = [&](int r, int &head, int &pos) { return tl.row_target(bnd, r, head, pos); };
         auto lse_slot = [&](int head, int pos) { return tl.lse_slot(p, head, pos, sq.lse_row0()); };
@@ -676,6 +674,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             if (lane == 0) mbar_arrive(sm.empty_q);
         }
         ++nth, kv0 += n_tiles;
+        if (!kPersistent || (work = next_work(work)) >= works) break;
     }
 #endif
 }

@@ -430,10 +430,13 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
                          : p->mask == FLASHATTN_MASK_NONE                                 ? 1
                          : p->seqlen_q <= p->seqlen_k                                      ? 2
                                                                                            : 0;
-        const int64_t units = kind == 2 ? (mblocks + 1) / 2 * plan->grid_y * p->batch : ctas;
-        if (kind && ctas > caps->sm_count && 2 * units <= INT32_MAX && smem <= caps->smem_per_block_optin) {
+        /* Pairs: m / 2 units a head, and with m odd its middle tile alone (fa_persistent_work):
+         * no more blocks than units and middle tiles, so that every block has work. */
+        const int64_t takers = kind == 2 ? (mblocks / 2 + mblocks % 2) * plan->grid_y * p->batch : ctas;
+        if (kind && ctas > caps->sm_count && ctas <= INT32_MAX - caps->sm_count &&
+            smem <= caps->smem_per_block_optin) {
             plan->kp.persistent = kind;
-            plan->grid_x = (int32_t)min64(caps->sm_count, units), plan->grid_y = plan->grid_z = 1;
+            plan->grid_x = (int32_t)min64(caps->sm_count, takers), plan->grid_y = plan->grid_z = 1;
             plan->smem_bytes = (int32_t)smem;
         } else {
             plan->kp.sched_heads = (int32_t)fa_sched_heads(caps, p, mblocks);

@@ -816,38 +816,45 @@ TEST(Planning, Sm90UnmaskedCallsWithManyTilesArePersistent) {
     EXPECT_EQ(0, persistent(v));
 }
 
-// The work numbers of persistent blocks: every tile exactly once across the blocks; under pairs,
-// a block's units hold one heavy and one light tile whose work (m_block + 1 key tiles when block_m =
-// block_n) sums to the same for every unit.
+// The work numbers of persistent blocks: every tile exactly once across the blocks, every block
+// with work. Under pairs, a block's units hold one heavy and one light tile whose work (m_block + 1
+// key tiles when block_m = block_n) sums to the same for every unit; with an odd tile count the
+// middle tiles come after the units, first to the blocks with one unit fewer, so that the most and
+// least loaded blocks differ by at most one unit's work (m + 1).
 TEST(Planning, PersistentWorkCoversEveryTileOnce) {
     for (int kind : {1, 2})
-        for (auto [m, batch, heads, grid] : std::vector<std::array<int, 4>>{
-                 {1, 1, 1, 1}, {4, 32, 16, 132}, {5, 3, 7, 13}, {7, 2, 3, 132}, {64, 2, 16, 132}, {3, 1, 200, 100}}) {
+        for (auto [m, batch, heads, grid] : std::vector<std::array<int, 4>>{{1, 1, 1, 1},   {4, 32, 16, 132}, {5, 3, 7, 13},
+                                                                            {7, 2, 3, 132}, {11, 8, 32, 132}, {64, 2, 16, 132},
+                                                                            {3, 1, 200, 100}, {1, 300, 1, 132}, {3, 9, 7, 50}}) {
             fa_kernel_params kp{};
             kp.num_m_blocks = m, kp.batch = batch, kp.heads_q = heads, kp.persistent = kind;
             const int64_t pairs = (int64_t)batch * heads;
+            if (kind == 2) grid = (int)std::min<int64_t>(grid, (m / 2 + m % 2) * pairs);  // as the planner caps it
+            else grid = (int)std::min<int64_t>(grid, m * pairs);
             std::vector<int> seen(pairs * m, 0);
             const int32_t works = fa_persistent_works(&kp);
-            EXPECT_EQ(kind == 2 ? 2 * ((m + 1) / 2) * pairs : m * pairs, works);
+            EXPECT_EQ(m * pairs, works);
+            int64_t most = 0, least = INT64_MAX;
             for (int32_t block = 0; block < grid; ++block) {
-                int32_t prev_unit_m = -1;
-                for (int32_t k = 0;; ++k) {
-                    const int32_t w = fa_persistent_work(&kp, block, grid, k);
-                    if (w >= works) break;
+                int32_t prev_m = -1;
+                int64_t load = 0;
+                ASSERT_LT(fa_persistent_first(&kp, block, grid), works) << "block " << block << " has no work";
+                for (int32_t w = fa_persistent_first(&kp, block, grid), k = 0; w < works;
+                     w = fa_persistent_next(&kp, w, block, grid), ++k) {
                     int32_t mb = -1, bh = -1;
-                    if (!fa_persistent_tile(&kp, w, &mb, &bh)) {
-                        ASSERT_EQ(2, kind);
-                        ASSERT_EQ(1, m % 2);  // only the middle tile of an odd count is alone
-                        ASSERT_EQ(m / 2, mb);
-                        continue;
-                    }
+                    fa_persistent_tile(&kp, w, &mb, &bh);
                     ASSERT_TRUE(mb >= 0 && mb < m && bh >= 0 && bh < pairs) << w;
                     ++seen[bh * m + mb];
-                    if (kind == 2 && k % 2 == 0) prev_unit_m = mb;
-                    if (kind == 2 && k % 2 == 1) EXPECT_EQ(m - 1, prev_unit_m + mb) << "a unit's two tiles are m - 1 apart";
+                    load += mb + 1;
+                    if (kind == 2 && w < 2 * (m / 2) * pairs) {
+                        if (k % 2 == 0) prev_m = mb;
+                        else EXPECT_EQ(m - 1, prev_m + mb) << "a unit's two tiles are m - 1 apart";
+                    }
                 }
+                most = std::max(most, load), least = std::min(least, load);
             }
             for (int64_t i = 0; i < pairs * m; ++i) ASSERT_EQ(1, seen[i]) << "kind " << kind << " m " << m << " tile " << i;
+            if (kind == 2) EXPECT_LE(most - least, m + 1) << "m " << m << " pairs " << pairs << " grid " << grid;
         }
 }
 

@@ -191,10 +191,15 @@ static void check_plan(const fa_device_caps *caps, const flashattn_fwd_params *p
         const int64_t tiles = (int64_t)plan.kp.num_m_blocks * plan.kp.batch * plan.kp.heads_q;
         const int64_t units =
             plan.kp.persistent == 2 ? (int64_t)((plan.kp.num_m_blocks + 1) / 2) * plan.kp.batch * plan.kp.heads_q : tiles;
+        /* every block has work: its first work number is a tile */
+        if (plan.grid_x > 0 && tiles <= INT32_MAX) {
+            const int32_t last = fa_persistent_first(&plan.kp, plan.grid_x - 1, plan.grid_x);
+            CHECK(last >= 0 && last < fa_persistent_works(&plan.kp), "the last persistent block has no work");
+        }
         CHECK(plan.backend == FLASHATTN_BACKEND_FUSED_SM90 && !plan.kp.serving && plan.kp.num_splits == 1 &&
                   !plan.kp.pack_gqa && plan.kp.sched_heads == 0 && full.window_left < 0 && full.window_right < 0 &&
                   full.seqlen_k > 0 && plan.grid_y == 1 && plan.grid_z == 1 && tiles > caps->sm_count &&
-                  2 * units <= INT32_MAX && plan.grid_x == (units < caps->sm_count ? units : caps->sm_count) &&
+                  tiles + caps->sm_count <= INT32_MAX && plan.grid_x == (units < caps->sm_count ? units : caps->sm_count) &&
                   (plan.kp.persistent == 1 ? full.mask == FLASHATTN_MASK_NONE
                                            : plan.kp.persistent == 2 && full.mask != FLASHATTN_MASK_NONE &&
                                                  full.seqlen_q <= full.seqlen_k),
