@@ -439,7 +439,12 @@ typedef struct flashattn_plan_info {
     int64_t shared_mem_bytes;  /* dynamic shared memory per block of the main kernel */
     char kernel_name[64];      /* e.g. "fused_fwd_bf16_d128_m128_n64_w4",
                                   "fused_sm90_bf16_d128_m128_n128_w12" */
-    char description[192];     /* one line with all of the above */
+    char description[192];     /* one line with all of the above, and how the blocks take their
+                                  tiles: "gqa_packed" / "gqa_rows" (a KV group's query heads in one
+                                  tile), "persistent" (one resident block per SM taking tile after
+                                  tile; "persistent=pairs": causal tiles in pairs of equal work),
+                                  "heaviest_first=N" (heaviest tiles first across N heads), and a
+                                  serving call's paths */
 } flashattn_plan_info;
 
 /* The struct's size in release 0.1.0. */
