@@ -204,6 +204,16 @@ inline flashattn_fwd_params make_params(const Inputs &in, void *o, float *lse, i
     return p;
 }
 
+// What `backend` would run for these inputs: planned only, never run (Q's buffer stands in for O).
+inline flashattn_plan_info plan_for(flashattn_handle *h, const Inputs &in, int backend) {
+    flashattn_fwd_params p = make_params(in, nullptr, nullptr, backend);
+    p.o = in.dq.p;
+    flashattn_plan_info info;
+    flashattn_plan_info_init(&info);
+    EXPECT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_plan(h, &p, &info)) << flashattn_last_error();
+    return info;
+}
+
 // Runs the library once on poisoned outputs. lowprec: the reference's plain low-precision mode.
 inline Result run(flashattn_handle *h, const Inputs &in, int backend, bool lowprec = false,
                   bool want_o_f32 = false, cudaStream_t stream = 0) {

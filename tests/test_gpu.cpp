@@ -319,12 +319,7 @@ TEST_F(GpuSm90, DecodePackedAndSplit) {
                 c.b = sh.b, c.hq = sh.hq, c.hkv = sh.hkv, c.sq = sh.sq, c.sk = sh.sk, c.d = d;
                 if (m == 1) c.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
                 if (m == 2) c.wl = 700, c.wr = 0, c.softcap = 3.0f, c.alibi = true;
-                Inputs in(c);
-                flashattn_fwd_params p = make_params(in, nullptr, nullptr, FLASHATTN_BACKEND_FUSED_SM90);
-                p.o = in.dq.p;  // planned only, never run
-                flashattn_plan_info info;
-                flashattn_plan_info_init(&info);
-                ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_plan(h, &p, &info)) << flashattn_last_error();
+                const flashattn_plan_info info = plan_for(h, Inputs(c), FLASHATTN_BACKEND_FUSED_SM90);
                 packed += std::string(info.description).find("gqa_packed") != std::string::npos;
                 split += info.num_splits > 1;
                 check_fa_rule(h, c, st, FLASHATTN_BACKEND_FUSED_SM90);
@@ -353,12 +348,7 @@ TEST_F(GpuSm90, PersistentBlocksTakeTileAfterTile) {
             // odd count of query tiles (the middle one alone) and GQA.
             if (variant == 4) c.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, c.sq = 1000, c.sk = 1300;
             if (variant == 5) c.mask = FLASHATTN_MASK_CAUSAL_TOP_LEFT, c.sq = c.sk = 1150, c.hkv = 4;
-            Inputs in(c);
-            flashattn_fwd_params p = make_params(in, nullptr, nullptr, FLASHATTN_BACKEND_FUSED_SM90);
-            p.o = in.dq.p;  // planned only, never run
-            flashattn_plan_info info;
-            flashattn_plan_info_init(&info);
-            ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_plan(h, &p, &info)) << flashattn_last_error();
+            const flashattn_plan_info info = plan_for(h, Inputs(c), FLASHATTN_BACKEND_FUSED_SM90);
             persistent += std::string(info.description).find(" persistent") != std::string::npos;
             ++cases;
             check_fa_rule(h, c, st, FLASHATTN_BACKEND_FUSED_SM90);
@@ -386,13 +376,7 @@ TEST_F(GpuSm90, CausalSectionsOfHeads) {
         Case c;
         c.dtype = FLASHATTN_DTYPE_BFLOAT16, c.b = sh.b, c.hq = sh.hq, c.hkv = sh.hkv, c.sq = sh.sq, c.sk = sh.sk;
         c.d = sh.d, c.mask = sh.mask, c.wl = 3000;
-        Inputs in(c);
-        flashattn_fwd_params p = make_params(in, nullptr, nullptr, FLASHATTN_BACKEND_FUSED_SM90);
-        p.o = in.dq.p;  // planned only, never run
-        flashattn_plan_info info;
-        flashattn_plan_info_init(&info);
-        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_plan(h, &p, &info)) << flashattn_last_error();
-        const std::string d = info.description;
+        const std::string d = plan_for(h, Inputs(c), FLASHATTN_BACKEND_FUSED_SM90).description;
         const size_t at = d.find(" heaviest_first=");
         ASSERT_NE(std::string::npos, at) << d;
         const int64_t kv = 4 * sh.sk * sh.d / (sh.hq / sh.hkv), expected = std::max<int64_t>(1, (int64_t)l2 * 2 / 3 / kv);
