@@ -453,7 +453,8 @@ __device__ __forceinline__ void store_split_partial(const fa_kernel_params &p, c
 template <int kDtype, int kHeadDim, int kConsumers, bool kTransform, bool kServing = false, bool kPersistent = false>
 __global__ void __launch_bounds__(kWarpgroupThreads * (kConsumers + 1), 1)
 fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_constant__ CUtensorMap tm_q,
-                  const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
+                  const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
+                  const __grid_constant__ CUtensorMap tm_o) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     static_assert(!(kServing && kPersistent), "serving calls take a block a tile");
     using Tr = traits<kDtype, kHeadDim, kConsumers, kPersistent>;
@@ -646,7 +647,13 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         }
         /* Epilogue: normalise; stage O (swizzled, conflict-free) in this consumer's 64 rows of the O tile
          * (Q's rows when O has no tile of its own: only this consumer's finished S products read them);
-         * store rows with 16-byte writes. */
+         * store rows with 16-byte writes, or (p.o_tma) as TMA boxes that one thread issues and the
+         * consumers do not wait for: the next tile's staging waits until they have read the tile. */
+        const bool tma_out = Tr::kPersistent && Tr::kOwnO && p.o_tma;
+        if (tma_out) {
+            if (tid % kWarpgroupThreads == 0) bulk_wait_read(); /* the last tile's stores read these rows */
+            named_sync(epilogue_barrier(c, kNC), kWarpgroupThreads);
+        }
 #pragma unroll
         for (int r = 0; r < 2; ++r)
 #pragma unroll
@@ -655,18 +662,28 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                 asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sm.o + swz_off<kBlockM>(trow + 8 * r, j) + 4 * t), "r"(v)
                              : "memory");
             }
+        if (tma_out) fence_proxy_async_shared(); /* the staged rows, before the TMA reads them */
         named_sync(epilogue_barrier(c, kNC), kWarpgroupThreads); /* this consumer's rows of O are staged */
-        for (int i = tid % kWarpgroupThreads; i < 64 * Tr::kChunks; i += kWarpgroupThreads) {
-            const int rl = c * 64 + i / Tr::kChunks, ch = i % Tr::kChunks;
-            int head, pos;
-            if (row_target(rl, head, pos) && ch * 8 < p.head_dim) {
-                uint4 v;
-                asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                             : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                             : "r"(sm.o + swz_off<kBlockM>(rl, ch))
-                             : "memory");
-                *reinterpret_cast<uint4 *>((T *)p.o + b * p.o_batch_stride + head * p.o_head_stride +
-                                           ((int64_t)pos + sq.q_row0()) * p.o_seq_stride + ch * 8) = v;
+        if (tma_out) {
+            if (tid % kWarpgroupThreads == 0) {
+#pragma unroll
+                for (int cb = 0; cb < Tr::kChunks / 8; ++cb)
+                    tma_store(&tm_o, sm.o + (uint32_t)(cb * kBlockM + c * 64) * 128, cb * 64, m0 + c * 64, tl.h0, b);
+                bulk_commit();
+            }
+        } else {
+            for (int i = tid % kWarpgroupThreads; i < 64 * Tr::kChunks; i += kWarpgroupThreads) {
+                const int rl = c * 64 + i / Tr::kChunks, ch = i % Tr::kChunks;
+                int head, pos;
+                if (row_target(rl, head, pos) && ch * 8 < p.head_dim) {
+                    uint4 v;
+                    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                                 : "r"(sm.o + swz_off<kBlockM>(rl, ch))
+                                 : "memory");
+                    *reinterpret_cast<uint4 *>((T *)p.o + b * p.o_batch_stride + head * p.o_head_stride +
+                                               ((int64_t)pos + sq.q_row0()) * p.o_seq_stride + ch * 8) = v;
+                }
             }
         }
         if (Tr::kPersistent && !Tr::kOwnO) { /* Q's rows held O: this warp is done with Q now */
@@ -676,6 +693,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         ++nth, kv0 += n_tiles;
         if (!kPersistent || (work = next_work(work)) >= works) break;
     }
+    if (Tr::kPersistent && Tr::kOwnO && p.o_tma && tid % kWarpgroupThreads == 0) bulk_wait(); /* the last stores */
 #endif
 }
 

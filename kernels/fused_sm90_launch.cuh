@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cudaTypedefs.h>
+#include <cstring>
 
 #include "fused_sm90.cuh"
 
@@ -85,6 +86,14 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
         !encode_map(&tv, kDtype, kp->v, kp->head_dim, kv_seq, kp->heads_kv, kv_batch, kp->v_seq_stride,
                     kp->v_head_stride, kp->v_batch_stride, kv_box, 1))
         return (int)cudaErrorInvalidValue; /* the planner checked the limits; not expected */
+    /* A persistent block with an O tile of its own stores O by TMA, in boxes of 64 rows (a
+     * consumer's) where the driver takes O's strides; otherwise with 16-byte writes. */
+    fa_kernel_params args = *kp;
+    CUtensorMap to;
+    memset(&to, 0, sizeof to);
+    args.o_tma = kp->persistent && TrP::kOwnO &&
+                 encode_map(&to, kDtype, kp->o, kp->head_dim, kp->seqlen_q, kp->heads_q, kp->batch, kp->o_seq_stride,
+                            kp->o_head_stride, kp->o_batch_stride, 64, 1);
     const bool transform = kp->softcap > 0.0f || kp->alibi_slopes != nullptr;
     static std::atomic<unsigned long long> configured[6]; /* per kernel below: devices configured */
     const int which = (kp->serving ? 2 : kp->persistent ? 4 : 0) + (transform ? 1 : 0);
@@ -96,7 +105,7 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
                                                 : fused_sm90_kernel<kDtype, kHeadDim, kConsumers, false, false>);
     cudaError_t err = set_smem_once(kernel, smem, configured[which]);
     if (err != cudaSuccess) return (int)err;
-    kernel<<<dim3(l->grid_x, l->grid_y, l->grid_z), Tr::kThreads, smem, (cudaStream_t)stream>>>(*kp, tq, tk, tv);
+    kernel<<<dim3(l->grid_x, l->grid_y, l->grid_z), Tr::kThreads, smem, (cudaStream_t)stream>>>(args, tq, tk, tv, to);
     err = cudaGetLastError();
     if (err != cudaSuccess || kp->num_splits <= 1) return (int)err;
     return fa_split_combine(kp, kDtype, 1, stream);

@@ -102,7 +102,6 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint3
            ((uint64_t)(sbo >> 4) << 32) | (1ull << 62);
 }
 
-/* Byte offset of 16-byte chunk `ch` of row r in a swizzled tile of kRows rows. */
 /* 16-byte asynchronous copy global -> shared (zero-filled when !valid, src not read), its group
  * commit and wait, and the proxy fence that orders such generic-proxy writes before the tensor
  * cores (async proxy) read them. */
@@ -118,6 +117,21 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+/* TMA store: a box of shared memory (laid out as tma_load writes it) to a 4-D tensor, in a bulk
+ * group; the group's commit; and the waits until every committed group has read its shared memory
+ * (which may then be rewritten) or has completed. Out-of-bounds elements of the box are not written. */
+__device__ __forceinline__ void tma_store(const CUtensorMap *map, uint32_t src, int c0, int c1, int c2, int c3) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+            reinterpret_cast<uint64_t>(map)),
+        "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+        : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
+/* Byte offset of 16-byte chunk `ch` of row r in a swizzled tile of kRows rows. */
 template <int kRows> __device__ __forceinline__ uint32_t swz_off(int r, int ch) {
     return (uint32_t)((ch / 8) * (kRows * 128) + r * 128 + (((ch % 8) ^ (r % 8)) << 4));
 }
