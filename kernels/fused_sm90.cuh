@@ -5,7 +5,11 @@
  * other.
  *
  * A block owns 64 x C query rows of one (batch, head) (C consumer warpgroups: 2 at head dims 128,
- * 192 and 256, 3 or 2 at 64; the table in fa_kernel_params.h) and has C + 1 warpgroups:
+ * 192 and 256, 3 or 2 at 64; the table in fa_kernel_params.h), or, as a persistent block (the
+ * kPersistent variant: one resident block per SM), such a tile after another (fa_persistent_first /
+ * fa_persistent_next; the K/V stages and barrier phases run on across tiles, the producer loads the
+ * next tile's first K, and its Q once every consumer warp is done with this one's). It has C + 1
+ * warpgroups:
  *   producer (warpgroup 0, one thread): TMA loads of Q once, then of K_j and V_j into two stages
  *     each, as the consumers free them. Each load completes on a "full" mbarrier; each stage is
  *     handed back on an "empty" mbarrier. It keeps 24 registers (setmaxnreg) so that the consumers
@@ -22,7 +26,9 @@
  *     wait for P V; hand back V_{j-1}; O *= exp2(m_old - m_new); P_j = bf16/fp16(exp2(S - m_new))
  *
  *   and after the last tile O += P V once more, O /= l, LSE = (m + log2 l) ln 2; O is staged
- *   through the consumer's own rows of the Q tile and stored with 16-byte writes.
+ *   through the consumer's own rows of the Q tile (a persistent block: of an O tile of its own where
+ *   shared memory allows) and stored with 16-byte writes (a persistent block: TMA stores that one
+ *   thread issues and nobody waits for until the rows are needed again).
  *
  * Shared-memory tiles are rows of 64 elements (128 bytes), 16-byte chunks XOR-swizzled by row % 8,
  * one region per 64 columns of the head dim: the layout TMA writes with 128-byte swizzling and
@@ -33,13 +39,15 @@
  * No atomics, fixed order: deterministic.
  *
  * The pieces, in the order data flows through them:
- *   tile                 which query rows and key tiles the block owns (row_target, lse_slot)
+ *   tile                 which query rows and key tiles the block owns, or a persistent block's
+ *                        work number stands for (row_target, lse_slot)
  *   store_empty          the answer for a tile no row of which sees a key
- *   smem_layout          where Q, the K/V stages and the mbarriers live; init_barriers
- *   produce              the producer warpgroup's TMA loop
+ *   smem_layout          where Q, the O tile, the K/V stages and the mbarriers live; init_barriers
+ *   produce              the producer warpgroup's TMA loop, one tile's
  *   the kernel body      a consumer warpgroup's mainloop: S = Q K^T, mask and softmax (softmax.cuh),
  *                        O += P V, then 1/l and LSE, and the plain epilogue (O staged through shared
- *                        memory); kept in the body because nvcc compiles it differently as a function
+ *                        memory, stored by threads or by TMA), tile after tile for a persistent
+ *                        block; kept in the body because nvcc compiles it differently as a function
  *   store_split_partial  the split epilogue (fp32 partial O for the combine kernel)
  * PTX wrappers are in sm90_ptx.cuh; the host side (tensor maps, launch) in fused_sm90_launch.cuh.
  */
