@@ -87,8 +87,9 @@ typedef struct fa_kernel_params {
      * in the L2. 0: the grid order (blockIdx.x the query tile, heaviest first within each head). */
     int32_t sched_heads;
     /* FUSED_SM90 dense calls with more query tiles than SMs, no window, no split, no pack_gqa:
-     * grid_x blocks stay resident and each takes tile after tile (fa_persistent_work), its producer
-     * loading the next tile's Q and K while the consumers finish this one. 1: no mask, every tile
+     * grid_x blocks stay resident and each takes tile after tile (fa_persistent_first, then
+     * fa_persistent_next), its producer loading the next tile's Q and K while the consumers finish
+     * this one. 1: no mask, every tile
      * the same work; 2: a causal mask with seqlen_q <= seqlen_k, a tile's work growing linearly with
      * its query position, taken in pairs of equal work. 0: one tile a block. */
     int32_t persistent;

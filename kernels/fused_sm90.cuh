@@ -27,8 +27,8 @@
  *
  *   and after the last tile O += P V once more, O /= l, LSE = (m + log2 l) ln 2; O is staged
  *   through the consumer's own rows of the Q tile (a persistent block: of an O tile of its own where
- *   shared memory allows) and stored with 16-byte writes (a persistent block: TMA stores that one
- *   thread issues and nobody waits for until the rows are needed again).
+ *   shared memory allows) and stored with 16-byte writes (a persistent block with an O tile of its
+ *   own: TMA stores that one thread issues and nobody waits for until the rows are needed again).
  *
  * Shared-memory tiles are rows of 64 elements (128 bytes), 16-byte chunks XOR-swizzled by row % 8,
  * one region per 64 columns of the head dim: the layout TMA writes with 128-byte swizzling and
@@ -478,7 +478,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     if (p.num_splits > 1 && tid == 0) launch_dependents(); /* the combine's blocks may start */
     const seq_view<kServing> sq(p);
     const auto &bnd = sq.bounds(p);
-    /* A persistent block's work numbers: fa_persistent_work(k) for k = 0, 1, ... below `works` (every
+    /* A persistent block's work numbers: fa_persistent_first, then fa_persistent_next, below `works` (every
      * tile has keys: the planner takes no window, seqlen_k > 0 and, under a causal mask,
      * seqlen_q <= seqlen_k; at most INT32_MAX work numbers; every block has at least one). */
     const int works = kPersistent ? fa_persistent_works(&p) : 0;

@@ -424,13 +424,13 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
         /* More tiles than SMs, every tile with keys to see, and work that is the same for every tile
          * (no mask) or grows linearly with its query position (a causal mask, seqlen_q <= seqlen_k;
          * taken in pairs of equal work): one resident block per SM takes tile after tile
-         * (kp.persistent, fa_persistent_work). Windows keep a block a tile. */
+         * (kp.persistent, fa_persistent_first / fa_persistent_next). Windows keep a block a tile. */
         const int64_t smem = fa_sm90_smem_bytes(plan->cfg.head_dim, plan->cfg.block_m, plan->cfg.block_n, 1);
         const int kind = p->window_left >= 0 || p->window_right >= 0 || p->seqlen_k == 0 ? 0
                          : p->mask == FLASHATTN_MASK_NONE                                 ? 1
                          : p->seqlen_q <= p->seqlen_k                                      ? 2
                                                                                            : 0;
-        /* Pairs: m / 2 units a head, and with m odd its middle tile alone (fa_persistent_work):
+        /* Pairs: m / 2 units a head, and with m odd its middle tile alone (fa_persistent_tile):
          * no more blocks than units and middle tiles, so that every block has work. */
         const int64_t takers = kind == 2 ? (mblocks / 2 + mblocks % 2) * plan->grid_y * p->batch : ctas;
         if (kind && ctas > caps->sm_count && ctas <= INT32_MAX - caps->sm_count &&
@@ -613,7 +613,8 @@ void fa_plan_describe(const fa_plan *plan, flashattn_plan_info *info) {
                  kp->kv_batch_idx ? " kv_batch_idx" : "", kp->cache_leftpad ? " leftpad" : "",
                  plan->append ? (plan->app.cos ? " append+rotary" : " append") : "");
     }
-    /* Heaviest query tiles first across sections of this many (batch, head) pairs. */
+    /* How the blocks take their tiles: heaviest first across sections of this many (batch, head)
+     * pairs, or resident blocks (in pairs of tiles under a causal mask). */
     char order[32] = "";
     if (kp->sched_heads > 0) snprintf(order, sizeof order, " heaviest_first=%d", kp->sched_heads);
     if (kp->persistent) snprintf(order, sizeof order, " persistent%s", kp->persistent == 2 ? "=pairs" : "");
