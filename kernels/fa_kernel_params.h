@@ -93,8 +93,8 @@ typedef struct fa_kernel_params {
      * the same work; 2: a causal mask with seqlen_q <= seqlen_k, a tile's work growing linearly with
      * its query position, taken in pairs of equal work. 0: one tile a block. */
     int32_t persistent;
-    /* Set by the FUSED_SM90 launcher for a persistent block with an O tile of its own: O leaves
-     * shared memory by TMA stores (its tensor map encoded). */
+    /* Set by the FUSED_SM90 launcher for a persistent block: O leaves shared memory by TMA stores
+     * (its tensor map encoded). */
     int32_t o_tma;
 } fa_kernel_params;
 

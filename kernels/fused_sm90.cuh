@@ -656,8 +656,9 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         /* Epilogue: normalise; stage O (swizzled, conflict-free) in this consumer's 64 rows of the O tile
          * (Q's rows when O has no tile of its own: only this consumer's finished S products read them);
          * store rows with 16-byte writes, or (p.o_tma) as TMA boxes that one thread issues and the
-         * consumers do not wait for: the next tile's staging waits until they have read the tile. */
-        const bool tma_out = Tr::kPersistent && Tr::kOwnO && p.o_tma;
+         * consumers do not wait for: the next tile's staging waits until they have read the tile
+         * (in Q's rows, the next Q's load waits for it). */
+        const bool tma_out = Tr::kPersistent && p.o_tma;
         if (tma_out) {
             if (tid % kWarpgroupThreads == 0) bulk_wait_read(); /* the last tile's stores read these rows */
             named_sync(epilogue_barrier(c, kNC), kWarpgroupThreads);
@@ -695,13 +696,14 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             }
         }
         if (Tr::kPersistent && !Tr::kOwnO) { /* Q's rows held O: this warp is done with Q now */
+            if (tma_out && tid % kWarpgroupThreads == 0) bulk_wait_read(); /* and the stores have read them */
             __syncwarp();
             if (lane == 0) mbar_arrive(sm.empty_q);
         }
         ++nth, kv0 += n_tiles;
         if (!kPersistent || (work = next_work(work)) >= works) break;
     }
-    if (Tr::kPersistent && Tr::kOwnO && p.o_tma && tid % kWarpgroupThreads == 0) bulk_wait(); /* the last stores */
+    if (Tr::kPersistent && p.o_tma && tid % kWarpgroupThreads == 0) bulk_wait(); /* the last stores */
 #endif
 }
 
