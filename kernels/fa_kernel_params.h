@@ -215,14 +215,21 @@ static inline int64_t fa_fused_smem_bytes(const fa_fused_config *c) {
     X(64, 128, 2, 33, 1024)     \
     X(128, 128, 2, 65, 0)       \
     X(192, 96, 2, 129, 0)       \
-    X(256, 64, 2, 193, 0)
+    X(256, 80, 2, 193, 0)
 
-/* Whether FUSED_SM90 reads a serving call's pages with the tensor memory accelerator: boxes of
- * min(page_size, block_n) keys must tile a key tile on the 8-row swizzle atom (a multiple of the
- * tile, or a multiple of 8 that divides it); other page sizes are gathered with cp.async. A macro, so
- * the planner (C), the launcher and the kernel (device code) share it. */
-#define FA_SM90_TMA_PAGES(page_size, block_n) \
-    ((page_size) % (block_n) == 0 || ((block_n) % (page_size) == 0 && (page_size) % 8 == 0))
+/* FUSED_SM90 reads a serving call's pages with the tensor memory accelerator in boxes of
+ * gcd(page_size, block_n) keys (each box lies within one page and a key tile is a whole number of
+ * boxes) when that is a multiple of the 8-row swizzle atom; other page sizes are gathered with
+ * cp.async. Shared by the planner (C), the launcher and the kernel (device code). */
+static inline FA_HOST_DEVICE int fa_sm90_page_box(int page_size, int block_n) {
+    int a = page_size, b = block_n;
+    while (b != 0) {
+        const int r = a % b;
+        a = b, b = r;
+    }
+    return a;
+}
+#define FA_SM90_TMA_PAGES(page_size, block_n) (fa_sm90_page_box((page_size), (block_n)) % 8 == 0)
 
 /* The shared memory a Hopper block may opt in to (227 KB). */
 #define FA_SM90_SMEM_MAX 232448

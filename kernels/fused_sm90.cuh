@@ -317,7 +317,6 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
      * stage a copy waits for held the tile four copies back (two K and two V stages), which the
      * consumers free only after it was announced. */
     uint32_t pending_old = 0, pending_new = 0; /* full barriers of the two tiles not yet announced */
-    static_assert(kRowsW % 8 == 0, "a warp's first row is a multiple of the 8-row swizzle period");
     const int q = lane / kLPR; /* this lane's row within each copy instruction */
     auto load_kv = [&](const T *base, int64_t page_stride, int64_t row_stride, uint32_t dst, uint32_t full, int tile,
                        int page) {
@@ -326,7 +325,7 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
         /* swz_off(w kRowsW + i kRPI + q, ch), stepped: row r's byte row r * 128, its chunk at
          * (ch % 8 ^ r % 8) * 16 of the 64-column region ch / 8. */
         uint32_t d = dst + (uint32_t)((ch / 8) * (Tr::kBlockN * 128) + (w * kRowsW + q) * 128);
-        uint32_t r8 = (uint32_t)q;
+        uint32_t r8 = (uint32_t)(w * kRowsW + q) % 8;
         int from = q;
         const T *src = base + ch * 8;
 #pragma unroll 1 /* cp.async does not wait: a rolled loop costs nothing, and spares the producer's registers */
@@ -369,9 +368,9 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
  * schedule as produce, with the sequence's rows. Packed Q or K/V: the tensor map has one batch entry
  * and the rows start at the sequence's first (rows past the sequence belong to the next one: masked,
  * never stored; past the tensor: zeros). A cache: entry kv_b (outside the cache: -1, zeros). Pages:
- * a tile is kBlockN / R boxes of R = min(page_size, kBlockN) keys (the planner allows page sizes
- * that tile a key tile on the 8-row swizzle atom); box i is page table[n0 / page_size + i] from row
- * n0 % page_size. Lane i reads box i's page number one tile ahead (so each tile costs the table's
+ * a tile is kBlockN / R boxes of R = gcd(page_size, kBlockN) keys (the planner allows the page
+ * sizes for which R is a multiple of the 8-row swizzle atom); box i holds keys n0 + i R onwards, of
+ * page table[(n0 + i R) / page_size] from row (n0 + i R) % page_size. Lane i reads box i's page number one tile ahead (so each tile costs the table's
  * latency once, hidden behind the wait for a free stage) and issues box i. A box past the sequence's
  * keys, or a page outside the pool, reads zeros (an out-of-bounds coordinate); the mask hides those
  * keys. */
@@ -392,12 +391,12 @@ __device__ __forceinline__ void produce_serving(const fa_kernel_params &p, const
         for (int cb = 0; cb < kCB; ++cb) tma_load(sm.q + cb * Tr::kBlockM * 128, tm_q, cb * 64, q0, tl.h0, qb, sm.bar_q);
     }
     const bool paged = p.block_table != nullptr;
-    const int box = paged ? min(p.page_size, Tr::kBlockN) : Tr::kBlockN, boxes = Tr::kBlockN / box;
+    const int box = paged ? fa_sm90_page_box(p.page_size, Tr::kBlockN) : Tr::kBlockN, boxes = Tr::kBlockN / box;
     const int32_t *table = paged ? p.block_table + sq.s.page0 : nullptr;
     const int kv_b = p.cu_seqlens_k != nullptr ? 0 : (sq.s.kv_valid ? sq.s.kv_b : -1);
     auto page_of = [&](int tile) -> int { /* this lane's box of `tile` */
         const int n0 = (tl.tile_begin + tile) * Tr::kBlockN;
-        const int entry = n0 / p.page_size + lane;
+        const int entry = (n0 + lane * box) / p.page_size;
         if (!paged || tile >= tl.n_tiles || lane >= boxes || n0 + lane * box >= sq.s.seqlen_k || !sq.s.kv_valid ||
             entry >= sq.s.pages)
             return -1;
@@ -414,7 +413,7 @@ __device__ __forceinline__ void produce_serving(const fa_kernel_params &p, const
             return;
         }
         /* Lane i issues box i (after the leader has announced the tile's bytes). */
-        const int row0 = n0 % p.page_size;
+        const int row0 = (n0 + lane * box) % p.page_size;
         __syncwarp();
         if (lane < boxes)
 #pragma unroll

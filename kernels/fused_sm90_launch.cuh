@@ -65,17 +65,17 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
     /* Q in boxes of one head x kBlockM positions, or (pack_gqa) head_group heads x pack_rows positions. */
     const int q_rows = kp->pack_gqa ? kp->pack_rows : Tr::kBlockM, q_heads = kp->pack_gqa ? kp->head_group : 1;
     /* The outer two extents of Q and of K/V: [batch, seqlen] for a dense call; for a serving call
-     * packed [1, total], page pools [num_pages, page_size] (boxes of min(page_size, kBlockN) keys)
+     * packed [1, total], page pools [num_pages, page_size] (boxes of gcd(page_size, kBlockN) keys)
      * or a cache [kv_batch, seqlen_k] (flashattn.h, "Serving calls"). */
     int64_t q_seq = kp->seqlen_q, q_batch = kp->batch, kv_seq = kp->seqlen_k, kv_batch = kp->batch;
     int kv_box = Tr::kBlockN;
     if (kp->serving) {
         if (kp->cu_seqlens_q) q_seq = kp->total_q, q_batch = 1;
-        /* Pages in boxes of min(page_size, kBlockN) keys when TMA reads them; other page sizes are
+        /* Pages in boxes of gcd(page_size, kBlockN) keys when TMA reads them; other page sizes are
          * gathered, the map unused. */
         const bool tma_pages = FA_SM90_TMA_PAGES(kp->page_size, Tr::kBlockN);
         if (kp->block_table)
-            kv_seq = kp->page_size, kv_batch = kp->num_pages, kv_box = tma_pages && kp->page_size < kv_box ? kp->page_size : kv_box;
+            kv_seq = kp->page_size, kv_batch = kp->num_pages, kv_box = tma_pages ? fa_sm90_page_box(kp->page_size, kv_box) : kv_box;
         else if (kp->cu_seqlens_k) kv_seq = kp->total_k, kv_batch = 1;
         else if (kp->kv_batch_idx) kv_batch = kp->kv_batch;
     }

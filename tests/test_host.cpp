@@ -1546,6 +1546,31 @@ TEST(Serving, A0_1CallerCannotSetServingFields) {
     EXPECT_EQ(0, plan.kp.serving);
 }
 
+TEST(Serving, Sm90PageBoxesAreTheGcdOfPageAndKeyTile) {
+    // TMA boxes of gcd(page size, block_n) keys: every multiple of 8 at block_n 80, 96 and 128.
+    EXPECT_EQ(16, fa_sm90_page_box(16, 128));
+    EXPECT_EQ(128, fa_sm90_page_box(256, 128));
+    EXPECT_EQ(8, fa_sm90_page_box(24, 128));
+    EXPECT_EQ(16, fa_sm90_page_box(64, 80));
+    EXPECT_EQ(80, fa_sm90_page_box(400, 80));
+    EXPECT_EQ(1, fa_sm90_page_box(19, 96));
+    for (int bn : {80, 96, 128})
+        for (int page = 1; page <= 600; ++page)
+            EXPECT_EQ(page % 8 == 0, FA_SM90_TMA_PAGES(page, bn) != 0) << page << " " << bn;
+    const flashattn_handle h = fake_handle(h200_caps());
+    for (int64_t hd : {128, 256}) {
+        flashattn_fwd_params p = valid_varlen_paged();
+        p.head_dim = hd, p.page_size = 24, p.pages_per_seq = 9, p.block_table_batch_stride = 9;
+        p.q_seq_stride = p.o_seq_stride = hd * p.heads_q, p.q_head_stride = p.o_head_stride = hd;
+        p.k_seq_stride = p.v_seq_stride = hd * p.heads_kv, p.k_head_stride = p.v_head_stride = hd;
+        p.k_batch_stride = p.v_batch_stride = 24 * p.k_seq_stride;
+        flashattn_plan_info info;
+        flashattn_plan_info_init(&info);
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_plan(&h, &p, &info)) << flashattn_last_error();
+        EXPECT_NE(std::string(info.description).find("paged=24:tma"), std::string::npos) << info.description;
+    }
+}
+
 TEST(Serving, PlanDescriptionNamesTheServingPaths) {
     const flashattn_handle h = fake_handle(h200_caps());
     auto describe = [&](flashattn_fwd_params p) {

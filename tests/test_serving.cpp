@@ -403,6 +403,22 @@ TEST_F(Serving, PagedKvAnyPageSize) {
     print_stats("paged K/V (block table, page lists), pages of 1, 16, 19, 64, 256 keys", st);
 }
 
+TEST_F(Serving, PagedKvBoxesCrossKeyTiles) {
+    // Page sizes that neither divide FUSED_SM90's key tile nor are a multiple of it: TMA reads them
+    // in boxes of gcd(page size, block_n) keys, so a page straddles two key tiles (block_n 128 at
+    // head dim 128, 96 at 192, 80 at 256).
+    Stats st;
+    const int64_t cases[][2] = {{128, 24}, {128, 200}, {192, 40}, {192, 64}, {256, 64}, {256, 48}, {256, 256}};
+    for (const auto &c : cases)
+        for (KvMode kv : {kPagedSeqused, kPagedCsr}) {
+            Spec s;
+            s.d = c[0], s.page_size = c[1], s.sq = kSq, s.sk = kSk, s.kv = kv;
+            s.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+            run_and_check(h, s, st);
+        }
+    print_stats("paged K/V, pages straddling key tiles (head dims 128, 192, 256)", st);
+}
+
 TEST_F(Serving, DecodeOverCaches) {
     // Dense Q [B, 1] (one new token per sequence) over a paged, an indexed and a plain dense cache,
     // with capacities above every length.
