@@ -214,7 +214,7 @@ static inline int64_t fa_fused_smem_bytes(const fa_fused_config *c) {
     X(64, 128, 3, 33, 0)        \
     X(64, 128, 2, 33, 1024)     \
     X(128, 128, 2, 65, 0)       \
-    X(192, 96, 2, 129, 0)       \
+    X(192, 112, 2, 129, 0)      \
     X(256, 80, 2, 193, 0)
 
 /* FUSED_SM90 reads a serving call's pages with the tensor memory accelerator in boxes of

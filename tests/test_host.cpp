@@ -1547,14 +1547,14 @@ TEST(Serving, A0_1CallerCannotSetServingFields) {
 }
 
 TEST(Serving, Sm90PageBoxesAreTheGcdOfPageAndKeyTile) {
-    // TMA boxes of gcd(page size, block_n) keys: every multiple of 8 at block_n 80, 96 and 128.
+    // TMA boxes of gcd(page size, block_n) keys: every multiple of 8 at block_n 80, 96, 112 and 128.
     EXPECT_EQ(16, fa_sm90_page_box(16, 128));
     EXPECT_EQ(128, fa_sm90_page_box(256, 128));
     EXPECT_EQ(8, fa_sm90_page_box(24, 128));
     EXPECT_EQ(16, fa_sm90_page_box(64, 80));
     EXPECT_EQ(80, fa_sm90_page_box(400, 80));
     EXPECT_EQ(1, fa_sm90_page_box(19, 96));
-    for (int bn : {80, 96, 128})
+    for (int bn : {80, 96, 112, 128})
         for (int page = 1; page <= 600; ++page)
             EXPECT_EQ(page % 8 == 0, FA_SM90_TMA_PAGES(page, bn) != 0) << page << " " << bn;
     const flashattn_handle h = fake_handle(h200_caps());

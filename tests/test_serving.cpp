@@ -406,9 +406,9 @@ TEST_F(Serving, PagedKvAnyPageSize) {
 TEST_F(Serving, PagedKvBoxesCrossKeyTiles) {
     // Page sizes that neither divide FUSED_SM90's key tile nor are a multiple of it: TMA reads them
     // in boxes of gcd(page size, block_n) keys, so a page straddles two key tiles (block_n 128 at
-    // head dim 128, 96 at 192, 80 at 256).
+    // head dim 128, 112 at 192, 80 at 256).
     Stats st;
-    const int64_t cases[][2] = {{128, 24}, {128, 200}, {192, 40}, {192, 64}, {256, 64}, {256, 48}, {256, 256}};
+    const int64_t cases[][2] = {{128, 24}, {128, 200}, {192, 40}, {192, 64}, {192, 256}, {256, 64}, {256, 48}, {256, 256}};
     for (const auto &c : cases)
         for (KvMode kv : {kPagedSeqused, kPagedCsr}) {
             Spec s;
