@@ -203,19 +203,23 @@ static inline int64_t fa_fused_smem_bytes(const fa_fused_config *c) {
  * the tensor memory accelerator (TMA) into 128-byte-swizzled shared memory (two stages of K and of
  * V); `consumers` warpgroups of 64 query rows each (block_m = 64 x consumers) run wgmma and the
  * softmax, taking turns on the tensor cores.
- * X(head_dim, block_n, consumers, auto_min_head_dim, masked_max_seqlen_q): AUTO prefers this backend
- * for head dims in [auto_min_head_dim, head_dim]; a forced FUSED_SM90 call runs any multiple of 8 up
- * to 256 on the smallest head dim that holds it. A head dim's row with masked_max_seqlen_q = 0 is its
- * default; a row with masked_max_seqlen_q > 0 replaces it for causal or windowed calls with
- * seqlen_q <= masked_max_seqlen_q, and for decode-shaped calls (2 x seqlen_q <= its block_m).
- * docs/performance.md records the measurements behind each choice. */
-/*                     head_dim block_n consumers auto_min_head_dim masked_max_seqlen_q */
-#define FA_SM90_CONFIGS(X)      \
-    X(64, 128, 3, 33, 0)        \
-    X(64, 128, 2, 33, 1024)     \
-    X(128, 128, 2, 65, 0)       \
-    X(192, 112, 2, 129, 0)      \
-    X(256, 80, 2, 193, 0)
+ * X(head_dim, block_n, consumers, auto_min_head_dim, masked_max_seqlen_q, unmasked_min_seqlen_k): each
+ * row is a compiled variant. AUTO prefers this backend for head dims in [auto_min_head_dim, head_dim];
+ * a forced FUSED_SM90 call runs any multiple of 8 up to 256 on the smallest head dim that holds it. A
+ * head dim's row with both last columns 0 is its default. A row with masked_max_seqlen_q > 0
+ * replaces it for causal or windowed calls with seqlen_q <= masked_max_seqlen_q, and for
+ * decode-shaped calls (2 x seqlen_q <= its block_m); a row with unmasked_min_seqlen_k > 0, for calls
+ * with no mask and no window, not decode-shaped, with seqlen_k >= unmasked_min_seqlen_k (long key
+ * loops, where wider key tiles pay). docs/performance.md records the measurements behind each
+ * choice. */
+/*                     head_dim block_n consumers auto_min_head_dim masked_max_seqlen_q unmasked_min_seqlen_k */
+#define FA_SM90_CONFIGS(X)         \
+    X(64, 128, 3, 33, 0, 0)        \
+    X(64, 128, 2, 33, 1024, 0)     \
+    X(128, 128, 2, 65, 0, 0)       \
+    X(128, 176, 2, 65, 0, 8192)    \
+    X(192, 112, 2, 129, 0, 0)      \
+    X(256, 80, 2, 193, 0, 0)
 
 /* FUSED_SM90 reads a serving call's pages with the tensor memory accelerator in boxes of
  * gcd(page_size, block_n) keys (each box lies within one page and a key tile is a whole number of

@@ -60,18 +60,11 @@
 namespace fa {
 namespace sm90 {
 
-template <int kHeadDim, int kConsumers> struct cfg;
-#define FA_SM90_CFG_SPEC(hd, bn, nc, auto_min, masked_max_sq)                                       \
-    template <> struct cfg<hd, nc> {                                                                \
-        static constexpr int block_n = bn;                                                          \
-    };
-FA_SM90_CONFIGS(FA_SM90_CFG_SPEC)
-#undef FA_SM90_CFG_SPEC
-
-template <int kDtype, int kHeadDim, int kNumConsumers, bool kPersistentBlock = false> struct traits {
+/* One variant of the kernel: a row of FA_SM90_CONFIGS (head dim, key tile, consumer warpgroups). */
+template <int kDtype, int kHeadDim, int kKeyTile, int kNumConsumers, bool kPersistentBlock = false> struct traits {
     using T = typename elem<kDtype>::type;
     static constexpr int kConsumers = kNumConsumers;
-    static constexpr int kBlockM = 64 * kConsumers, kBlockN = cfg<kHeadDim, kConsumers>::block_n;
+    static constexpr int kBlockM = 64 * kConsumers, kBlockN = kKeyTile;
     static constexpr int kThreads = kWarpgroupThreads * (kConsumers + 1);
     /* setmaxnreg: the producer keeps kProducerRegs registers, the consumers share the rest (a
      * multiple of 8, at most 240). */
@@ -276,8 +269,9 @@ __device__ __forceinline__ void produce(const tile<Tr> &tl, const smem_layout<Tr
  * tensor memory accelerator writes (row r's 16-byte chunk c at (c ^ r % 8) * 16 of its 128-byte
  * row), key j of the sequence at row j % page_size of page table[j / page_size]; rows past the
  * sequence's keys and pages outside the pool are zero-filled. Warp w copies tile rows
- * [w kRowsW, (w + 1) kRowsW): lane l looks up row w kRowsW + l's page (a tile ahead of its use, so
- * the table's latency hides behind the wait for a free stage), and each copy instruction covers
+ * [w kRowsW, (w + 1) kRowsW): lane l looks up the pages of rows w kRowsW + l (and + 32, where a
+ * warp has more than 32 rows) a tile ahead of their use (so the table's latency hides behind the
+ * wait for a free stage), and each copy instruction covers
  * whole rows, the lanes of one row reading its consecutive 16-byte chunks (a row's 2 x head_dim
  * bytes are contiguous in any page layout), the row's source offset passed from the lane that
  * looked it up. Each thread waits for its copies, fences them for the tensor cores' proxy and
@@ -297,20 +291,29 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
     const int32_t *table = p.block_table + sq.s.page0;
     const int rows_valid = sq.s.kv_valid ? sq.s.seqlen_k : 0;
     /* kRowsW rows per warp; a copy instruction covers kRPI rows of kLPR lanes, one chunk each (at
-     * head dim 192, one row of 24 lanes: the other 8 lanes copy nothing). */
+     * head dim 192, one row of 24 lanes: the other 8 lanes copy nothing). Lane l looks up the pages of
+     * the warp's rows l and l + 32 (kLook of them). */
     constexpr int kRowsW = Tr::kBlockN / 4, kLPR = Tr::kChunks, kRPI = 32 / kLPR, kIters = kRowsW / kRPI;
-    static_assert(Tr::kBlockN % 4 == 0 && kLPR <= 32 && kRowsW % kRPI == 0 && kRowsW <= 32,
-                  "whole rows per copy instruction, one page lookup per lane");
+    constexpr int kLook = (kRowsW + 31) / 32;
+    static_assert(Tr::kBlockN % 4 == 0 && kLPR <= 32 && kRowsW % kRPI == 0 && kLook <= 2,
+                  "whole rows per copy instruction, at most two page lookups per lane");
     const int w = ptid / 32, lane = ptid % 32;
-    const int row_l = w * kRowsW + lane; /* the tile row whose page this lane looks up (lane < kRowsW) */
     const int ch = lane % kLPR;          /* the chunk this lane copies, of row w kRowsW + i kRPI + lane / kLPR */
     const bool ch_valid = ch * 8 < p.head_dim;
     const bool copier = 32 % kLPR == 0 || lane < kRPI * kLPR; /* lanes past the last whole row copy nothing */
-    auto page_of = [&](int tile) -> int { /* row_l's page in `tile`, or -1: zeros */
-        const int j = (tl.tile_begin + tile) * Tr::kBlockN + row_l;
-        if (tile >= tl.n_tiles || lane >= kRowsW || j >= rows_valid) return -1;
-        const int pi = j / p.page_size, page = pi < sq.s.pages ? table[pi] : -1;
-        return page >= 0 && page < p.num_pages ? page : -1;
+    struct pages {
+        int at[kLook];
+    };
+    auto page_of = [&](int tile) -> pages { /* the pages of the rows this lane looks up in `tile` (-1: zeros) */
+        pages r;
+#pragma unroll
+        for (int l = 0; l < kLook; ++l) {
+            const int rw = lane + 32 * l, j = (tl.tile_begin + tile) * Tr::kBlockN + w * kRowsW + rw;
+            const int pi = j / p.page_size;
+            const int page = tile < tl.n_tiles && rw < kRowsW && j < rows_valid && pi < sq.s.pages ? table[pi] : -1;
+            r.at[l] = page >= 0 && page < p.num_pages ? page : -1;
+        }
+        return r;
     };
     /* A tile's copies are announced (full barrier) two tiles later, once two more tiles' copies are
      * issued, so up to three tiles' copies are in flight per thread. Never later than that: the
@@ -319,9 +322,13 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
     uint32_t pending_old = 0, pending_new = 0; /* full barriers of the two tiles not yet announced */
     const int q = lane / kLPR; /* this lane's row within each copy instruction */
     auto load_kv = [&](const T *base, int64_t page_stride, int64_t row_stride, uint32_t dst, uint32_t full, int tile,
-                       int page) {
-        const int j = (tl.tile_begin + tile) * Tr::kBlockN + row_l;
-        const int64_t off = page >= 0 ? (int64_t)page * page_stride + (int64_t)(j % p.page_size) * row_stride : -1;
+                       const pages &pg) {
+        int64_t off[kLook];
+#pragma unroll
+        for (int l = 0; l < kLook; ++l) {
+            const int j = (tl.tile_begin + tile) * Tr::kBlockN + w * kRowsW + lane + 32 * l;
+            off[l] = pg.at[l] >= 0 ? (int64_t)pg.at[l] * page_stride + (int64_t)(j % p.page_size) * row_stride : -1;
+        }
         /* swz_off(w kRowsW + i kRPI + q, ch), stepped: row r's byte row r * 128, its chunk at
          * (ch % 8 ^ r % 8) * 16 of the 64-column region ch / 8. */
         uint32_t d = dst + (uint32_t)((ch / 8) * (Tr::kBlockN * 128) + (w * kRowsW + q) * 128);
@@ -330,7 +337,11 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
         const T *src = base + ch * 8;
 #pragma unroll 1 /* cp.async does not wait: a rolled loop costs nothing, and spares the producer's registers */
         for (int i = 0; i < kIters; ++i) {
-            const int64_t o = __shfl_sync(0xffffffffu, off, from);
+            int64_t o = __shfl_sync(0xffffffffu, off[0], from % 32);
+            if (kLook > 1) {
+                const int64_t o_hi = __shfl_sync(0xffffffffu, off[kLook - 1], from % 32);
+                if (from >= 32) o = o_hi;
+            }
             const bool v = o >= 0 && ch_valid;
             if (copier) cp_async_16(d + ((((uint32_t)ch % 8) ^ r8) << 4), v ? src + o : base, v);
             d += kRPI * 128, r8 = (r8 + kRPI) % 8, from += kRPI;
@@ -344,10 +355,10 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
         pending_old = pending_new, pending_new = full;
     };
     const T *k = (const T *)p.k + (int64_t)tl.hk * p.k_head_stride, *v = (const T *)p.v + (int64_t)tl.hk * p.v_head_stride;
-    int page_j = page_of(0), page_next = page_of(1); /* tile j's (V_j), tile j + 1's (K_{j+1}) */
+    pages page_j = page_of(0), page_next = page_of(1); /* tile j's (V_j), tile j + 1's (K_{j+1}) */
     load_kv(k, p.k_batch_stride, p.k_seq_stride, sm.k, sm.full_k, 0, page_j);
     for (int j = 0; j < tl.n_tiles; ++j) {
-        const int page_after = page_of(j + 2); /* read now, used next iteration */
+        const pages page_after = page_of(j + 2); /* read now, used next iteration */
         if (j + 1 < tl.n_tiles) {
             const int st = (j + 1) & 1;
             if (j + 1 >= 2) mbar_wait(sm.empty_k + 8 * st, ((j - 1) >> 1) & 1);
@@ -457,14 +468,15 @@ __device__ __forceinline__ void store_split_partial(const fa_kernel_params &p, c
 /* kTransform: softcap and/or ALiBi present. kServing: a serving call (fa_kernel_params.serving):
  * the sequence's counts, offsets and rows from the device arrays (seq_view), ragged Q/K/V and page
  * pools through the tensor maps; its own instantiation, so the dense kernels carry none of it. */
-template <int kDtype, int kHeadDim, int kConsumers, bool kTransform, bool kServing = false, bool kPersistent = false>
+template <int kDtype, int kHeadDim, int kKeyTile, int kConsumers, bool kTransform, bool kServing = false,
+          bool kPersistent = false>
 __global__ void __launch_bounds__(kWarpgroupThreads * (kConsumers + 1), 1)
 fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_constant__ CUtensorMap tm_q,
                   const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
                   const __grid_constant__ CUtensorMap tm_o) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     static_assert(!(kServing && kPersistent), "serving calls take a block a tile");
-    using Tr = traits<kDtype, kHeadDim, kConsumers, kPersistent>;
+    using Tr = traits<kDtype, kHeadDim, kKeyTile, kConsumers, kPersistent>;
     using T = typename Tr::T;
     constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN;
     constexpr int kSN = kBlockN / 2, kON = kHeadDim / 2; /* accumulator floats per thread */

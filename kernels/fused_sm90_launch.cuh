@@ -50,10 +50,10 @@ inline bool encode_map(CUtensorMap *map, int dtype, const void *ptr, int64_t hea
     return r == CUDA_SUCCESS;
 }
 
-template <int kDtype, int kHeadDim, int kConsumers>
+template <int kDtype, int kHeadDim, int kKeyTile, int kConsumers>
 int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
-    using Tr = traits<kDtype, kHeadDim, kConsumers>;
-    using TrP = traits<kDtype, kHeadDim, kConsumers, true>;
+    using Tr = traits<kDtype, kHeadDim, kKeyTile, kConsumers>;
+    using TrP = traits<kDtype, kHeadDim, kKeyTile, kConsumers, true>;
     const int smem = kp->persistent ? TrP::kSmemBytes : Tr::kSmemBytes;
     if (l->threads != Tr::kThreads || l->smem_bytes != smem ||
         (kp->pack_gqa && (kp->pack_rows < 1 || kp->pack_rows * kp->head_group > Tr::kBlockM)) ||
@@ -97,12 +97,12 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
     const bool transform = kp->softcap > 0.0f || kp->alibi_slopes != nullptr;
     static std::atomic<unsigned long long> configured[6]; /* per kernel below: devices configured */
     const int which = (kp->serving ? 2 : kp->persistent ? 4 : 0) + (transform ? 1 : 0);
-    auto kernel = kp->serving      ? (transform ? fused_sm90_kernel<kDtype, kHeadDim, kConsumers, true, true>
-                                                : fused_sm90_kernel<kDtype, kHeadDim, kConsumers, false, true>)
-                  : kp->persistent ? (transform ? fused_sm90_kernel<kDtype, kHeadDim, kConsumers, true, false, true>
-                                                : fused_sm90_kernel<kDtype, kHeadDim, kConsumers, false, false, true>)
-                                   : (transform ? fused_sm90_kernel<kDtype, kHeadDim, kConsumers, true, false>
-                                                : fused_sm90_kernel<kDtype, kHeadDim, kConsumers, false, false>);
+    auto kernel = kp->serving      ? (transform ? fused_sm90_kernel<kDtype, kHeadDim, kKeyTile, kConsumers, true, true>
+                                                : fused_sm90_kernel<kDtype, kHeadDim, kKeyTile, kConsumers, false, true>)
+                  : kp->persistent ? (transform ? fused_sm90_kernel<kDtype, kHeadDim, kKeyTile, kConsumers, true, false, true>
+                                                : fused_sm90_kernel<kDtype, kHeadDim, kKeyTile, kConsumers, false, false, true>)
+                                   : (transform ? fused_sm90_kernel<kDtype, kHeadDim, kKeyTile, kConsumers, true, false>
+                                                : fused_sm90_kernel<kDtype, kHeadDim, kKeyTile, kConsumers, false, false>);
     cudaError_t err = set_smem_once(kernel, smem, configured[which]);
     if (err != cudaSuccess) return (int)err;
     kernel<<<dim3(l->grid_x, l->grid_y, l->grid_z), Tr::kThreads, smem, (cudaStream_t)stream>>>(args, tq, tk, tv, to);
@@ -114,8 +114,8 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
 }  // namespace sm90
 }  // namespace fa
 
-#define FA_SM90_INSTANCE(DTYPE, NAME, HD, NC)                                              \
-    extern "C" __attribute__((visibility("hidden"))) int fa_sm90_fwd_##NAME##_d##HD##_c##NC( \
-        const fa_kernel_params *kp, const fa_launch *l, void *stream) {                    \
-        return fa::sm90::launch<DTYPE, HD, NC>(kp, l, stream);                             \
+#define FA_SM90_INSTANCE(DTYPE, NAME, HD, BN, NC)                                                  \
+    extern "C" __attribute__((visibility("hidden"))) int fa_sm90_fwd_##NAME##_d##HD##_n##BN##_c##NC( \
+        const fa_kernel_params *kp, const fa_launch *l, void *stream) {                            \
+        return fa::sm90::launch<DTYPE, HD, BN, NC>(kp, l, stream);                                 \
     }

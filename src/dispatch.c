@@ -13,35 +13,34 @@
     int fa_fused_fwd_##NAME##_d##HD(const fa_kernel_params *kp, const fa_launch *l, void *stream);
 FA_FUSED_INSTANCES(FA_DECLARE)
 #undef FA_DECLARE
-#define FA_DECLARE(NAME, DTYPE, HD, NC) \
-    int fa_sm90_fwd_##NAME##_d##HD##_c##NC(const fa_kernel_params *kp, const fa_launch *l, void *stream);
+#define FA_DECLARE(NAME, DTYPE, HD, BN, NC) \
+    int fa_sm90_fwd_##NAME##_d##HD##_n##BN##_c##NC(const fa_kernel_params *kp, const fa_launch *l, void *stream);
 FA_SM90_INSTANCES(FA_DECLARE)
 #undef FA_DECLARE
 
-/* variant: 0 for FUSED; the number of consumer warpgroups for FUSED_SM90. */
+/* block_n and consumers: FUSED_SM90's key tile and consumer warpgroups (0 for FUSED). */
 typedef struct kernel_entry {
-    int dtype, head_dim, variant;
+    int dtype, head_dim, block_n, consumers;
     fa_fused_launcher launch;
 } kernel_entry;
 
 static const kernel_entry fa_fused_table[] = {
-#define FA_ENTRY(NAME, DTYPE, HD) {DTYPE, HD, 0, fa_fused_fwd_##NAME##_d##HD},
+#define FA_ENTRY(NAME, DTYPE, HD) {DTYPE, HD, 0, 0, fa_fused_fwd_##NAME##_d##HD},
     FA_FUSED_INSTANCES(FA_ENTRY)
 #undef FA_ENTRY
-    {-1, 0, 0, NULL},
+    {-1, 0, 0, 0, NULL},
 };
 
 static const kernel_entry fa_sm90_table[] = {
-#define FA_ENTRY(NAME, DTYPE, HD, NC) {DTYPE, HD, NC, fa_sm90_fwd_##NAME##_d##HD##_c##NC},
+#define FA_ENTRY(NAME, DTYPE, HD, BN, NC) {DTYPE, HD, BN, NC, fa_sm90_fwd_##NAME##_d##HD##_n##BN##_c##NC},
     FA_SM90_INSTANCES(FA_ENTRY)
 #undef FA_ENTRY
-    {-1, 0, 0, NULL},
+    {-1, 0, 0, 0, NULL},
 };
 
-/* variant < 0: any. */
-static fa_fused_launcher find_kernel(const kernel_entry *table, int dtype, int head_dim, int variant) {
+static fa_fused_launcher find_kernel(const kernel_entry *table, int dtype, int head_dim, int block_n, int consumers) {
     for (const kernel_entry *e = table; e->launch != NULL; ++e)
-        if (e->dtype == dtype && e->head_dim == head_dim && (variant < 0 || e->variant == variant))
+        if (e->dtype == dtype && e->head_dim == head_dim && e->block_n == block_n && e->consumers == consumers)
             return e->launch;
     return NULL;
 }
@@ -67,8 +66,9 @@ flashattn_status fa_dispatch(const flashattn_handle *h, const fa_plan *plan, voi
     if (plan->backend == FLASHATTN_BACKEND_REFERENCE) return fa_reference_run(h, plan, &kp, workspace, stream);
     const int sm90 = plan->backend == FLASHATTN_BACKEND_FUSED_SM90;
     const char *what = sm90 ? "fused_sm90" : "fused";
-    fa_fused_launcher launch = sm90 ? find_kernel(fa_sm90_table, plan->dtype, plan->cfg.head_dim, plan->cfg.block_m / 64)
-                                    : find_kernel(fa_fused_table, plan->dtype, plan->cfg.head_dim, 0);
+    fa_fused_launcher launch = sm90 ? find_kernel(fa_sm90_table, plan->dtype, plan->cfg.head_dim, plan->cfg.block_n,
+                                                  plan->cfg.block_m / 64)
+                                    : find_kernel(fa_fused_table, plan->dtype, plan->cfg.head_dim, 0, 0);
     if (launch == NULL) /* the planner checked the table; this is a library bug */
         return fa_fail(FLASHATTN_STATUS_UNSUPPORTED, "%s kernel for head dim %d not compiled", what,
                        plan->cfg.head_dim);

@@ -133,7 +133,7 @@ FA_HIDDEN void fa_plan_describe(const fa_plan *plan, flashattn_plan_info *info);
 /* variants.c: which fused variants this build compiled. */
 FA_HIDDEN int fa_fused_compiled(int dtype, int kernel_head_dim);
 FA_HIDDEN int fa_sm90_compiled(int dtype, int kernel_head_dim);
-FA_HIDDEN int fa_sm90_variant_compiled(int dtype, int kernel_head_dim, int consumers);
+FA_HIDDEN int fa_sm90_variant_compiled(int dtype, int kernel_head_dim, int block_n, int consumers);
 
 /* dispatch.c: the launchers. */
 FA_HIDDEN flashattn_status fa_dispatch(const flashattn_handle *h, const fa_plan *plan, void *workspace,

@@ -30,9 +30,9 @@ const fa_fused_config *fa_fused_config_for(int kernel_head_dim) {
     return NULL;
 }
 
-static const struct { fa_fused_config cfg; int32_t auto_min, masked_max_sq; } fa_sm90_configs[] = {
-#define FA_SM90_ROW(hd, bn, consumers, auto_min, masked_max_sq) \
-    {{hd, 64 * (consumers), bn, 4 * ((consumers) + 1)}, auto_min, masked_max_sq},
+static const struct { fa_fused_config cfg; int32_t auto_min, masked_max_sq, unmasked_min_sk; } fa_sm90_configs[] = {
+#define FA_SM90_ROW(hd, bn, consumers, auto_min, masked_max_sq, unmasked_min_sk) \
+    {{hd, 64 * (consumers), bn, 4 * ((consumers) + 1)}, auto_min, masked_max_sq, unmasked_min_sk},
     FA_SM90_CONFIGS(FA_SM90_ROW)
 #undef FA_SM90_ROW
 };
@@ -46,7 +46,8 @@ int fa_sm90_kernel_head_dim(int64_t head_dim) {
 
 const fa_fused_config *fa_sm90_config_for(int kernel_head_dim) {
     for (int i = 0; i < FA_NUM_SM90_CONFIGS; ++i)
-        if (fa_sm90_configs[i].cfg.head_dim == kernel_head_dim && fa_sm90_configs[i].masked_max_sq == 0)
+        if (fa_sm90_configs[i].cfg.head_dim == kernel_head_dim && fa_sm90_configs[i].masked_max_sq == 0 &&
+            fa_sm90_configs[i].unmasked_min_sk == 0)
             return &fa_sm90_configs[i].cfg;
     return NULL;
 }
@@ -54,14 +55,16 @@ const fa_fused_config *fa_sm90_config_for(int kernel_head_dim) {
 const fa_fused_config *fa_sm90_config_for_call(int kernel_head_dim, const flashattn_fwd_params *p) {
     const int masked = p->mask != FLASHATTN_MASK_NONE || p->window_left >= 0 || p->window_right >= 0;
     for (int i = 0; i < FA_NUM_SM90_CONFIGS; ++i) {
-        const int alt = fa_sm90_configs[i].masked_max_sq > 0;
+        const fa_fused_config *c = &fa_sm90_configs[i].cfg;
+        const int32_t masked_max = fa_sm90_configs[i].masked_max_sq, unmasked_min = fa_sm90_configs[i].unmasked_min_sk;
         /* Decode-shaped: a few query rows per head (packed by KV group when grouped) fill less than
          * one consumer's share of the smaller tile, so the larger one only adds idle consumers. */
-        const int decode = 2 * p->seqlen_q <= fa_sm90_configs[i].cfg.block_m;
-        if (fa_sm90_configs[i].cfg.head_dim == kernel_head_dim && alt &&
-            ((masked && p->seqlen_q <= fa_sm90_configs[i].masked_max_sq) || decode) &&
-            fa_sm90_variant_compiled(p->dtype, kernel_head_dim, fa_sm90_configs[i].cfg.block_m / 64))
-            return &fa_sm90_configs[i].cfg;
+        const int decode = 2 * p->seqlen_q <= c->block_m;
+        const int wanted = (masked_max > 0 && ((masked && p->seqlen_q <= masked_max) || decode)) ||
+                           (unmasked_min > 0 && !masked && !decode && p->seqlen_k >= unmasked_min);
+        if (c->head_dim == kernel_head_dim && wanted &&
+            fa_sm90_variant_compiled(p->dtype, kernel_head_dim, c->block_n, c->block_m / 64))
+            return c;
     }
     return fa_sm90_config_for(kernel_head_dim);
 }
@@ -250,7 +253,8 @@ static const char *sm90_unsupported_reason(const fa_device_caps *caps, const fla
     }
     const int khd = fa_sm90_kernel_head_dim(p->head_dim);
     const int compiled =
-        khd != 0 && fa_sm90_variant_compiled(p->dtype, khd, fa_sm90_config_for(khd)->block_m / 64);
+        khd != 0 && fa_sm90_variant_compiled(p->dtype, khd, fa_sm90_config_for(khd)->block_n,
+                                             fa_sm90_config_for(khd)->block_m / 64);
     if (head_dim_reason("fused_sm90", p, khd, compiled,
                         "FLASHATTN_HEAD_DIMS, and CMAKE_CUDA_ARCHITECTURES must include 90a", buf, n))
         return buf;

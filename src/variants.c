@@ -8,36 +8,38 @@
 #include "fa_instances.h"
 #include "internal.h"
 
-/* variant: 0 for FUSED; the number of consumer warpgroups for FUSED_SM90. */
+/* block_n and consumers: FUSED_SM90's key tile and consumer warpgroups (0 for FUSED). */
 typedef struct variant {
-    int dtype, head_dim, variant;
+    int dtype, head_dim, block_n, consumers;
 } variant;
 
 static const variant fa_fused_variants[] = {
-#define FA_ROW(NAME, DTYPE, HD) {DTYPE, HD, 0},
+#define FA_ROW(NAME, DTYPE, HD) {DTYPE, HD, 0, 0},
     FA_FUSED_INSTANCES(FA_ROW)
 #undef FA_ROW
-    {-1, 0, 0},
+    {-1, 0, 0, 0},
 };
 
 static const variant fa_sm90_variants[] = {
-#define FA_ROW(NAME, DTYPE, HD, NC) {DTYPE, HD, NC},
+#define FA_ROW(NAME, DTYPE, HD, BN, NC) {DTYPE, HD, BN, NC},
     FA_SM90_INSTANCES(FA_ROW)
 #undef FA_ROW
-    {-1, 0, 0},
+    {-1, 0, 0, 0},
 };
 
-/* wanted < 0: any variant. */
-static int has(const variant *table, int dtype, int head_dim, int wanted) {
+/* block_n, consumers < 0: any. */
+static int has(const variant *table, int dtype, int head_dim, int block_n, int consumers) {
     for (const variant *v = table; v->dtype >= 0; ++v)
-        if (v->dtype == dtype && v->head_dim == head_dim && (wanted < 0 || v->variant == wanted)) return 1;
+        if (v->dtype == dtype && v->head_dim == head_dim && (block_n < 0 || v->block_n == block_n) &&
+            (consumers < 0 || v->consumers == consumers))
+            return 1;
     return 0;
 }
 
-int fa_fused_compiled(int dtype, int kernel_head_dim) { return has(fa_fused_variants, dtype, kernel_head_dim, -1); }
+int fa_fused_compiled(int dtype, int kernel_head_dim) { return has(fa_fused_variants, dtype, kernel_head_dim, -1, -1); }
 
-int fa_sm90_compiled(int dtype, int kernel_head_dim) { return has(fa_sm90_variants, dtype, kernel_head_dim, -1); }
+int fa_sm90_compiled(int dtype, int kernel_head_dim) { return has(fa_sm90_variants, dtype, kernel_head_dim, -1, -1); }
 
-int fa_sm90_variant_compiled(int dtype, int kernel_head_dim, int consumers) {
-    return has(fa_sm90_variants, dtype, kernel_head_dim, consumers);
+int fa_sm90_variant_compiled(int dtype, int kernel_head_dim, int block_n, int consumers) {
+    return has(fa_sm90_variants, dtype, kernel_head_dim, block_n, consumers);
 }

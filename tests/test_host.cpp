@@ -1546,6 +1546,49 @@ TEST(Serving, A0_1CallerCannotSetServingFields) {
     EXPECT_EQ(0, plan.kp.serving);
 }
 
+TEST(Planning, Sm90HeadDim128TakesWideKeyTilesForLongUnmaskedCalls) {
+    if (!fa_sm90_compiled(FLASHATTN_DTYPE_BFLOAT16, 128)) GTEST_SKIP() << "no FUSED_SM90 d128 in this build";
+    flashattn_fwd_params p = valid_params();
+    p.seqlen_q = 1024, p.seqlen_k = 8192;
+    flashattn_fwd_params_set_packed_strides(&p);
+    fa_plan plan = plan_ok(p, h200_caps());
+    EXPECT_EQ(FLASHATTN_BACKEND_FUSED_SM90, plan.backend);
+    EXPECT_EQ(176, plan.cfg.block_n);  // no mask, 8192 keys: the wide tile
+    EXPECT_EQ(128, plan.cfg.block_m);
+    EXPECT_EQ(fa_sm90_smem_bytes(128, 128, 176, plan.kp.persistent), plan.smem_bytes);
+    EXPECT_LE(plan.smem_bytes, FA_SM90_SMEM_MAX);
+    p.head_dim = 72;  // head dims 65-128 run on the d128 kernel
+    flashattn_fwd_params_set_packed_strides(&p);
+    EXPECT_EQ(176, plan_ok(p, h200_caps()).cfg.block_n);
+    p.head_dim = 128, p.seqlen_k = 8191;
+    flashattn_fwd_params_set_packed_strides(&p);
+    EXPECT_EQ(128, plan_ok(p, h200_caps()).cfg.block_n);  // shorter: the default
+    p.seqlen_k = 16384, p.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+    flashattn_fwd_params_set_packed_strides(&p);
+    EXPECT_EQ(128, plan_ok(p, h200_caps()).cfg.block_n);  // masked: the default
+    p.mask = FLASHATTN_MASK_NONE, p.window_left = 4096;
+    EXPECT_EQ(128, plan_ok(p, h200_caps()).cfg.block_n);  // a window counts as a mask
+    p.window_left = -1, p.seqlen_q = 64;
+    flashattn_fwd_params_set_packed_strides(&p);
+    EXPECT_EQ(128, plan_ok(p, h200_caps()).cfg.block_n);  // decode-shaped: the default
+    p.seqlen_q = 65;
+    flashattn_fwd_params_set_packed_strides(&p);
+    EXPECT_EQ(176, plan_ok(p, h200_caps()).cfg.block_n);
+    // A serving call: the capacity seqlen_k decides.
+    flashattn_fwd_params v = valid_varlen_paged();
+    v.seqlen_k = 9000, v.pages_per_seq = (9000 + 15) / 16, v.block_table_batch_stride = v.pages_per_seq;
+    v.num_pages = 3 * v.pages_per_seq;
+    plan = plan_ok(v, h200_caps());
+    EXPECT_EQ(176, plan.cfg.block_n);
+    EXPECT_EQ(0, plan.kp.persistent);
+    // The plan names the kernel by its key tile.
+    const flashattn_handle h = fake_handle(h200_caps());
+    flashattn_plan_info info;
+    flashattn_plan_info_init(&info);
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_plan(&h, &v, &info)) << flashattn_last_error();
+    EXPECT_NE(std::string(info.kernel_name).find("_n176_"), std::string::npos) << info.kernel_name;
+}
+
 TEST(Serving, Sm90PageBoxesAreTheGcdOfPageAndKeyTile) {
     // TMA boxes of gcd(page size, block_n) keys: every multiple of 8 at block_n 80, 96, 112 and 128.
     EXPECT_EQ(16, fa_sm90_page_box(16, 128));

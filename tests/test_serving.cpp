@@ -419,6 +419,21 @@ TEST_F(Serving, PagedKvBoxesCrossKeyTiles) {
     print_stats("paged K/V, pages straddling key tiles (head dims 128, 192, 256)", st);
 }
 
+TEST_F(Serving, LongUnmaskedCallsTakeWideKeyTiles) {
+    // No mask over a capacity of 8192 keys or more at head dim 128: FUSED_SM90's 176-key tiles, with
+    // packed K/V, TMA pages (boxes of 16 and of 8 keys) and gathered pages (two lookups per lane).
+    Stats st;
+    for (KvMode kv : {kPackedKv, kPagedSeqused, kPagedCsr})
+        for (int64_t page : {16, 24, 19}) {
+            if (kv == kPackedKv && page != 16) continue;
+            Spec s;
+            s.d = 128, s.kv = kv, s.page_size = page;
+            s.sq = {37, 129, 0, 5}, s.sk = {8300, 9000, 50, 0};
+            run_and_check(h, s, st);
+        }
+    print_stats("no mask, 9000 keys, head dim 128 (176-key tiles)", st);
+}
+
 TEST_F(Serving, DecodeOverCaches) {
     // Dense Q [B, 1] (one new token per sequence) over a paged, an indexed and a plain dense cache,
     // with capacities above every length.
