@@ -539,12 +539,6 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     const int my_turn = turn_barrier(c), next_turn = turn_barrier((c + 1) % kNC);
     const float mult = kTransform ? 1.0f : p.scale_log2;
     int nth = 0, kv0 = 0; /* tiles done by this block, and their K/V tiles (the stages' running count) */
-    /* A persistent block with an O tile of its own carries each tile into the next: its last P V and
-     * the next tile's first S = Q K^T go to the tensor cores in one turn, and the epilogue runs while
-     * S does (`carried`: this tile's S_0 was issued so, at the end of the last one). Not with three
-     * consumers: at 160 registers each, the overlap spills. */
-    constexpr bool kCarry = Tr::kPersistent && Tr::kOwnO && kNC == 2;
-    bool carried = false;
     for (int work = work0;;) {
         const tile<Tr> tl = nth == 0 ? tl0 : tile<Tr>(p, bnd, work);
         const int b = tl.b, m0 = tl.m0, row_last = tl.row_last, tile_begin = tl.tile_begin, n_tiles = tl.n_tiles;
@@ -567,53 +561,38 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         for (int i = 0; i < kON; ++i) o[i] = 0.0f;
         float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
 
-        if (!(kCarry && carried)) {
-            mbar_wait(sm.bar_q, nth & 1);
-            if (c == kNC - 1) named_arrive(turn_barrier(0), kTurnThreads);
-        }
+        mbar_wait(sm.bar_q, nth & 1);
+        if (c == kNC - 1) named_arrive(turn_barrier(0), kTurnThreads);
 
-        /* S = Q K_kv^T for this consumer's rows, issued (not committed) with K from kv's stage. */
-        auto issue_s = [&](int kv) {
-            const uint32_t k_st = sm.k + (uint32_t)(kv & 1) * Tr::kKVBytes;
+        for (int it = 0; it < n_tiles; ++it) {
+            const int n0 = (tile_begin + it) * kBlockN;
+            const int kv = kv0 + it, st = kv & 1; /* K_it's and V_it's stage */
+            mbar_wait(sm.full_k + 8 * st, (kv >> 1) & 1);
+            if (it > 0) mbar_wait(sm.full_v + 8 * (st ^ 1), ((kv - 1) >> 1) & 1);
+            const uint32_t k_st = sm.k + (uint32_t)st * Tr::kKVBytes;
+
+            named_sync(my_turn, kTurnThreads); /* our turn on the tensor cores */
+            reg_fence(o);
+            reg_fence(pf);
+            wgmma_fence();
 #pragma unroll
             for (int ks = 0; ks < kHeadDim / 16; ++ks) {
                 const uint32_t col = (uint32_t)(ks / 4), sub = (uint32_t)(ks % 4) * 32;
                 wgmma_ss<kBlockN, kDtype>::run(s, smem_desc(q_wg + col * kBlockM * 128 + sub, 16, 1024),
                                                smem_desc(k_st + col * kBlockN * 128 + sub, 16, 1024), ks > 0);
             }
-        };
-        /* O += P V_kv, issued (not committed). */
-        auto issue_pv = [&](int kv) {
-            const uint32_t v_st = sm.v + (uint32_t)(kv & 1) * Tr::kKVBytes;
+            wgmma_commit();
+            if (it > 0) {
+                const uint32_t v_st = sm.v + (uint32_t)(st ^ 1) * Tr::kKVBytes;
+                wgmma_fence(); /* P and O were written by ordinary instructions since the last one */
 #pragma unroll
-            for (int kk = 0; kk < kBlockN / 16; ++kk)
-                wgmma_rs<kHeadDim, kDtype>::run(o, pf[kk], smem_desc(v_st + kk * 16 * 128, kBlockN * 128, 1024), 1);
-        };
-
-        for (int it = 0; it < n_tiles; ++it) {
-            const int n0 = (tile_begin + it) * kBlockN;
-            const int kv = kv0 + it, st = kv & 1; /* K_it's and V_it's stage */
-            if (kCarry && carried && it == 0) {
-                wgmma_wait<0>(); /* S_0, issued with the last tile's P V */
-            } else {
-                mbar_wait(sm.full_k + 8 * st, (kv >> 1) & 1);
-                if (it > 0) mbar_wait(sm.full_v + 8 * (st ^ 1), ((kv - 1) >> 1) & 1);
-
-                named_sync(my_turn, kTurnThreads); /* our turn on the tensor cores */
-                reg_fence(o);
-                reg_fence(pf);
-                wgmma_fence();
-                issue_s(kv);
-                wgmma_commit();
-                if (it > 0) {
-                    wgmma_fence(); /* P and O were written by ordinary instructions since the last one */
-                    issue_pv(kv - 1);
-                }
-                wgmma_commit(); /* empty on the first tile: "all but the newest group" then always means S */
-                named_arrive(next_turn, kTurnThreads); /* the next consumer's turn */
-
-                wgmma_wait<1>();
+                for (int kk = 0; kk < kBlockN / 16; ++kk)
+                    wgmma_rs<kHeadDim, kDtype>::run(o, pf[kk], smem_desc(v_st + kk * 16 * 128, kBlockN * 128, 1024), 1);
             }
+            wgmma_commit(); /* empty on the first tile: "all but the newest group" then always means S */
+            named_arrive(next_turn, kTurnThreads); /* the next consumer's turn */
+
+            wgmma_wait<1>();
             reg_fence(s);
             if (lane == 0) {
                 mbar_arrive(sm.empty_k + 8 * st); /* this warp is done with K_it */
@@ -653,33 +632,21 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             for (int kk = 0; kk < kBlockN / 16; ++kk) pack_p<kDtype>(s_at, kk, pf[kk]);
         }
 
-        /* The last tile's P V; a persistent block hands its V stage back for the next tile. Carrying
-         * into the next tile: its first S goes with it (once its Q and K_0 have landed), and runs on
-         * through the epilogue below. */
-        const int next = kCarry ? next_work(work) : works;
-        const bool carry = kCarry && next < works;
+        /* The last tile's P V; a persistent block hands its V stage back for the next tile. */
         {
             const int kv = kv0 + n_tiles - 1, st = kv & 1;
             mbar_wait(sm.full_v + 8 * st, (kv >> 1) & 1);
-            if (carry) {
-                mbar_wait(sm.bar_q, (nth + 1) & 1);
-                mbar_wait(sm.full_k + 8 * ((kv + 1) & 1), ((kv + 1) >> 1) & 1);
-            }
+            const uint32_t v_st = sm.v + (uint32_t)st * Tr::kKVBytes;
             named_sync(my_turn, kTurnThreads);
             reg_fence(o);
             reg_fence(pf);
             wgmma_fence();
-            issue_pv(kv);
+#pragma unroll
+            for (int kk = 0; kk < kBlockN / 16; ++kk)
+                wgmma_rs<kHeadDim, kDtype>::run(o, pf[kk], smem_desc(v_st + kk * 16 * 128, kBlockN * 128, 1024), 1);
             wgmma_commit();
-            if (carry) {
-                issue_s(kv + 1);
-                wgmma_commit();
-                named_arrive(next_turn, kTurnThreads); /* the next tile's round goes on */
-                wgmma_wait<1>();
-            } else {
-                if (c != kNC - 1) named_arrive(next_turn, kTurnThreads); /* nobody waits for consumer 0 again this tile */
-                wgmma_wait<0>();
-            }
+            if (c != kNC - 1) named_arrive(next_turn, kTurnThreads); /* nobody waits for consumer 0 again this tile */
+            wgmma_wait<0>();
             reg_fence(o);
             if (Tr::kPersistent && lane == 0) mbar_arrive(sm.empty_v + 8 * st);
         }
@@ -744,8 +711,8 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             __syncwarp();
             if (lane == 0) mbar_arrive(sm.empty_q);
         }
-        ++nth, kv0 += n_tiles, carried = carry;
-        if (!kPersistent || (work = kCarry ? next : next_work(work)) >= works) break;
+        ++nth, kv0 += n_tiles;
+        if (!kPersistent || (work = next_work(work)) >= works) break;
     }
     if (Tr::kPersistent && p.o_tma && tid % kWarpgroupThreads == 0) bulk_wait(); /* the last stores */
 #endif
