@@ -564,30 +564,39 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         mbar_wait(sm.bar_q, nth & 1);
         if (c == kNC - 1) named_arrive(turn_barrier(0), kTurnThreads);
 
-        for (int it = 0; it < n_tiles; ++it) {
-            const int n0 = (tile_begin + it) * kBlockN;
-            const int kv = kv0 + it, st = kv & 1; /* K_it's and V_it's stage */
-            mbar_wait(sm.full_k + 8 * st, (kv >> 1) & 1);
-            if (it > 0) mbar_wait(sm.full_v + 8 * (st ^ 1), ((kv - 1) >> 1) & 1);
-            const uint32_t k_st = sm.k + (uint32_t)st * Tr::kKVBytes;
-
-            named_sync(my_turn, kTurnThreads); /* our turn on the tensor cores */
-            reg_fence(o);
-            reg_fence(pf);
-            wgmma_fence();
+        /* S = Q K_kv^T for this consumer's rows, issued (not committed) with K from kv's stage. */
+        auto issue_s = [&](int kv) {
+            const uint32_t k_st = sm.k + (uint32_t)(kv & 1) * Tr::kKVBytes;
 #pragma unroll
             for (int ks = 0; ks < kHeadDim / 16; ++ks) {
                 const uint32_t col = (uint32_t)(ks / 4), sub = (uint32_t)(ks % 4) * 32;
                 wgmma_ss<kBlockN, kDtype>::run(s, smem_desc(q_wg + col * kBlockM * 128 + sub, 16, 1024),
                                                smem_desc(k_st + col * kBlockN * 128 + sub, 16, 1024), ks > 0);
             }
+        };
+        /* O += P V_kv, issued (not committed). */
+        auto issue_pv = [&](int kv) {
+            const uint32_t v_st = sm.v + (uint32_t)(kv & 1) * Tr::kKVBytes;
+#pragma unroll
+            for (int kk = 0; kk < kBlockN / 16; ++kk)
+                wgmma_rs<kHeadDim, kDtype>::run(o, pf[kk], smem_desc(v_st + kk * 16 * 128, kBlockN * 128, 1024), 1);
+        };
+
+        for (int it = 0; it < n_tiles; ++it) {
+            const int n0 = (tile_begin + it) * kBlockN;
+            const int kv = kv0 + it, st = kv & 1; /* K_it's and V_it's stage */
+            mbar_wait(sm.full_k + 8 * st, (kv >> 1) & 1);
+            if (it > 0) mbar_wait(sm.full_v + 8 * (st ^ 1), ((kv - 1) >> 1) & 1);
+
+            named_sync(my_turn, kTurnThreads); /* our turn on the tensor cores */
+            reg_fence(o);
+            reg_fence(pf);
+            wgmma_fence();
+            issue_s(kv);
             wgmma_commit();
             if (it > 0) {
-                const uint32_t v_st = sm.v + (uint32_t)(st ^ 1) * Tr::kKVBytes;
                 wgmma_fence(); /* P and O were written by ordinary instructions since the last one */
-#pragma unroll
-                for (int kk = 0; kk < kBlockN / 16; ++kk)
-                    wgmma_rs<kHeadDim, kDtype>::run(o, pf[kk], smem_desc(v_st + kk * 16 * 128, kBlockN * 128, 1024), 1);
+                issue_pv(kv - 1);
             }
             wgmma_commit(); /* empty on the first tile: "all but the newest group" then always means S */
             named_arrive(next_turn, kTurnThreads); /* the next consumer's turn */
@@ -636,14 +645,11 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         {
             const int kv = kv0 + n_tiles - 1, st = kv & 1;
             mbar_wait(sm.full_v + 8 * st, (kv >> 1) & 1);
-            const uint32_t v_st = sm.v + (uint32_t)st * Tr::kKVBytes;
             named_sync(my_turn, kTurnThreads);
             reg_fence(o);
             reg_fence(pf);
             wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < kBlockN / 16; ++kk)
-                wgmma_rs<kHeadDim, kDtype>::run(o, pf[kk], smem_desc(v_st + kk * 16 * 128, kBlockN * 128, 1024), 1);
+            issue_pv(kv);
             wgmma_commit();
             if (c != kNC - 1) named_arrive(next_turn, kTurnThreads); /* nobody waits for consumer 0 again this tile */
             wgmma_wait<0>();
