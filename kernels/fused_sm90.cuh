@@ -73,46 +73,40 @@ template <int kDtype, int kHeadDim, int kKeyTile, int kNumConsumers, bool kPersi
     static constexpr int kConsumerRegs = kConsumerShare > 240 ? 240 : kConsumerShare;
     static constexpr int kChunks = kHeadDim / 8; /* 16-byte chunks per row */
     static constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2, kKVBytes = kBlockN * kHeadDim * 2;
-    /* A persistent block (p.persistent: tile after tile) has two Q buffers where they fit, tile n's
-     * Q in buffer n % 2, so the next tile's Q loads while this one runs; O is staged in the rows of
-     * the tile's own Q buffer (which the next Q but one waits for). */
+    /* A persistent block (p.persistent: tile after tile) stages O in a tile of its own where it
+     * fits, so the next tile's Q can load during the epilogue; otherwise O is staged in Q's rows. */
     static constexpr bool kPersistent = kPersistentBlock;
-    static constexpr int kQBufs = kPersistent && 1024 + 2 * kQBytes + 4 * kKVBytes + 128 <= FA_SM90_SMEM_MAX ? 2 : 1;
-    static constexpr int kSmemBytes = 1024 + (int)(kQBufs * kQBytes + 4 * kKVBytes) + 128;
-    static_assert(kSmemBytes == (int)(1024 + 2 * kHeadDim * (kBlockM + 4 * kBlockN) + 128 + (kQBufs - 1) * 2 * kHeadDim * kBlockM),
+    static constexpr bool kOwnO = kPersistent && 1024 + 2 * kQBytes + 4 * kKVBytes + 128 <= FA_SM90_SMEM_MAX;
+    static constexpr uint32_t kOBytes = kOwnO ? kQBytes : 0;
+    static constexpr int kSmemBytes = 1024 + (int)(kQBytes + kOBytes + 4 * kKVBytes) + 128;
+    static_assert(kSmemBytes == (int)(1024 + 2 * kHeadDim * (kBlockM + 4 * kBlockN) + 128 + (kOwnO ? 2 * kHeadDim * kBlockM : 0)),
                   "see fa_sm90_smem_bytes (the launcher checks the planner's figure against kSmemBytes)");
     static_assert(kHeadDim % 64 == 0 && kBlockN % 16 == 0 && kBlockN <= 256, "tile shape");
     static_assert(kConsumers == 2 || kConsumers == 3, "one producer and two or three consumer warpgroups");
 };
 
-/* Shared memory: Q's buffers (1024-byte aligned for the swizzle atom; the epilogue stages O in the
- * tile's own), two stages of K, two of V, then the mbarriers (8 bytes each): K and V stage s full
- * (the TMA landed) and empty (every consumer warp is done with it), full_* and empty_* stage 0's and
- * stage s's 8 s bytes on; per Q buffer, loaded and free (every consumer warp is done with it and its
- * O has been read out: a persistent block's next Q for it may load). */
+/* Shared memory: Q (1024-byte aligned for the swizzle atom), the epilogue's O tile (Tr::kOwnO; else
+ * o is Q's), two stages of K, two of V, then the mbarriers (8 bytes each): Q loaded and Q free (every
+ * consumer warp is done with it: a persistent block's next Q may load); K and V stage s full (the
+ * TMA landed) and empty (every consumer warp is done with it). full_* and empty_* are stage 0's;
+ * stage s's is 8 s bytes on. */
 template <class Tr> struct smem_layout {
-    uint32_t q, k, v, full_k, full_v, empty_k, empty_v, bar_q0, empty_q0;
+    uint32_t q, o, k, v, bar_q, full_k, full_v, empty_k, empty_v, empty_q;
     __device__ __forceinline__ explicit smem_layout(uint32_t raw) {
         q = (raw + 1023u) & ~1023u;
-        k = q + Tr::kQBufs * Tr::kQBytes;
+        o = Tr::kOwnO ? q + Tr::kQBytes : q;
+        k = q + Tr::kQBytes + Tr::kOBytes;
         v = k + 2 * Tr::kKVBytes;
-        const uint32_t bars = v + 2 * Tr::kKVBytes;
-        full_k = bars, full_v = bars + 16, empty_k = bars + 32, empty_v = bars + 48, bar_q0 = bars + 64, empty_q0 = bars + 80;
+        bar_q = v + 2 * Tr::kKVBytes;
+        full_k = bar_q + 8, full_v = bar_q + 24, empty_k = bar_q + 40, empty_v = bar_q + 56, empty_q = bar_q + 72;
     }
-    /* Q buffer n's address and barriers (n < Tr::kQBufs). */
-    __device__ __forceinline__ uint32_t q_buf(int n) const { return q + (uint32_t)n * Tr::kQBytes; }
-    __device__ __forceinline__ uint32_t bar_q(int n = 0) const { return bar_q0 + 8u * (uint32_t)n; }
-    __device__ __forceinline__ uint32_t empty_q(int n = 0) const { return empty_q0 + 8u * (uint32_t)n; }
     /* Thread 0, before the block's first barrier: a load arrives once (with its byte count), a
      * stage or Q is handed back once per consumer warp. */
     /* The K/V stages are filled by `full_arrivals` producer threads: 1 with TMA, the whole producer
      * warpgroup when a serving call gathers its pages with cp.async. */
     __device__ __forceinline__ void init_barriers(int full_arrivals = 1) const {
-#pragma unroll
-        for (int n = 0; n < Tr::kQBufs; ++n) {
-            mbar_init(bar_q(n), 1);
-            if (Tr::kPersistent) mbar_init(empty_q(n), 4 * Tr::kConsumers);
-        }
+        mbar_init(bar_q, 1);
+        if (Tr::kPersistent) mbar_init(empty_q, 4 * Tr::kConsumers);
 #pragma unroll
         for (int st = 0; st < 2; ++st) {
             mbar_init(full_k + 8 * st, full_arrivals);
@@ -227,9 +221,9 @@ __device__ __forceinline__ void store_empty(const fa_kernel_params &p, const til
 
 /* The producer (one thread) of one tile: TMA loads of Q once, then of K_j and V_j into two stages
  * each as the consumers hand the stages back. A persistent block's tiles follow one another: `nth`
- * is the tile's number in the block (its Q goes to buffer nth % kQBufs once the consumers are done
- * with the tile that used it last), `kv0` how many K (and V) tiles the block loaded before it (the
- * stages and their phases run on across tiles). */
+ * is the tile's number in the block (its Q waits until every consumer warp is done with the last
+ * one's), `kv0` how many K (and V) tiles the block loaded before it (the stages and their phases
+ * run on across tiles). */
 template <class Tr>
 __device__ __forceinline__ void produce(const tile<Tr> &tl, const smem_layout<Tr> &sm, const CUtensorMap *tm_q,
                                         const CUtensorMap *tm_k, const CUtensorMap *tm_v, int nth = 0, int kv0 = 0) {
@@ -247,19 +241,18 @@ __device__ __forceinline__ void produce(const tile<Tr> &tl, const smem_layout<Tr
         if (g >= 2) mbar_wait(empty + 8 * (g & 1), ((g - 2) >> 1) & 1);
         return (uint32_t)(g & 1);
     };
-    const int qb = nth % Tr::kQBufs;
     auto load_q = [&] {
-        if (nth >= Tr::kQBufs) mbar_wait(sm.empty_q(qb), ((nth - Tr::kQBufs) / Tr::kQBufs) & 1);
-        mbar_expect_tx(sm.bar_q(qb), (uint32_t)(kCB * 128 * tl.rows_per_head * tl.heads));
+        mbar_expect_tx(sm.bar_q, (uint32_t)(kCB * 128 * tl.rows_per_head * tl.heads));
 #pragma unroll
-        for (int cb = 0; cb < kCB; ++cb)
-            tma_load(sm.q_buf(qb) + cb * Tr::kBlockM * 128, tm_q, cb * 64, tl.m0, tl.h0, tl.b, sm.bar_q(qb));
+        for (int cb = 0; cb < kCB; ++cb) tma_load(sm.q + cb * Tr::kBlockM * 128, tm_q, cb * 64, tl.m0, tl.h0, tl.b, sm.bar_q);
     };
-    /* With one buffer, the last tile's Q is in use until its epilogue: K_0 first. */
-    if (nth == 0 || Tr::kQBufs == 2) load_q();
+    if (nth == 0) load_q();
     uint32_t st = stage_free(sm.empty_k, 0);
     load_kv(tm_k, sm.k + st * Tr::kKVBytes, sm.full_k + 8 * st, 0);
-    if (nth > 0 && Tr::kQBufs == 1) load_q();
+    if (nth > 0) { /* the last tile's K is in flight; Q once the consumers are done with the last one's */
+        mbar_wait(sm.empty_q, (nth - 1) & 1);
+        load_q();
+    }
     for (int j = 0; j < tl.n_tiles; ++j) {
         /* K_{j+1} once S_{j-1} is done with its stage; V_j once P V_{j-2} is done with its. */
         if (j + 1 < tl.n_tiles) {
@@ -290,10 +283,10 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
     using T = typename Tr::T;
     constexpr int kCB = Tr::kChunks / 8;
     if (ptid == 0) {
-        mbar_expect_tx(sm.bar_q(), (uint32_t)(kCB * 128 * tl.rows_per_head * tl.heads));
+        mbar_expect_tx(sm.bar_q, (uint32_t)(kCB * 128 * tl.rows_per_head * tl.heads));
         const int qb = sq.packed_q ? 0 : tl.b, q0 = (int)sq.s.q_row0 + tl.m0;
 #pragma unroll
-        for (int cb = 0; cb < kCB; ++cb) tma_load(sm.q + cb * Tr::kBlockM * 128, tm_q, cb * 64, q0, tl.h0, qb, sm.bar_q());
+        for (int cb = 0; cb < kCB; ++cb) tma_load(sm.q + cb * Tr::kBlockM * 128, tm_q, cb * 64, q0, tl.h0, qb, sm.bar_q);
     }
     const int32_t *table = p.block_table + sq.s.page0;
     const int rows_valid = sq.s.kv_valid ? sq.s.seqlen_k : 0;
@@ -403,10 +396,10 @@ __device__ __forceinline__ void produce_serving(const fa_kernel_params &p, const
         return;
     }
     if (leader) {
-        mbar_expect_tx(sm.bar_q(), (uint32_t)(kCB * 128 * tl.rows_per_head * tl.heads));
+        mbar_expect_tx(sm.bar_q, (uint32_t)(kCB * 128 * tl.rows_per_head * tl.heads));
         const int qb = sq.packed_q ? 0 : tl.b, q0 = (int)sq.s.q_row0 + tl.m0;
 #pragma unroll
-        for (int cb = 0; cb < kCB; ++cb) tma_load(sm.q + cb * Tr::kBlockM * 128, tm_q, cb * 64, q0, tl.h0, qb, sm.bar_q());
+        for (int cb = 0; cb < kCB; ++cb) tma_load(sm.q + cb * Tr::kBlockM * 128, tm_q, cb * 64, q0, tl.h0, qb, sm.bar_q);
     }
     const bool paged = p.block_table != nullptr;
     const int box = paged ? fa_sm90_page_box(p.page_size, Tr::kBlockN) : Tr::kBlockN, boxes = Tr::kBlockN / box;
@@ -540,32 +533,14 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     const int c = wg - 1; /* consumer index: tile rows 64c..64c+63 */
     const int g = lane / 4, t = lane % 4;
     const int trow = c * 64 + ((tid % kWarpgroupThreads) / 32) * 16 + g; /* this thread's tile rows: trow, trow + 8 */
-    const uint32_t q_rows = (uint32_t)c * 64 * 128; /* this consumer's 64 rows of a Q buffer */
+    const uint32_t q_wg = sm.q + (uint32_t)c * 64 * 128; /* this consumer's 64 rows of Q */
     /* Turns go round: consumer c waits on its turn barrier and then passes to c + 1 (mod C); the
      * last one starts each tile's round by passing to consumer 0. */
     const int my_turn = turn_barrier(c), next_turn = turn_barrier((c + 1) % kNC);
     const float mult = kTransform ? 1.0f : p.scale_log2;
     int nth = 0, kv0 = 0; /* tiles done by this block, and their K/V tiles (the stages' running count) */
-    /* A persistent block with two Q buffers and two consumers carries each tile into the next: its
-     * last P V and the next tile's first S = Q K^T go to the tensor cores in one turn (the next Q
-     * loaded meanwhile into the other buffer), and the epilogue runs while that S does (`carried`:
-     * this tile's S_0 was issued so, at the end of the last one). Not with three consumers: at 160
-     * registers each, the overlap spills. */
-    constexpr bool kCarry = Tr::kPersistent && Tr::kQBufs == 2 && kNC == 2;
-    bool carried = false;
-    int release_q = -1; /* a Q buffer whose O stores may still be reading it (two buffers) */
-    auto hand_back_q = [&](int n) {
-        if (p.o_tma) {
-            if (tid % kWarpgroupThreads == 0) bulk_wait_read();
-        } else {
-            fence_proxy_async_shared(); /* O was read out by ordinary loads; the next Q lands by TMA */
-        }
-        __syncwarp();
-        if (lane == 0) mbar_arrive(sm.empty_q(n));
-    };
     for (int work = work0;;) {
         const tile<Tr> tl = nth == 0 ? tl0 : tile<Tr>(p, bnd, work);
-        const int qb = nth % Tr::kQBufs; /* this tile's Q buffer; its O is staged there too */
         const int b = tl.b, m0 = tl.m0, row_last = tl.row_last, tile_begin = tl.tile_begin, n_tiles = tl.n_tiles;
         auto row_target = [&](int r, int &head, int &pos) { return tl.row_target(bnd, r, head, pos); };
         auto lse_slot = [&](int head, int pos) { return tl.lse_slot(p, head, pos, sq.lse_row0()); };
@@ -586,14 +561,12 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         for (int i = 0; i < kON; ++i) o[i] = 0.0f;
         float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
 
-        if (!(kCarry && carried)) {
-            mbar_wait(sm.bar_q(qb), (nth / Tr::kQBufs) & 1);
-            if (c == kNC - 1) named_arrive(turn_barrier(0), kTurnThreads);
-        }
+        mbar_wait(sm.bar_q, nth & 1);
+        if (c == kNC - 1) named_arrive(turn_barrier(0), kTurnThreads);
 
-        /* S = Q K_kv^T for this consumer's rows of Q buffer n, issued (not committed) with K from kv's stage. */
-        auto issue_s = [&](int n, int kv) {
-            const uint32_t q_wg = sm.q_buf(n) + q_rows, k_st = sm.k + (uint32_t)(kv & 1) * Tr::kKVBytes;
+        /* S = Q K_kv^T for this consumer's rows, issued (not committed) with K from kv's stage. */
+        auto issue_s = [&](int kv) {
+            const uint32_t k_st = sm.k + (uint32_t)(kv & 1) * Tr::kKVBytes;
 #pragma unroll
             for (int ks = 0; ks < kHeadDim / 16; ++ks) {
                 const uint32_t col = (uint32_t)(ks / 4), sub = (uint32_t)(ks % 4) * 32;
@@ -612,32 +585,28 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         for (int it = 0; it < n_tiles; ++it) {
             const int n0 = (tile_begin + it) * kBlockN;
             const int kv = kv0 + it, st = kv & 1; /* K_it's and V_it's stage */
-            if (kCarry && carried && it == 0) {
-                wgmma_wait<0>(); /* S_0, issued with the last tile's P V */
-            } else {
-                mbar_wait(sm.full_k + 8 * st, (kv >> 1) & 1);
-                if (it > 0) mbar_wait(sm.full_v + 8 * (st ^ 1), ((kv - 1) >> 1) & 1);
+            mbar_wait(sm.full_k + 8 * st, (kv >> 1) & 1);
+            if (it > 0) mbar_wait(sm.full_v + 8 * (st ^ 1), ((kv - 1) >> 1) & 1);
 
-                named_sync(my_turn, kTurnThreads); /* our turn on the tensor cores */
-                reg_fence(o);
-                reg_fence(pf);
-                wgmma_fence();
-                issue_s(qb, kv);
-                wgmma_commit();
-                if (it > 0) {
-                    wgmma_fence(); /* P and O were written by ordinary instructions since the last one */
-                    issue_pv(kv - 1);
-                }
-                wgmma_commit(); /* empty on the first tile: "all but the newest group" then always means S */
-                named_arrive(next_turn, kTurnThreads); /* the next consumer's turn */
-
-                wgmma_wait<1>();
+            named_sync(my_turn, kTurnThreads); /* our turn on the tensor cores */
+            reg_fence(o);
+            reg_fence(pf);
+            wgmma_fence();
+            issue_s(kv);
+            wgmma_commit();
+            if (it > 0) {
+                wgmma_fence(); /* P and O were written by ordinary instructions since the last one */
+                issue_pv(kv - 1);
             }
+            wgmma_commit(); /* empty on the first tile: "all but the newest group" then always means S */
+            named_arrive(next_turn, kTurnThreads); /* the next consumer's turn */
+
+            wgmma_wait<1>();
             reg_fence(s);
-            if (lane == 0) mbar_arrive(sm.empty_k + 8 * st); /* this warp is done with K_it */
-            if (Tr::kQBufs == 2 && it == 0 && release_q >= 0) {
-                hand_back_q(release_q);
-                release_q = -1;
+            if (lane == 0) {
+                mbar_arrive(sm.empty_k + 8 * st); /* this warp is done with K_it */
+                /* and with Q, after the last S (O has a tile of its own) */
+                if (Tr::kPersistent && Tr::kOwnO && it == n_tiles - 1) mbar_arrive(sm.empty_q);
             }
 
             if constexpr (kTransform) {
@@ -672,33 +641,18 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             for (int kk = 0; kk < kBlockN / 16; ++kk) pack_p<kDtype>(s_at, kk, pf[kk]);
         }
 
-        /* The last tile's P V; a persistent block hands its V stage back for the next tile. Carrying
-         * into the next tile: its first S goes with it (its Q and K_0 have landed by then, as a rule),
-         * and runs on through the epilogue below. */
-        const int next = kCarry ? next_work(work) : works;
-        const bool carry = kCarry && next < works;
+        /* The last tile's P V; a persistent block hands its V stage back for the next tile. */
         {
             const int kv = kv0 + n_tiles - 1, st = kv & 1;
             mbar_wait(sm.full_v + 8 * st, (kv >> 1) & 1);
-            if (carry) {
-                mbar_wait(sm.bar_q((nth + 1) % Tr::kQBufs), ((nth + 1) / Tr::kQBufs) & 1);
-                mbar_wait(sm.full_k + 8 * ((kv + 1) & 1), ((kv + 1) >> 1) & 1);
-            }
             named_sync(my_turn, kTurnThreads);
             reg_fence(o);
             reg_fence(pf);
             wgmma_fence();
             issue_pv(kv);
             wgmma_commit();
-            if (carry) {
-                issue_s((nth + 1) % Tr::kQBufs, kv + 1);
-                wgmma_commit();
-                named_arrive(next_turn, kTurnThreads); /* the next tile's round goes on */
-                wgmma_wait<1>();
-            } else {
-                if (c != kNC - 1) named_arrive(next_turn, kTurnThreads); /* nobody waits for consumer 0 again this tile */
-                wgmma_wait<0>();
-            }
+            if (c != kNC - 1) named_arrive(next_turn, kTurnThreads); /* nobody waits for consumer 0 again this tile */
+            wgmma_wait<0>();
             reg_fence(o);
             if (Tr::kPersistent && lane == 0) mbar_arrive(sm.empty_v + 8 * st);
         }
@@ -716,18 +670,22 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             store_split_partial(p, tl, o, inv_r, valid_r, head_r, pos_r, t);
             return;
         }
-        /* Epilogue: normalise; stage O (swizzled, conflict-free) in this consumer's 64 rows of the
-         * tile's Q buffer (only this consumer's finished S products read them); store rows with 16-byte
-         * writes, or (p.o_tma) as TMA boxes that one thread issues and nobody waits for until the
-         * buffer is handed back for a later Q. */
+        /* Epilogue: normalise; stage O (swizzled, conflict-free) in this consumer's 64 rows of the O tile
+         * (Q's rows when O has no tile of its own: only this consumer's finished S products read them);
+         * store rows with 16-byte writes, or (p.o_tma) as TMA boxes that one thread issues and the
+         * consumers do not wait for: the next tile's staging waits until they have read the tile
+         * (in Q's rows, the next Q's load waits for it). */
         const bool tma_out = Tr::kPersistent && p.o_tma;
-        const uint32_t o_tile = sm.q_buf(qb);
+        if (tma_out) {
+            if (tid % kWarpgroupThreads == 0) bulk_wait_read(); /* the last tile's stores read these rows */
+            named_sync(epilogue_barrier(c, kNC), kWarpgroupThreads);
+        }
 #pragma unroll
         for (int r = 0; r < 2; ++r)
 #pragma unroll
             for (int j = 0; j < kHeadDim / 8; ++j) {
                 const uint32_t v = pack_pair<kDtype>(o[4 * j + 2 * r] * inv_r[r], o[4 * j + 2 * r + 1] * inv_r[r]);
-                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(o_tile + swz_off<kBlockM>(trow + 8 * r, j) + 4 * t), "r"(v)
+                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sm.o + swz_off<kBlockM>(trow + 8 * r, j) + 4 * t), "r"(v)
                              : "memory");
             }
         if (tma_out) fence_proxy_async_shared(); /* the staged rows, before the TMA reads them */
@@ -736,7 +694,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             if (tid % kWarpgroupThreads == 0) {
 #pragma unroll
                 for (int cb = 0; cb < Tr::kChunks / 8; ++cb)
-                    tma_store(&tm_o, o_tile + (uint32_t)(cb * kBlockM + c * 64) * 128, cb * 64, m0 + c * 64, tl.h0, b);
+                    tma_store(&tm_o, sm.o + (uint32_t)(cb * kBlockM + c * 64) * 128, cb * 64, m0 + c * 64, tl.h0, b);
                 bulk_commit();
             }
         } else {
@@ -747,20 +705,20 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                     uint4 v;
                     asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
                                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                                 : "r"(o_tile + swz_off<kBlockM>(rl, ch))
+                                 : "r"(sm.o + swz_off<kBlockM>(rl, ch))
                                  : "memory");
                     *reinterpret_cast<uint4 *>((T *)p.o + b * p.o_batch_stride + head * p.o_head_stride +
                                                ((int64_t)pos + sq.q_row0()) * p.o_seq_stride + ch * 8) = v;
                 }
             }
         }
-        /* The buffer goes back for a later Q once this warp is done with it and the stores have read
-         * it: at once with one buffer (the next Q waits for it); with two, during the next tile's
-         * first key tile (the Q after next waits for it), so the stores are not waited for here. */
-        if (Tr::kPersistent && Tr::kQBufs == 1) hand_back_q(qb);
-        if (Tr::kPersistent && Tr::kQBufs == 2) release_q = qb;
-        ++nth, kv0 += n_tiles, carried = carry;
-        if (!kPersistent || (work = kCarry ? next : next_work(work)) >= works) break;
+        if (Tr::kPersistent && !Tr::kOwnO) { /* Q's rows held O: this warp is done with Q now */
+            if (tma_out && tid % kWarpgroupThreads == 0) bulk_wait_read(); /* and the stores have read them */
+            __syncwarp();
+            if (lane == 0) mbar_arrive(sm.empty_q);
+        }
+        ++nth, kv0 += n_tiles;
+        if (!kPersistent || (work = next_work(work)) >= works) break;
     }
     if (Tr::kPersistent && p.o_tma && tid % kWarpgroupThreads == 0) bulk_wait(); /* the last stores */
 #endif
