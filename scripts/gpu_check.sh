@@ -89,15 +89,12 @@ if [[ " $steps " == *" abtree "* ]]; then
   cmake -S "$AB_OLD" -B "$AB_OLD/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_BUILD_TESTS=OFF >/dev/null &&
     cmake --build "$AB_OLD/build" -j "$(nproc)" --target flashattn_bench > /tmp/flashattn_ab_build.log 2>&1 ||
     { tail -20 /tmp/flashattn_ab_build.log; exit 1; }
-  files=()
-  for round in 1 2; do
-    for side in a b; do
-      exe=$([ $side = a ] && echo "$AB_OLD/build/benchmarks/flashattn_bench" || echo build/benchmarks/flashattn_bench)
-      "$exe" ${AB_ARGS:-} --no-check --iters 15 --warmup 3 --json "$OUT/ab_${side}${round}.json" > /dev/null 2>> "$OUT/ab.log"
-      files+=("$OUT/ab_${side}${round}.json")
-    done
+  # A B B A: a drift over the run (clocks, temperature) weighs on both sides alike.
+  for run in a1 b1 b2 a2; do
+    exe=$([ ${run:0:1} = a ] && echo "$AB_OLD/build/benchmarks/flashattn_bench" || echo build/benchmarks/flashattn_bench)
+    "$exe" ${AB_ARGS:-} --no-check --iters 15 --warmup 3 --json "$OUT/ab_${run}.json" > /dev/null 2>> "$OUT/ab.log"
   done
-  python3 benchmarks/ab_compare.py "${files[@]}" > "$OUT/ab_compare.txt"
+  python3 benchmarks/ab_compare.py "$OUT/ab_a1.json" "$OUT/ab_b1.json" "$OUT/ab_a2.json" "$OUT/ab_b2.json" > "$OUT/ab_compare.txt"
   summary+=("abtree (A = $AB_OLD, B = this tree): $(tail -1 "$OUT/ab_compare.txt")")
 fi
 if want peers && [ -f benchmarks/compare_peers.py ]; then
