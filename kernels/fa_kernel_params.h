@@ -89,9 +89,9 @@ typedef struct fa_kernel_params {
     /* FUSED_SM90 dense calls with more query tiles than SMs, no window, no split, no pack_gqa:
      * grid_x blocks stay resident and each takes tile after tile (fa_persistent_first, then
      * fa_persistent_next), its producer loading the next tile's Q and K while the consumers finish
-     * this one. 1: no mask, every tile
-     * the same work; 2: a causal mask with seqlen_q <= seqlen_k, a tile's work growing linearly with
-     * its query position, taken in pairs of equal work. 0: one tile a block. */
+     * this one. 1: no mask, every tile the same work; 2: a causal mask with seqlen_q <= seqlen_k, a
+     * tile's work growing linearly with its query position, taken in pairs of equal work. 0: one
+     * tile a block. */
     int32_t persistent;
     /* Set by the FUSED_SM90 launcher for a persistent block: O leaves shared memory by TMA stores
      * (its tensor map encoded). */
@@ -104,15 +104,10 @@ typedef struct fa_kernel_params {
 #define FA_HOST_DEVICE
 #endif
 
-/* The tile of the block at `linear` (= x + grid_x (y + grid_y z), the order blocks are dispatched)
- * under kp->sched_heads > 0: the blocks run section by section, a section being sched_heads
- * consecutive (batch, head) pairs bh = batch * heads_q + head (the last one may hold fewer); within
- * a section, every pair's heaviest query tile first (m_block num_m_blocks - 1), then every pair's
- * next, and so on. A bijection between [0, num_m_blocks x batch x heads_q) and the (m_block, bh)
- * pairs (tests/test_host.cpp checks it). */
 /* Persistent blocks (kp->persistent): how many work numbers there are, the ones a block takes
- * (fa_persistent_first, then fa_persistent_next), and the tile a work number stands for. persistent 1: work w is tile w of the grid order (query
- * tile fastest, then head, then batch); block i takes i, i + grid_x, ... persistent 2: first the
+ * (fa_persistent_first, then fa_persistent_next), and the tile a work number stands for.
+ * persistent 1: work w is tile w of the grid order (query tile fastest, then head, then batch);
+ * block i takes i, i + grid_x, ... persistent 2: first the
  * units, unit u = bh x (m / 2) + j the pair of query tiles m - 1 - j (work 2u, the heavier under
  * a causal mask) and j (work 2u + 1) of (batch, head) pair bh, m = num_m_blocks: a pair's work is
  * the same for every j, and block i takes units i, i + grid_x, ...; then, when m is odd, the
@@ -156,6 +151,12 @@ static inline FA_HOST_DEVICE void fa_persistent_tile(const fa_kernel_params *kp,
     *m_block = (work & 1) ? j : m - 1 - j;
 }
 
+/* The tile of the block at `linear` (= x + grid_x (y + grid_y z), the order blocks are dispatched)
+ * under kp->sched_heads > 0: the blocks run section by section, a section being sched_heads
+ * consecutive (batch, head) pairs bh = batch * heads_q + head (the last one may hold fewer); within
+ * a section, every pair's heaviest query tile first (m_block num_m_blocks - 1), then every pair's
+ * next, and so on. A bijection between [0, num_m_blocks x batch x heads_q) and the (m_block, bh)
+ * pairs (tests/test_host.cpp checks it). */
 static inline FA_HOST_DEVICE void fa_sched_tile(const fa_kernel_params *kp, int64_t linear, int32_t *m_block,
                                                 int64_t *bh) {
     const int64_t m = kp->num_m_blocks, pairs = (int64_t)kp->batch * kp->heads_q, sec = kp->sched_heads;

@@ -27,8 +27,8 @@
  *
  *   and after the last tile O += P V once more, O /= l, LSE = (m + log2 l) ln 2; O is staged
  *   through the consumer's own rows of the Q tile (a persistent block: of an O tile of its own where
- *   shared memory allows) and stored with 16-byte writes (a persistent block with an O tile of its
- *   own: TMA stores that one thread issues and nobody waits for until the rows are needed again).
+ *   shared memory allows) and stored with 16-byte writes, or, by a persistent block, with TMA stores
+ *   that one thread issues and nobody waits for until the rows are needed again.
  *
  * Shared-memory tiles are rows of 64 elements (128 bytes), 16-byte chunks XOR-swizzled by row % 8,
  * one region per 64 columns of the head dim: the layout TMA writes with 128-byte swizzling and
@@ -271,8 +271,8 @@ __device__ __forceinline__ void produce(const tile<Tr> &tl, const smem_layout<Tr
  * sequence's keys and pages outside the pool are zero-filled. Warp w copies tile rows
  * [w kRowsW, (w + 1) kRowsW): lane l looks up the pages of rows w kRowsW + l (and + 32, where a
  * warp has more than 32 rows) a tile ahead of their use (so the table's latency hides behind the
- * wait for a free stage), and each copy instruction covers
- * whole rows, the lanes of one row reading its consecutive 16-byte chunks (a row's 2 x head_dim
+ * wait for a free stage), and each copy instruction covers whole rows, the lanes of one row
+ * reading its consecutive 16-byte chunks (a row's 2 x head_dim
  * bytes are contiguous in any page layout), the row's source offset passed from the lane that
  * looked it up. Each thread waits for its copies, fences them for the tensor cores' proxy and
  * arrives on the stage's full barrier (one arrival per producer thread), two tiles late. Q still
@@ -291,8 +291,8 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
     const int32_t *table = p.block_table + sq.s.page0;
     const int rows_valid = sq.s.kv_valid ? sq.s.seqlen_k : 0;
     /* kRowsW rows per warp; a copy instruction covers kRPI rows of kLPR lanes, one chunk each (at
-     * head dim 192, one row of 24 lanes: the other 8 lanes copy nothing). Lane l looks up the pages of
-     * the warp's rows l and l + 32 (kLook of them). */
+     * head dim 192, one row of 24 lanes: the other 8 lanes copy nothing). Lane l looks up the
+     * pages of the warp's rows l and l + 32 (kLook of them). */
     constexpr int kRowsW = Tr::kBlockN / 4, kLPR = Tr::kChunks, kRPI = 32 / kLPR, kIters = kRowsW / kRPI;
     constexpr int kLook = (kRowsW + 31) / 32;
     static_assert(Tr::kBlockN % 4 == 0 && kLPR <= 32 && kRowsW % kRPI == 0 && kLook <= 2,
@@ -381,10 +381,10 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
  * never stored; past the tensor: zeros). A cache: entry kv_b (outside the cache: -1, zeros). Pages:
  * a tile is kBlockN / R boxes of R = gcd(page_size, kBlockN) keys (the planner allows the page
  * sizes for which R is a multiple of the 8-row swizzle atom); box i holds keys n0 + i R onwards, of
- * page table[(n0 + i R) / page_size] from row (n0 + i R) % page_size. Lane i reads box i's page number one tile ahead (so each tile costs the table's
- * latency once, hidden behind the wait for a free stage) and issues box i. A box past the sequence's
- * keys, or a page outside the pool, reads zeros (an out-of-bounds coordinate); the mask hides those
- * keys. */
+ * page table[(n0 + i R) / page_size] from row (n0 + i R) % page_size. Lane i reads box i's page
+ * number one tile ahead (so each tile costs the table's latency once, hidden behind the wait for
+ * a free stage) and issues box i. A box past the sequence's keys, or a page outside the pool, reads
+ * zeros (an out-of-bounds coordinate); the mask hides those keys. */
 template <class Tr>
 __device__ __forceinline__ void produce_serving(const fa_kernel_params &p, const seq_view<true> &sq, const tile<Tr> &tl,
                                                 const smem_layout<Tr> &sm, const CUtensorMap *tm_q,

@@ -252,9 +252,8 @@ static const char *sm90_unsupported_reason(const fa_device_caps *caps, const fla
         return buf;
     }
     const int khd = fa_sm90_kernel_head_dim(p->head_dim);
-    const int compiled =
-        khd != 0 && fa_sm90_variant_compiled(p->dtype, khd, fa_sm90_config_for(khd)->block_n,
-                                             fa_sm90_config_for(khd)->block_m / 64);
+    const fa_fused_config *dflt = khd != 0 ? fa_sm90_config_for(khd) : NULL;
+    const int compiled = dflt != NULL && fa_sm90_variant_compiled(p->dtype, khd, dflt->block_n, dflt->block_m / 64);
     if (head_dim_reason("fused_sm90", p, khd, compiled,
                         "FLASHATTN_HEAD_DIMS, and CMAKE_CUDA_ARCHITECTURES must include 90a", buf, n))
         return buf;
