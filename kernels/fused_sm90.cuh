@@ -539,20 +539,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     const int my_turn = turn_barrier(c), next_turn = turn_barrier((c + 1) % kNC);
     const float mult = kTransform ? 1.0f : p.scale_log2;
     int nth = 0, kv0 = 0; /* tiles done by this block, and their K/V tiles (the stages' running count) */
-    /* A persistent block with an O tile of its own carries each tile into the next: its last P V and
-     * the next tile's first S = Q K^T go to the tensor cores in one turn, and O is normalised and
-     * staged while that S runs (`carried`: this tile's S_0 was issued so, at the end of the last one).
-     * Not with three consumers: at 160 registers each, the overlap spills. S (and P) live across
-     * tiles, so they are declared outside the tile loop. */
-    constexpr bool kCarry = Tr::kPersistent && Tr::kOwnO && kNC == 2;
-    bool carried = false;
-    float s[kSN];
-    uint32_t pf[kBlockN / 16][4];
-    auto s_at = [&s](int j, int e) -> float & { return s[4 * j + e]; };
     for (int work = work0;;) {
-        /* The next work number, computed here, before the key loop: computed after it (data-dependent
-         * branches between the carried S's issue and its wait), ptxas serialises every wgmma (C7520). */
-        const int next = kCarry ? next_work(work) : works;
         const tile<Tr> tl = nth == 0 ? tl0 : tile<Tr>(p, bnd, work);
         const int b = tl.b, m0 = tl.m0, row_last = tl.row_last, tile_begin = tl.tile_begin, n_tiles = tl.n_tiles;
         auto row_target = [&](int r, int &head, int &pos) { return tl.row_target(bnd, r, head, pos); };
@@ -567,20 +554,15 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             for (int r = 0; r < 2; ++r) slope_r[r] = valid_r[r] ? alibi_slope(p, b, head_r[r]) : 0.0f;
         }
 
-        /* O: a carrying block's first P V of a tile overwrites it (scale-d 0), as zeroing it here would
-         * write a wgmma accumulator while the carried S is in flight, and ptxas would serialise every
-         * wgmma (C7515). */
-        float o[kON];
-        if constexpr (!kCarry) {
+        float o[kON], s[kSN];
+        uint32_t pf[kBlockN / 16][4];
+        auto s_at = [&s](int j, int e) -> float & { return s[4 * j + e]; };
 #pragma unroll
-            for (int i = 0; i < kON; ++i) o[i] = 0.0f;
-        }
+        for (int i = 0; i < kON; ++i) o[i] = 0.0f;
         float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
 
-        if (!(kCarry && carried)) {
-            mbar_wait(sm.bar_q, nth & 1);
-            if (c == kNC - 1) named_arrive(turn_barrier(0), kTurnThreads);
-        }
+        mbar_wait(sm.bar_q, nth & 1);
+        if (c == kNC - 1) named_arrive(turn_barrier(0), kTurnThreads);
 
         /* S = Q K_kv^T for this consumer's rows, issued (not committed) with K from kv's stage. */
         auto issue_s = [&](int kv) {
@@ -592,39 +574,34 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                                                smem_desc(k_st + col * kBlockN * 128 + sub, 16, 1024), ks > 0);
             }
         };
-        /* O += P V_kv, issued (not committed); O = P V_kv for a carrying block's first key tile. */
+        /* O += P V_kv, issued (not committed). */
         auto issue_pv = [&](int kv) {
             const uint32_t v_st = sm.v + (uint32_t)(kv & 1) * Tr::kKVBytes;
 #pragma unroll
             for (int kk = 0; kk < kBlockN / 16; ++kk)
-                wgmma_rs<kHeadDim, kDtype>::run(o, pf[kk], smem_desc(v_st + kk * 16 * 128, kBlockN * 128, 1024),
-                                                kCarry ? (int)(kk > 0 || kv != kv0) : 1);
+                wgmma_rs<kHeadDim, kDtype>::run(o, pf[kk], smem_desc(v_st + kk * 16 * 128, kBlockN * 128, 1024), 1);
         };
 
         for (int it = 0; it < n_tiles; ++it) {
             const int n0 = (tile_begin + it) * kBlockN;
             const int kv = kv0 + it, st = kv & 1; /* K_it's and V_it's stage */
-            if (kCarry && carried && it == 0) {
-                wgmma_wait<0>(); /* S_0, issued with the last tile's P V */
-            } else {
-                mbar_wait(sm.full_k + 8 * st, (kv >> 1) & 1);
-                if (it > 0) mbar_wait(sm.full_v + 8 * (st ^ 1), ((kv - 1) >> 1) & 1);
+            mbar_wait(sm.full_k + 8 * st, (kv >> 1) & 1);
+            if (it > 0) mbar_wait(sm.full_v + 8 * (st ^ 1), ((kv - 1) >> 1) & 1);
 
-                named_sync(my_turn, kTurnThreads); /* our turn on the tensor cores */
-                reg_fence(o);
-                reg_fence(pf);
-                wgmma_fence();
-                issue_s(kv);
-                wgmma_commit();
-                if (it > 0) {
-                    wgmma_fence(); /* P and O were written by ordinary instructions since the last one */
-                    issue_pv(kv - 1);
-                }
-                wgmma_commit(); /* empty on the first tile: "all but the newest group" then always means S */
-                named_arrive(next_turn, kTurnThreads); /* the next consumer's turn */
-
-                wgmma_wait<1>();
+            named_sync(my_turn, kTurnThreads); /* our turn on the tensor cores */
+            reg_fence(o);
+            reg_fence(pf);
+            wgmma_fence();
+            issue_s(kv);
+            wgmma_commit();
+            if (it > 0) {
+                wgmma_fence(); /* P and O were written by ordinary instructions since the last one */
+                issue_pv(kv - 1);
             }
+            wgmma_commit(); /* empty on the first tile: "all but the newest group" then always means S */
+            named_arrive(next_turn, kTurnThreads); /* the next consumer's turn */
+
+            wgmma_wait<1>();
             reg_fence(s);
             if (lane == 0) {
                 mbar_arrive(sm.empty_k + 8 * st); /* this warp is done with K_it */
@@ -655,99 +632,62 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             reg_fence(o);
             reg_fence(pf);
             if (it > 0 && lane == 0) mbar_arrive(sm.empty_v + 8 * (st ^ 1));
-            if (!kCarry || it > 0) { /* (a carrying block's O is not written before its first P V) */
 #pragma unroll
-                for (int j = 0; j < kHeadDim / 8; ++j) {
-                    o[4 * j] *= corr[0], o[4 * j + 1] *= corr[0];
-                    o[4 * j + 2] *= corr[1], o[4 * j + 3] *= corr[1];
-                }
+            for (int j = 0; j < kHeadDim / 8; ++j) {
+                o[4 * j] *= corr[0], o[4 * j + 1] *= corr[0];
+                o[4 * j + 2] *= corr[1], o[4 * j + 3] *= corr[1];
             }
 #pragma unroll
             for (int kk = 0; kk < kBlockN / 16; ++kk) pack_p<kDtype>(s_at, kk, pf[kk]);
         }
 
-        /* The epilogue's pieces. 1/l and the LSE of this thread's rows (O not needed). */
-        float inv_r[2];
-        auto finish_rows = [&]() {
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                const float l = quad_sum(row_sum[r]);
-                inv_r[r] = softmax_inv(l);
-                if (valid_r[r] && t == 0)
-                    if (float *ls = lse_slot(head_r[r], pos_r[r]))
-                        *ls = softmax_lse(l, row_max[r], mult);
-            }
-        };
-        /* O normalised and staged (swizzled, conflict-free) in this consumer's 64 rows of the O tile (Q's
-         * rows when O has no tile of its own: only this consumer's finished S products read them). No
-         * branches: a carrying block runs it while the next tile's S is on the tensor cores. */
-        auto stage_o = [&]() {
-#pragma unroll
-            for (int r = 0; r < 2; ++r)
-#pragma unroll
-                for (int j = 0; j < kHeadDim / 8; ++j) {
-                    const uint32_t v = pack_pair<kDtype>(o[4 * j + 2 * r] * inv_r[r], o[4 * j + 2 * r + 1] * inv_r[r]);
-                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sm.o + swz_off<kBlockM>(trow + 8 * r, j) + 4 * t),
-                                 "r"(v)
-                                 : "memory");
-                }
-        };
-        /* O leaves as TMA boxes that one thread issues and the consumers do not wait for: the next
-         * tile's staging waits until they have read the tile (in Q's rows, the next Q's load waits). */
-        const bool tma_out = Tr::kPersistent && p.o_tma;
-        auto wait_o_tile = [&]() {
-            if (tid % kWarpgroupThreads == 0) bulk_wait_read(); /* the last tile's stores read these rows */
-            named_sync(epilogue_barrier(c, kNC), kWarpgroupThreads);
-        };
-
-        /* The last tile's P V; a persistent block hands its V stage back for the next tile. Carrying
-         * into the next tile: its first S goes with it (once its Q and K_0 have landed), and O is
-         * staged while that S runs, so the rows' sums and the O tile are made ready before. ptxas
-         * allows no branch between the S's issue and its wait (it would serialise every wgmma, C7515). */
-        const bool carry = kCarry && next < works;
-        if (carry) {
-            finish_rows();
-            if (tma_out) wait_o_tile();
-        }
+        /* The last tile's P V; a persistent block hands its V stage back for the next tile. */
         {
             const int kv = kv0 + n_tiles - 1, st = kv & 1;
             mbar_wait(sm.full_v + 8 * st, (kv >> 1) & 1);
-            if (carry) {
-                mbar_wait(sm.bar_q, (nth + 1) & 1);
-                mbar_wait(sm.full_k + 8 * ((kv + 1) & 1), ((kv + 1) >> 1) & 1);
-            }
             named_sync(my_turn, kTurnThreads);
             reg_fence(o);
             reg_fence(pf);
             wgmma_fence();
             issue_pv(kv);
             wgmma_commit();
-            if (carry) {
-                issue_s(kv + 1);
-                wgmma_commit();
-                named_arrive(next_turn, kTurnThreads); /* the next tile's round goes on */
-                wgmma_wait<1>();
-                reg_fence(o);
-                stage_o();
-                wgmma_wait<0>();
-            } else {
-                if (c != kNC - 1) named_arrive(next_turn, kTurnThreads); /* nobody waits for consumer 0 again this tile */
-                wgmma_wait<0>();
-            }
+            if (c != kNC - 1) named_arrive(next_turn, kTurnThreads); /* nobody waits for consumer 0 again this tile */
+            wgmma_wait<0>();
             reg_fence(o);
             if (Tr::kPersistent && lane == 0) mbar_arrive(sm.empty_v + 8 * st);
         }
 
-        if (!carry) finish_rows();
+        float inv_r[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const float l = quad_sum(row_sum[r]);
+            inv_r[r] = softmax_inv(l);
+            if (valid_r[r] && t == 0)
+                if (float *ls = lse_slot(head_r[r], pos_r[r]))
+                    *ls = softmax_lse(l, row_max[r], mult);
+        }
         if (tl.partial) {
             store_split_partial(p, tl, o, inv_r, valid_r, head_r, pos_r, t);
             return;
         }
-        /* Epilogue: O staged (above, when carrying), then stored as rows with 16-byte writes or as TMA boxes. */
-        if (!carry) {
-            if (tma_out) wait_o_tile();
-            stage_o();
+        /* Epilogue: normalise; stage O (swizzled, conflict-free) in this consumer's 64 rows of the O tile
+         * (Q's rows when O has no tile of its own: only this consumer's finished S products read them);
+         * store rows with 16-byte writes, or (p.o_tma) as TMA boxes that one thread issues and the
+         * consumers do not wait for: the next tile's staging waits until they have read the tile
+         * (in Q's rows, the next Q's load waits for it). */
+        const bool tma_out = Tr::kPersistent && p.o_tma;
+        if (tma_out) {
+            if (tid % kWarpgroupThreads == 0) bulk_wait_read(); /* the last tile's stores read these rows */
+            named_sync(epilogue_barrier(c, kNC), kWarpgroupThreads);
         }
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+            for (int j = 0; j < kHeadDim / 8; ++j) {
+                const uint32_t v = pack_pair<kDtype>(o[4 * j + 2 * r] * inv_r[r], o[4 * j + 2 * r + 1] * inv_r[r]);
+                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sm.o + swz_off<kBlockM>(trow + 8 * r, j) + 4 * t), "r"(v)
+                             : "memory");
+            }
         if (tma_out) fence_proxy_async_shared(); /* the staged rows, before the TMA reads them */
         named_sync(epilogue_barrier(c, kNC), kWarpgroupThreads); /* this consumer's rows of O are staged */
         if (tma_out) {
@@ -777,8 +717,8 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             __syncwarp();
             if (lane == 0) mbar_arrive(sm.empty_q);
         }
-        ++nth, kv0 += n_tiles, carried = carry;
-        if (!kPersistent || (work = kCarry ? next : next_work(work)) >= works) break;
+        ++nth, kv0 += n_tiles;
+        if (!kPersistent || (work = next_work(work)) >= works) break;
     }
     if (Tr::kPersistent && p.o_tma && tid % kWarpgroupThreads == 0) bulk_wait(); /* the last stores */
 #endif
