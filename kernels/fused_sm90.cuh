@@ -274,9 +274,9 @@ __device__ __forceinline__ void produce(const tile<Tr> &tl, const smem_layout<Tr
  * wait for a free stage), and each copy instruction covers whole rows, the lanes of one row
  * reading its consecutive 16-byte chunks (a row's 2 x head_dim
  * bytes are contiguous in any page layout), the row's source offset passed from the lane that
- * looked it up. Each thread waits for its copies, fences them for the tensor cores' proxy and
- * arrives on the stage's full barrier (one arrival per producer thread), two tiles late. Q still
- * comes by TMA. ptid: the thread's index in the producer warpgroup. */
+ * looked it up. Each thread's arrival on the stage's full barrier (one per producer thread) takes
+ * place when its copies have landed; the consumers fence them for the tensor cores' proxy after
+ * their wait. Q still comes by TMA. ptid: the thread's index in the producer warpgroup. */
 template <class Tr>
 __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, const seq_view<true> &sq, const tile<Tr> &tl,
                                                  const smem_layout<Tr> &sm, const CUtensorMap *tm_q, int ptid) {
@@ -315,11 +315,9 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
         }
         return r;
     };
-    /* A tile's copies are announced (full barrier) two tiles later, once two more tiles' copies are
-     * issued, so up to three tiles' copies are in flight per thread. Never later than that: the
-     * stage a copy waits for held the tile four copies back (two K and two V stages), which the
-     * consumers free only after it was announced. */
-    uint32_t pending_old = 0, pending_new = 0; /* full barriers of the two tiles not yet announced */
+    /* Each thread's arrival on a tile's full barrier takes place when its copies have landed
+     * (cp.async.mbarrier.arrive): the producer never waits for its own copies, only for free stages,
+     * and the consumers fence the proxies after their wait (the copies are generic-proxy writes). */
     const int q = lane / kLPR; /* this lane's row within each copy instruction */
     auto load_kv = [&](const T *base, int64_t page_stride, int64_t row_stride, uint32_t dst, uint32_t full, int tile,
                        const pages &pg) {
@@ -346,13 +344,7 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
             if (copier) cp_async_16(d + ((((uint32_t)ch % 8) ^ r8) << 4), v ? src + o : base, v);
             d += kRPI * 128, r8 = (r8 + kRPI) % 8, from += kRPI;
         }
-        cp_async_commit();
-        if (pending_old != 0) { /* all but the two newest tiles' copies have landed: announce the oldest */
-            cp_async_wait<2>();
-            fence_proxy_async_shared();
-            mbar_arrive(pending_old);
-        }
-        pending_old = pending_new, pending_new = full;
+        cp_async_mbar_arrive(full);
     };
     const T *k = (const T *)p.k + (int64_t)tl.hk * p.k_head_stride, *v = (const T *)p.v + (int64_t)tl.hk * p.v_head_stride;
     pages page_j = page_of(0), page_next = page_of(1); /* tile j's (V_j), tile j + 1's (K_{j+1}) */
@@ -369,10 +361,7 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
         load_kv(v, p.v_batch_stride, p.v_seq_stride, sm.v + st * Tr::kKVBytes, sm.full_v + 8 * st, j, page_j);
         page_j = page_next, page_next = page_after;
     }
-    cp_async_wait<0>();
-    fence_proxy_async_shared();
-    if (pending_old != 0) mbar_arrive(pending_old);
-    mbar_arrive(pending_new); /* n_tiles >= 1: at least K_0 and V_0 were issued */
+    cp_async_wait<0>(); /* (the thread's copies land before it exits) */
 }
 
 /* The producer of a serving call (the producer warpgroup's first warp; lane 0 issues): the same
@@ -538,6 +527,10 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
      * last one starts each tile's round by passing to consumer 0. */
     const int my_turn = turn_barrier(c), next_turn = turn_barrier((c + 1) % kNC);
     const float mult = kTransform ? 1.0f : p.scale_log2;
+    /* Gathered pages land through the generic proxy (cp.async): after the wait for a stage, a proxy
+     * fence before the tensor cores read it. */
+    bool gathered = false;
+    if constexpr (kServing) gathered = gathers_pages<Tr>(p);
     int nth = 0, kv0 = 0; /* tiles done by this block, and their K/V tiles (the stages' running count) */
     for (int work = work0;;) {
         const tile<Tr> tl = nth == 0 ? tl0 : tile<Tr>(p, bnd, work);
@@ -587,6 +580,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             const int kv = kv0 + it, st = kv & 1; /* K_it's and V_it's stage */
             mbar_wait(sm.full_k + 8 * st, (kv >> 1) & 1);
             if (it > 0) mbar_wait(sm.full_v + 8 * (st ^ 1), ((kv - 1) >> 1) & 1);
+            if (gathered) fence_proxy_async_shared();
 
             named_sync(my_turn, kTurnThreads); /* our turn on the tensor cores */
             reg_fence(o);
@@ -645,6 +639,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         {
             const int kv = kv0 + n_tiles - 1, st = kv & 1;
             mbar_wait(sm.full_v + 8 * st, (kv >> 1) & 1);
+            if (gathered) fence_proxy_async_shared();
             named_sync(my_turn, kTurnThreads);
             reg_fence(o);
             reg_fence(pf);
