@@ -2,10 +2,12 @@
 
 Each shape is run as a dense batch (flash_attn_func: AUTO, and the FUSED backend forced), as a ragged
 batch of equal lengths (flash_attn_varlen_func: AUTO and FUSED forced), as a dense cache with
-per-sequence lengths (flash_attn_with_kvcache), and with K/V in pages of several sizes (varlen with
-a block table for prefill, flash_attn_with_kvcache for decode); AUTO picks FUSED_SM90 on Hopper
-except for pages its tensor-map reads cannot tile (1 key), which run on FUSED; cuDNN's and FlashAttention-2's fused
-attention (PyTorch SDPA) on the dense tensors are the peers. GPU time: 10 calls captured in a CUDA
+per-sequence lengths (flash_attn_with_kvcache; for decode also with the step's new key and value
+appended and rotary applied, over the same keys: "append+rotary"), and with K/V in pages of several
+sizes (varlen with a block table for prefill, flash_attn_with_kvcache for decode). AUTO picks
+FUSED_SM90 on Hopper: pages whose size is a multiple of 8 are read by TMA, others (1 key) gathered
+with cp.async. cuDNN's and FlashAttention-2's fused attention (PyTorch SDPA) on the dense tensors are
+the peers. GPU time: 10 calls captured in a CUDA
 graph, CUDA-event timing of its replays (the host's enqueue cost is not counted, and no call waits
 for it), median of `iters` after warm-up, inputs drawn once per shape (the same K/V call after
 call: a shape that fits in L2 is read from it); TFLOP/s for prefill (causal counts half), GB/s of
@@ -104,6 +106,19 @@ def main():
                                                                      backend=flashattn.Backend.FUSED),
             "cache": lambda: flashattn.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, causal=causal),
         }
+        if decode:
+            # A decode step that appends its new key and value (rotary on q and the new key, GPT-J
+            # style) at position Sk - 1 of copies of the cache, then attends over the same Sk keys as
+            # "cache": the difference is what the append and the rotary add to a step.
+            kc, vc = k.clone(), v.clone()
+            kn = torch.randn(B, 1, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
+            vn = torch.randn(B, 1, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
+            angle = torch.arange(Sk, device="cuda", dtype=torch.float32)[:, None] * \
+                torch.pow(10000.0, -torch.arange(0, D, 2, device="cuda", dtype=torch.float32) / D)[None, :]
+            cos, sin = angle.cos().to(torch.bfloat16), angle.sin().to(torch.bfloat16)
+            before = seqlens - 1
+            fns["append+rotary"] = lambda: flashattn.flash_attn_with_kvcache(
+                q, kc, vc, k=kn, v=vn, rotary_cos=cos, rotary_sin=sin, cache_seqlens=before, causal=causal)
         for page in PAGES:
             perm = torch.randperm(B * -(-Sk // page), device="cuda")  # one shuffled page order for K and V
             kpool, vpool = to_pages(k, page, perm), to_pages(v, page, perm)
