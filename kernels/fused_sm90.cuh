@@ -304,14 +304,16 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
     struct pages {
         int at[kLook];
     };
-    auto page_of = [&](int tile) -> pages { /* the pages of the rows this lane looks up in `tile` (-1: zeros) */
+    /* The pages of the rows this lane looks up in `tile` (-1: zeros), as read from the table: the
+     * loads are issued a tile ahead of their use, and nothing reads their values (a page outside the
+     * pool is caught in load_kv) until then, so their latency hides behind the copies in between. */
+    auto page_of = [&](int tile) -> pages {
         pages r;
 #pragma unroll
         for (int l = 0; l < kLook; ++l) {
             const int rw = lane + 32 * l, j = (tl.tile_begin + tile) * Tr::kBlockN + w * kRowsW + rw;
             const int pi = j / p.page_size;
-            const int page = tile < tl.n_tiles && rw < kRowsW && j < rows_valid && pi < sq.s.pages ? table[pi] : -1;
-            r.at[l] = page >= 0 && page < p.num_pages ? page : -1;
+            r.at[l] = tile < tl.n_tiles && rw < kRowsW && j < rows_valid && pi < sq.s.pages ? table[pi] : -1;
         }
         return r;
     };
@@ -325,7 +327,9 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
 #pragma unroll
         for (int l = 0; l < kLook; ++l) {
             const int j = (tl.tile_begin + tile) * Tr::kBlockN + w * kRowsW + lane + 32 * l;
-            off[l] = pg.at[l] >= 0 ? (int64_t)pg.at[l] * page_stride + (int64_t)(j % p.page_size) * row_stride : -1;
+            const int page = pg.at[l];
+            off[l] = page >= 0 && page < p.num_pages ? (int64_t)page * page_stride + (int64_t)(j % p.page_size) * row_stride
+                                                     : -1;
         }
         /* swz_off(w kRowsW + i kRPI + q, ch), stepped: row r's byte row r * 128, its chunk at
          * (ch % 8 ^ r % 8) * 16 of the 64-column region ch / 8. */
