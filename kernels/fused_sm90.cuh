@@ -495,8 +495,8 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     constexpr int kSN = kBlockN / 2, kON = kHeadDim / 2; /* accumulator floats per thread */
     constexpr int kNC = Tr::kConsumers;
     /* A persistent serving block's producer holds a sequence's counts and offsets besides its tile:
-     * 64 registers with two consumers (which keep 224), 56 with three (152). */
-    constexpr int kProducerRegs = kServing && kPersistent ? (kNC == 2 ? 64 : 56) : Tr::kProducerRegs;
+     * 64 registers (its two consumers keep 224; the planner gives such blocks no third consumer). */
+    constexpr int kProducerRegs = kServing && kPersistent ? 64 : Tr::kProducerRegs;
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const smem_layout<Tr> sm(smem_u32(smem_raw));

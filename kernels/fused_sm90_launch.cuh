@@ -59,7 +59,7 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
         (kp->pack_gqa && (kp->pack_rows < 1 || kp->pack_rows * kp->head_group > Tr::kBlockM)) ||
         (kp->num_splits > 1 && (kp->o_accum == nullptr || kp->lse_accum == nullptr)) ||
         (kp->persistent && (kp->num_splits > 1 || kp->pack_gqa || kp->sched_heads || l->grid_y != 1 || l->grid_z != 1 ||
-                            (kp->block_table && !FA_SM90_TMA_PAGES(kp->page_size, Tr::kBlockN)))))
+                            (kp->serving && (kConsumers != 2 || (kp->block_table && !FA_SM90_TMA_PAGES(kp->page_size, Tr::kBlockN)))))))
         return (int)cudaErrorInvalidConfiguration; /* planner and kernel disagree: refuse */
     CUtensorMap tq, tk, tv;
     /* Q in boxes of one head x kBlockM positions, or (pack_gqa) head_group heads x pack_rows positions. */
@@ -98,9 +98,11 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
     const bool transform = kp->softcap > 0.0f || kp->alibi_slopes != nullptr;
     static std::atomic<unsigned long long> configured[8]; /* per kernel below: devices configured */
     const int which = (kp->serving ? 2 : 0) + (kp->persistent ? 4 : 0) + (transform ? 1 : 0);
-    auto kernel = kp->serving && kp->persistent
-                      ? (transform ? fused_sm90_kernel<kDtype, kHeadDim, kKeyTile, kConsumers, true, true, true>
-                                   : fused_sm90_kernel<kDtype, kHeadDim, kKeyTile, kConsumers, false, true, true>)
+    /* (persistent serving blocks have two consumers: the others are not compiled) */
+    constexpr bool kServingPersistent = kConsumers == 2;
+    auto kernel = kServingPersistent && kp->serving && kp->persistent
+                      ? (transform ? fused_sm90_kernel<kDtype, kHeadDim, kKeyTile, kConsumers, true, true, kServingPersistent>
+                                   : fused_sm90_kernel<kDtype, kHeadDim, kKeyTile, kConsumers, false, true, kServingPersistent>)
                   : kp->serving    ? (transform ? fused_sm90_kernel<kDtype, kHeadDim, kKeyTile, kConsumers, true, true>
                                                 : fused_sm90_kernel<kDtype, kHeadDim, kKeyTile, kConsumers, false, true>)
                   : kp->persistent ? (transform ? fused_sm90_kernel<kDtype, kHeadDim, kKeyTile, kConsumers, true, false, true>

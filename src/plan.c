@@ -425,14 +425,16 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
     plan->grid_x = (int32_t)(mblocks * splits);
     const int serving = fa_is_serving(p);
     const int gathered = p->block_table != NULL && !FA_SM90_TMA_PAGES(p->page_size, plan->cfg.block_n);
-    if (sm90 && splits == 1 && !pack && !(serving && gathered)) {
+    if (sm90 && splits == 1 && !pack && !(serving && (gathered || plan->cfg.block_m != 128))) {
         /* More tiles than SMs, every tile with keys to see, and work that is the same for every tile
          * (no mask) or grows linearly with its query position (a causal mask, seqlen_q <= seqlen_k;
          * taken in pairs of equal work): one resident block per SM takes tile after tile
          * (kp.persistent, fa_persistent_first / fa_persistent_next). Windows keep a block a tile. A
          * serving call is planned on its capacities: its blocks skip the tiles past a sequence's
          * queries, and write the answer of tiles that see no key; pages gathered with cp.async keep
-         * a block a tile (their producer is the whole warpgroup, for one tile). */
+         * a block a tile (their producer is the whole warpgroup, for one tile), as do three
+         * consumers (160 registers each: with the serving producer's state, ptxas serialises their
+         * wgmma). */
         const int64_t smem = fa_sm90_smem_bytes(plan->cfg.head_dim, plan->cfg.block_m, plan->cfg.block_n, 1);
         const int kind = p->window_left >= 0 || p->window_right >= 0 || p->seqlen_k == 0 ? 0
                          : p->mask == FLASHATTN_MASK_NONE                                 ? 1
