@@ -67,10 +67,16 @@ template <int kDtype, int kHeadDim, int kKeyTile, int kNumConsumers, bool kPersi
     static constexpr int kBlockM = 64 * kConsumers, kBlockN = kKeyTile;
     static constexpr int kThreads = kWarpgroupThreads * (kConsumers + 1);
     /* setmaxnreg: the producer keeps kProducerRegs registers, the consumers share the rest (a
-     * multiple of 8, at most 240). */
+     * multiple of 8, at most 240). The registers a block may redistribute are those it was given at
+     * launch, kLaunchRegs a thread (ptxas's figure under __launch_bounds__(kThreads, 1): 168 with
+     * two consumers, 128 with three), not the register file's 64K: a consumer's setmaxnreg.inc
+     * waits for the registers the producer's .dec released, and waits forever if they fall short. */
     static constexpr int kProducerRegs = 24;
     static constexpr int kConsumerShare = (65536 / kWarpgroupThreads - kProducerRegs) / kConsumers / 8 * 8;
     static constexpr int kConsumerRegs = kConsumerShare > 240 ? 240 : kConsumerShare;
+    static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
+    static_assert(kProducerRegs + kConsumers * kConsumerRegs <= (kConsumers + 1) * kLaunchRegs,
+                  "setmaxnreg: the warpgroups' registers must fit in the block's launch allocation");
     static constexpr int kChunks = kHeadDim / 8; /* 16-byte chunks per row */
     static constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2, kKVBytes = kBlockN * kHeadDim * 2;
     /* A persistent block (p.persistent: tile after tile) stages O in a tile of its own where it
