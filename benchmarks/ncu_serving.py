@@ -1,0 +1,67 @@
+"""A decode step's serving call, made twice, for Nsight Compute to profile (ncu replays each kernel
+it profiles on its own; -c 1 takes the first): over a dense cache, a paged cache, or a dense cache
+with the step's key and value appended and rotary applied (docs/performance.md v15 quotes its
+figures).
+
+    FLASHATTN_LIBRARY=build/libflashattn.so PYTHONPATH=python \\
+        ncu -k regex:fused_sm90 -c 1 --section SpeedOfLight --section WarpStateStats \\
+        python3 benchmarks/ncu_serving.py --page 1
+
+--page 0 (default): the dense cache; --page N: pages of N keys in a shuffled pool; --append: the
+dense cache with append + rotary (profile every kernel: the append kernel precedes attention).
+"""
+import argparse
+
+import torch
+
+import flashattn
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--keys", type=int, default=8192)
+    ap.add_argument("--heads", type=int, nargs=2, default=(32, 8), metavar=("HQ", "HKV"))
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--page", type=int, default=0)
+    ap.add_argument("--append", action="store_true")
+    a = ap.parse_args()
+    B, Sk, (Hq, Hkv), D = a.batch, a.keys, a.heads, a.head_dim
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q = torch.randn(B, 1, Hq, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    seqlens = torch.full((B,), Sk, dtype=torch.int32, device="cuda")
+    if a.append:
+        kn = torch.randn(B, 1, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        vn = torch.randn(B, 1, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        angle = torch.arange(Sk, device="cuda", dtype=torch.float32)[:, None] * \
+            torch.pow(10000.0, -torch.arange(0, D, 2, device="cuda", dtype=torch.float32) / D)[None, :]
+        cos, sin = angle.cos().to(torch.bfloat16), angle.sin().to(torch.bfloat16)
+        before = seqlens - 1
+
+        def call():
+            flashattn.flash_attn_with_kvcache(q, k, v, k=kn, v=vn, rotary_cos=cos, rotary_sin=sin,
+                                              cache_seqlens=before, causal=True)
+    elif a.page > 0:
+        if Sk % a.page:
+            raise SystemExit("--keys must be a multiple of --page")
+        n = Sk // a.page
+        perm = torch.randperm(B * n, device="cuda", generator=g)
+        kp = torch.empty(B * n, a.page, Hkv, D, device="cuda", dtype=k.dtype)
+        vp = torch.empty_like(kp)
+        kp[perm], vp[perm] = k.reshape(B * n, a.page, Hkv, D), v.reshape(B * n, a.page, Hkv, D)
+        table = perm.reshape(B, n).to(torch.int32)
+
+        def call():
+            flashattn.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=seqlens, block_table=table, causal=True)
+    else:
+        def call():
+            flashattn.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, causal=True)
+    call()
+    call()
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
