@@ -15,6 +15,7 @@ import argparse
 import torch
 
 import flashattn
+from serving_speed import append_inputs, to_pages  # (benchmarks/, the script's folder, is on sys.path)
 
 
 def main():
@@ -33,25 +34,16 @@ def main():
     v = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
     seqlens = torch.full((B,), Sk, dtype=torch.int32, device="cuda")
     if a.append:
-        kn = torch.randn(B, 1, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
-        vn = torch.randn(B, 1, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
-        angle = torch.arange(Sk, device="cuda", dtype=torch.float32)[:, None] * \
-            torch.pow(10000.0, -torch.arange(0, D, 2, device="cuda", dtype=torch.float32) / D)[None, :]
-        cos, sin = angle.cos().to(torch.bfloat16), angle.sin().to(torch.bfloat16)
+        kn, vn, cos, sin = append_inputs(B, Sk, Hkv, D, g)
         before = seqlens - 1
 
         def call():
             flashattn.flash_attn_with_kvcache(q, k, v, k=kn, v=vn, rotary_cos=cos, rotary_sin=sin,
                                               cache_seqlens=before, causal=True)
     elif a.page > 0:
-        if Sk % a.page:
-            raise SystemExit("--keys must be a multiple of --page")
-        n = Sk // a.page
-        perm = torch.randperm(B * n, device="cuda", generator=g)
-        kp = torch.empty(B * n, a.page, Hkv, D, device="cuda", dtype=k.dtype)
-        vp = torch.empty_like(kp)
-        kp[perm], vp[perm] = k.reshape(B * n, a.page, Hkv, D), v.reshape(B * n, a.page, Hkv, D)
-        table = perm.reshape(B, n).to(torch.int32)
+        perm = torch.randperm(B * -(-Sk // a.page), device="cuda", generator=g)  # a shuffled page order
+        kp, vp = to_pages(k, a.page, perm), to_pages(v, a.page, perm)
+        table = perm.to(torch.int32).reshape(B, -1).contiguous()
 
         def call():
             flashattn.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=seqlens, block_table=table, causal=True)

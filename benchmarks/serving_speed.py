@@ -82,6 +82,16 @@ def to_pages(x, page, perm):
     return pool
 
 
+def append_inputs(B, Sk, Hkv, D, g):
+    """A decode step's new key and value [B, 1, Hkv, D] and GPT-J rotary tables cos, sin [Sk, D / 2]
+    (bf16, base 10000), drawn from generator g."""
+    kn = torch.randn(B, 1, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    vn = torch.randn(B, 1, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    angle = torch.arange(Sk, device="cuda", dtype=torch.float32)[:, None] * \
+        torch.pow(10000.0, -torch.arange(0, D, 2, device="cuda", dtype=torch.float32) / D)[None, :]
+    return kn, vn, angle.cos().to(torch.bfloat16), angle.sin().to(torch.bfloat16)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=30)
@@ -111,11 +121,7 @@ def main():
             # style) at position Sk - 1 of copies of the cache, then attends over the same Sk keys as
             # "cache": the difference is what the append and the rotary add to a step.
             kc, vc = k.clone(), v.clone()
-            kn = torch.randn(B, 1, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
-            vn = torch.randn(B, 1, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
-            angle = torch.arange(Sk, device="cuda", dtype=torch.float32)[:, None] * \
-                torch.pow(10000.0, -torch.arange(0, D, 2, device="cuda", dtype=torch.float32) / D)[None, :]
-            cos, sin = angle.cos().to(torch.bfloat16), angle.sin().to(torch.bfloat16)
+            kn, vn, cos, sin = append_inputs(B, Sk, Hkv, D, g)
             before = seqlens - 1
             fns["append+rotary"] = lambda: flashattn.flash_attn_with_kvcache(
                 q, kc, vc, k=kn, v=vn, rotary_cos=cos, rotary_sin=sin, cache_seqlens=before, causal=causal)
