@@ -5,12 +5,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -302,41 +305,55 @@ inline bool oracle_visible(const Case &c, int64_t i, int64_t j) {
 }
 
 struct Oracle { std::vector<double> o, lse; };
-inline Oracle oracle(const Inputs &in) {
+// The fp64 oracle. (batch, head) pairs run on up to 16 threads when the call is large enough to pay
+// for them; each pair writes only its own rows, in the serial order, so the result is the same bit
+// for bit. In: Inputs, or anything with its c, qv, kv, vv and slopes.
+template <class In> Oracle oracle(const In &in) {
     const Case &c = in.c;
     Oracle r;
     r.o.assign(c.b * c.sq * c.hq * c.d, 0.0);
     r.lse.assign(c.b * c.hq * c.sq, -INFINITY);
     const double scale = c.scale > 0 ? c.scale : 1.0 / std::sqrt((double)c.d);
-    std::vector<double> s(c.sk);
-    for (int64_t b = 0; b < c.b; ++b)
-        for (int64_t h = 0; h < c.hq; ++h) {
-            const int64_t hk = h / (c.hq / c.hkv);
-            const double slope = c.alibi ? in.slopes[b * c.hq + h] : 0.0;
-            for (int64_t i = 0; i < c.sq; ++i) {
-                double mx = -INFINITY;
-                for (int64_t j = 0; j < c.sk; ++j) {
-                    if (!oracle_visible(c, i, j)) { s[j] = -INFINITY; continue; }
-                    double acc = 0;
-                    for (int64_t d = 0; d < c.d; ++d) acc += (double)in.qv(b, i, h, d) * in.kv(b, j, hk, d);
-                    acc *= scale;
-                    if (c.softcap > 0) acc = c.softcap * std::tanh(acc / c.softcap);
-                    if (c.alibi) acc -= slope * std::fabs((double)(i + c.sk - c.sq - j));
-                    s[j] = acc;
-                    mx = std::max(mx, acc);
-                }
-                if (mx == -INFINITY) continue;  // sees no key: O = 0, LSE = -inf
-                double l = 0;
-                for (int64_t j = 0; j < c.sk; ++j) l += (s[j] == -INFINITY) ? 0.0 : std::exp(s[j] - mx);
-                r.lse[(b * c.hq + h) * c.sq + i] = mx + std::log(l);
-                double *o = &r.o[((b * c.sq + i) * c.hq + h) * c.d];
-                for (int64_t j = 0; j < c.sk; ++j) {
-                    if (s[j] == -INFINITY) continue;
-                    const double pj = std::exp(s[j] - mx) / l;
-                    for (int64_t d = 0; d < c.d; ++d) o[d] += pj * in.vv(b, j, hk, d);
-                }
+    auto pair = [&](int64_t bh) {
+        const int64_t b = bh / c.hq, h = bh % c.hq;
+        const int64_t hk = h / (c.hq / c.hkv);
+        const double slope = c.alibi ? in.slopes[b * c.hq + h] : 0.0;
+        std::vector<double> s(c.sk);
+        for (int64_t i = 0; i < c.sq; ++i) {
+            double mx = -INFINITY;
+            for (int64_t j = 0; j < c.sk; ++j) {
+                if (!oracle_visible(c, i, j)) { s[j] = -INFINITY; continue; }
+                double acc = 0;
+                for (int64_t d = 0; d < c.d; ++d) acc += (double)in.qv(b, i, h, d) * in.kv(b, j, hk, d);
+                acc *= scale;
+                if (c.softcap > 0) acc = c.softcap * std::tanh(acc / c.softcap);
+                if (c.alibi) acc -= slope * std::fabs((double)(i + c.sk - c.sq - j));
+                s[j] = acc;
+                mx = std::max(mx, acc);
+            }
+            if (mx == -INFINITY) continue;  // sees no key: O = 0, LSE = -inf
+            double l = 0;
+            for (int64_t j = 0; j < c.sk; ++j) l += (s[j] == -INFINITY) ? 0.0 : std::exp(s[j] - mx);
+            r.lse[(b * c.hq + h) * c.sq + i] = mx + std::log(l);
+            double *o = &r.o[((b * c.sq + i) * c.hq + h) * c.d];
+            for (int64_t j = 0; j < c.sk; ++j) {
+                if (s[j] == -INFINITY) continue;
+                const double pj = std::exp(s[j] - mx) / l;
+                for (int64_t d = 0; d < c.d; ++d) o[d] += pj * in.vv(b, j, hk, d);
             }
         }
+    };
+    const int64_t pairs = c.b * c.hq;
+    const int64_t hw = std::max<int64_t>(1, std::thread::hardware_concurrency());
+    const int64_t workers = c.sq * c.sk * c.d >= (1 << 20) ? std::min<int64_t>({pairs, hw, 16}) : 1;
+    std::atomic<int64_t> next{0};
+    auto work = [&] {
+        for (int64_t bh; (bh = next++) < pairs;) pair(bh);
+    };
+    std::vector<std::thread> pool;
+    for (int64_t t = 1; t < workers; ++t) pool.emplace_back(work);
+    work();
+    for (auto &t : pool) t.join();
     return r;
 }
 
