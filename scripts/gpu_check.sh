@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One device call: build with all cores, run the whole test suite (GPU tests included), the
 # benchmark's default suite, and the side-by-side comparison with the peers; logs under $OUT, a
-# short table last.   Usage: scripts/gpu_check.sh [all|build|test|sanitize|bench|quick|hostcost|serving|peers|ab|abtree]...
-# (default: all; "quick" is the benchmark's quick suite, "hostcost" the Python host cost per call
+# short table last.   Usage: scripts/gpu_check.sh [all|build|test|sanitize|bench|quick|hostcost|serving|peers|ab|abtree|abserving]...
+# (default: all; "abserving" is abtree's A/B for benchmarks/serving_speed.py; "quick" is the benchmark's quick suite, "hostcost" the Python host cost per call
 # beside SDPA's; "launchcost" the host cost of each launch form (benchmarks/launch_cost.cu); "serving" the serving paths' speed beside the dense path and the peers; "abtree" builds the source tree in $AB_OLD too and times both builds on the default
 # suite, alternating, for a refactor's before/after; AB_ARGS adds benchmark options to both, e.g.
 # "--backend fused"). "ab" times FUSED against FUSED_SM90 at every compiled head dim: the measurement
@@ -97,6 +97,19 @@ if [[ " $steps " == *" abtree "* ]]; then
   python3 benchmarks/ab_compare.py "$OUT/ab_a1.json" "$OUT/ab_b1.json" "$OUT/ab_a2.json" "$OUT/ab_b2.json" > "$OUT/ab_compare.txt"
   summary+=("abtree (A = $AB_OLD, B = this tree): $(tail -1 "$OUT/ab_compare.txt")")
 fi
+if [[ " $steps " == *" abserving "* ]]; then
+  # The serving paths' A/B: serving_speed.py against $AB_OLD's library and this tree's, A B B A.
+  cmake -S "$AB_OLD" -B "$AB_OLD/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_BUILD_TESTS=OFF >/dev/null &&
+    cmake --build "$AB_OLD/build" -j "$(nproc)" --target flashattn > /tmp/flashattn_ab_build.log 2>&1 ||
+    { tail -20 /tmp/flashattn_ab_build.log; exit 1; }
+  for run in a1 b1 b2 a2; do
+    lib=$([ ${run:0:1} = a ] && echo "$AB_OLD/build/libflashattn.so" || echo "$PWD/build/libflashattn.so")
+    FLASHATTN_LIBRARY=$lib PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 \
+      python3 benchmarks/serving_speed.py --iters 20 --json "$OUT/serving_${run}.json" > "$OUT/serving_${run}.log" 2>&1
+  done
+  python3 benchmarks/serving_ab_compare.py "$OUT"/serving_{a1,b1,b2,a2}.json > "$OUT/serving_ab.txt"
+  summary+=("abserving (A = $AB_OLD, B = this tree): $(tail -1 "$OUT/serving_ab.txt")")
+fi
 if want peers && [ -f benchmarks/compare_peers.py ]; then
   FLASHATTN_LIBRARY=$PWD/build/libflashattn.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 \
     python3 benchmarks/compare_peers.py --flush-l2 --json "$OUT/peers.json" > "$OUT/peers.log" 2>&1
@@ -110,4 +123,5 @@ fi
 [ -f "$OUT/launchcost.log" ] && cat "$OUT/launchcost.log"
 [ -f "$OUT/serving.log" ] && cat "$OUT/serving.log"
 [ -f "$OUT/ab_compare.txt" ] && cat "$OUT/ab_compare.txt"
+[ -f "$OUT/serving_ab.txt" ] && cat "$OUT/serving_ab.txt"
 printf '%s\n' "${summary[@]}"
