@@ -25,9 +25,9 @@ def main():
     paths = sys.argv[1:]
     if len(paths) < 2 or len(paths) % 2:
         raise SystemExit("usage: serving_ab_compare.py A1.json B1.json [B2.json A2.json ...] (pairs)")
-    # A B B A ...: pair k is (paths[2k], paths[2k+1]), and A comes second in every odd pair.
-    a_paths = [p for k in range(0, len(paths), 2) for p in ([paths[k]] if (k // 2) % 2 == 0 else [paths[k + 1]])]
-    b_paths = [p for p in paths if p not in a_paths]
+    # A B B A A B B A ...: A's runs are places 0 and 3 of every four.
+    a_paths = [p for i, p in enumerate(paths) if i % 4 in (0, 3)]
+    b_paths = [p for i, p in enumerate(paths) if i % 4 in (1, 2)]
     a, b = cells(a_paths), cells(b_paths)
     shapes = []
     for shape, _ in a:

@@ -13,6 +13,12 @@ OUT=${OUT:-/tmp/flashattn_out}
 mkdir -p "$OUT"
 steps=${*:-all}
 want() { [[ " $steps " == *" all "* || " $steps " == *" $1 "* ]]; }
+# The A side of an A/B: one target of the source tree in $AB_OLD, built in $AB_OLD/build.
+build_ab_old() {
+  cmake -S "$AB_OLD" -B "$AB_OLD/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_BUILD_TESTS=OFF >/dev/null &&
+    cmake --build "$AB_OLD/build" -j "$(nproc)" --target "$1" > /tmp/flashattn_ab_build.log 2>&1 ||
+    { tail -20 /tmp/flashattn_ab_build.log; exit 1; }
+}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
 start=$(date +%s)
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release ${FLASHATTN_HEAD_DIMS:+-DFLASHATTN_HEAD_DIMS=$FLASHATTN_HEAD_DIMS} >/dev/null
@@ -86,9 +92,7 @@ if want ab; then
   summary+=("ab: see the end of bench.log")
 fi
 if [[ " $steps " == *" abtree "* ]]; then
-  cmake -S "$AB_OLD" -B "$AB_OLD/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_BUILD_TESTS=OFF >/dev/null &&
-    cmake --build "$AB_OLD/build" -j "$(nproc)" --target flashattn_bench > /tmp/flashattn_ab_build.log 2>&1 ||
-    { tail -20 /tmp/flashattn_ab_build.log; exit 1; }
+  build_ab_old flashattn_bench
   # A B B A: a drift over the run (clocks, temperature) weighs on both sides alike.
   for run in a1 b1 b2 a2; do
     exe=$([ ${run:0:1} = a ] && echo "$AB_OLD/build/benchmarks/flashattn_bench" || echo build/benchmarks/flashattn_bench)
@@ -99,9 +103,7 @@ if [[ " $steps " == *" abtree "* ]]; then
 fi
 if [[ " $steps " == *" abserving "* ]]; then
   # The serving paths' A/B: serving_speed.py against $AB_OLD's library and this tree's, A B B A.
-  cmake -S "$AB_OLD" -B "$AB_OLD/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_BUILD_TESTS=OFF >/dev/null &&
-    cmake --build "$AB_OLD/build" -j "$(nproc)" --target flashattn > /tmp/flashattn_ab_build.log 2>&1 ||
-    { tail -20 /tmp/flashattn_ab_build.log; exit 1; }
+  build_ab_old flashattn
   for run in a1 b1 b2 a2; do
     lib=$([ ${run:0:1} = a ] && echo "$AB_OLD/build/libflashattn.so" || echo "$PWD/build/libflashattn.so")
     FLASHATTN_LIBRARY=$lib PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 \
