@@ -1,14 +1,19 @@
 /*
  * append.cu - appending new keys to a KV cache, with rotary embedding, before a serving call's
  * attention (fa_append_args in fa_kernel_params.h; flashattn.h, "Serving calls", says what is
- * written where). One thread per output element: a new key's or value's, and, when Q is rotated,
- * each element of the rotated copy of Q. Rotation in float32, rounded once to the dtype:
+ * written where). One thread per chunk of a row: 8 elements (one 16-byte load and store per
+ * tensor) when head_dim, every stride and every pointer allow it, otherwise 1. A chunk is a new
+ * key's and value's, or, when Q is rotated, a chunk of the rotated copy of Q. Rotation in float32,
+ * rounded once to the dtype:
  *   GPT-J (interleaved): pairs (x[2i], x[2i+1]) rotated by cos/sin[pos, i];
  *   GPT-NeoX:            pairs (x[i], x[i + rotary_dim/2]) rotated by cos/sin[pos, i];
  * columns from rotary_dim on are copied. Positions come from seqused_k on the device: nothing is
  * read on the host, so the launch can be captured in a CUDA graph.
  */
 #include <cuda_runtime.h>
+
+#include <stdint.h>
+#include <string.h>
 
 #include "fa_common.cuh"
 
@@ -17,37 +22,67 @@ namespace {
 
 constexpr int kAppendThreads = 256;
 
-/* Element d of row x (head_dim contiguous) after rotation at table row `pos`. */
-template <int kDtype>
-__device__ __forceinline__ typename elem<kDtype>::type rotated(const fa_append_args &a, const typename elem<kDtype>::type *x,
-                                                              int d, int64_t pos) {
-    using E = elem<kDtype>;
-    using T = typename E::type;
-    if (d >= a.rotary_dim) return x[d];
-    const float v = E::to_float(x[d]);
-    const int half = a.rotary_dim / 2;
-    const int64_t row = pos < 0 ? 0 : (pos >= a.seqlen_ro ? a.seqlen_ro - 1 : pos); /* clamped: never outside the tables */
-    int i, partner;
-    float sign;
-    if (a.interleaved) {
-        i = d / 2, partner = d ^ 1, sign = (d & 1) ? 1.0f : -1.0f;
-    } else {
-        i = d < half ? d : d - half, partner = d < half ? d + half : d - half, sign = d < half ? -1.0f : 1.0f;
-    }
-    const float c = E::to_float(((const T *)a.cos)[(int64_t)row * half + i]);
-    const float s = E::to_float(((const T *)a.sin)[(int64_t)row * half + i]);
-    return E::from_float(fmaf(v, c, sign * E::to_float(x[partner]) * s));
+/* The raw bits of a chunk of kVec 2-byte elements. */
+template <int kVec> struct chunk_bits;
+template <> struct chunk_bits<8> { using type = uint4; };
+template <> struct chunk_bits<1> { using type = uint16_t; };
+
+template <int kDtype, int kVec>
+__device__ __forceinline__ void load_chunk(const typename elem<kDtype>::type *p, typename elem<kDtype>::type (&v)[kVec]) {
+    const typename chunk_bits<kVec>::type bits = *reinterpret_cast<const typename chunk_bits<kVec>::type *>(p);
+    memcpy(v, &bits, sizeof bits);
 }
 
-template <int kDtype>
+template <int kDtype, int kVec>
+__device__ __forceinline__ void store_chunk(typename elem<kDtype>::type *p, const typename elem<kDtype>::type (&v)[kVec]) {
+    typename chunk_bits<kVec>::type bits;
+    memcpy(&bits, v, sizeof bits);
+    *reinterpret_cast<typename chunk_bits<kVec>::type *>(p) = bits;
+}
+
+/* Elements d0 .. d0 + kVec - 1 of row x (head_dim contiguous), already loaded into v, rotated in
+ * place at table row `pos`. A partner outside the chunk is read from x. */
+template <int kDtype, int kVec>
+__device__ __forceinline__ void rotate_chunk(const fa_append_args &a, const typename elem<kDtype>::type *x, int d0,
+                                             int64_t pos, typename elem<kDtype>::type (&v)[kVec]) {
+    using E = elem<kDtype>;
+    using T = typename E::type;
+    if (d0 >= a.rotary_dim) return;
+    const int half = a.rotary_dim / 2;
+    const int64_t row = pos < 0 ? 0 : (pos >= a.seqlen_ro ? a.seqlen_ro - 1 : pos); /* clamped: never outside the tables */
+    const T *cos_row = (const T *)a.cos + row * half, *sin_row = (const T *)a.sin + row * half;
+    T in[kVec];
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) in[j] = v[j];
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+        const int d = d0 + j;
+        if (d >= a.rotary_dim) break;
+        int i, partner;
+        float sign;
+        if (a.interleaved) {
+            i = d / 2, partner = d ^ 1, sign = (d & 1) ? 1.0f : -1.0f;
+        } else {
+            i = d < half ? d : d - half, partner = d < half ? d + half : d - half, sign = d < half ? -1.0f : 1.0f;
+        }
+        /* d0 is a multiple of kVec, so an interleaved partner lies in the chunk when kVec is even. */
+        const T other = (a.interleaved && kVec % 2 == 0) ? in[kVec % 2 == 0 ? (j ^ 1) : j] : x[partner];
+        const float c = E::to_float(cos_row[i]), s = E::to_float(sin_row[i]);
+        v[j] = E::from_float(fmaf(E::to_float(in[j]), c, sign * E::to_float(other) * s));
+    }
+}
+
+template <int kDtype, int kVec>
 __global__ void __launch_bounds__(kAppendThreads) append_kernel(const __grid_constant__ fa_append_args a) {
     using T = typename elem<kDtype>::type;
-    const int64_t n_kv = (int64_t)a.batch * a.seqlen_new * a.heads_kv * a.head_dim;
-    const int64_t n_q = a.q_out ? (int64_t)a.batch * a.seqlen_q * a.heads_q * a.head_dim : 0;
+    const int chunks = a.head_dim / kVec; /* per row */
+    const int64_t n_kv = (int64_t)a.batch * a.seqlen_new * a.heads_kv * chunks;
+    const int64_t n_q = a.q_out ? (int64_t)a.batch * a.seqlen_q * a.heads_q * chunks : 0;
     for (int64_t x = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; x < n_kv + n_q; x += (int64_t)gridDim.x * blockDim.x) {
+        T v[kVec];
         if (x < n_kv) {
-            const int d = (int)(x % a.head_dim);
-            int64_t r = x / a.head_dim;
+            int64_t r = x / chunks;
+            const int d0 = (int)(x - r * chunks) * kVec;
             const int h = (int)(r % a.heads_kv);
             r /= a.heads_kv;
             const int i = (int)(r % a.seqlen_new), b = (int)(r / a.seqlen_new);
@@ -70,35 +105,59 @@ __global__ void __launch_bounds__(kAppendThreads) append_kernel(const __grid_con
             const T *vn = (const T *)a.v_new + b * a.v_new_stride[0] + i * a.v_new_stride[1] + h * a.v_new_stride[2];
             T *kc = (T *)a.k_cache + outer * a.k_stride[0] + row * a.k_stride[1] + h * a.k_stride[2];
             T *vc = (T *)a.v_cache + outer * a.v_stride[0] + row * a.v_stride[1] + h * a.v_stride[2];
-            kc[d] = a.cos ? rotated<kDtype>(a, kn, d, pos) : kn[d];
-            vc[d] = vn[d];
+            load_chunk<kDtype, kVec>(vn + d0, v);
+            store_chunk<kDtype, kVec>(vc + d0, v);
+            load_chunk<kDtype, kVec>(kn + d0, v);
+            if (a.cos) rotate_chunk<kDtype, kVec>(a, kn, d0, pos, v);
+            store_chunk<kDtype, kVec>(kc + d0, v);
         } else {
             const int64_t y = x - n_kv;
-            const int d = (int)(y % a.head_dim);
-            int64_t r = y / a.head_dim;
+            int64_t r = y / chunks;
+            const int d0 = (int)(y - r * chunks) * kVec;
             const int h = (int)(r % a.heads_q);
             r /= a.heads_q;
             const int i = (int)(r % a.seqlen_q), b = (int)(r / a.seqlen_q);
             const int64_t pos = (int64_t)a.seqused_k[b] + (a.q_at_cache_len ? 0 : i);
             const T *q = (const T *)a.q + b * a.q_stride[0] + i * a.q_stride[1] + h * a.q_stride[2];
-            ((T *)a.q_out)[y] = rotated<kDtype>(a, q, d, pos);
+            load_chunk<kDtype, kVec>(q + d0, v);
+            rotate_chunk<kDtype, kVec>(a, q, d0, pos, v);
+            store_chunk<kDtype, kVec>((T *)a.q_out + y * kVec, v);
         }
     }
+}
+
+/* Whether every row the kernel touches can move as 16-byte chunks. */
+bool vectorisable(const fa_append_args *a) {
+    constexpr int kV = 8;
+    if (a->head_dim % kV != 0) return false;
+    const void *ptrs[] = {a->k_new, a->v_new, a->k_cache, a->v_cache, a->q_out ? a->q : nullptr, a->q_out};
+    for (const void *p : ptrs)
+        if ((uintptr_t)p % 16 != 0) return false;
+    for (int s = 0; s < 3; ++s) {
+        if (a->k_new_stride[s] % kV || a->v_new_stride[s] % kV || a->k_stride[s] % kV || a->v_stride[s] % kV) return false;
+        if (a->q_out && a->q_stride[s] % kV) return false;
+    }
+    return true;
+}
+
+template <int kDtype, int kVec> cudaError_t launch(const fa_append_args *a, cudaStream_t s) {
+    const int64_t chunks = a->head_dim / kVec;
+    const int64_t total = (int64_t)a->batch * a->seqlen_new * a->heads_kv * chunks +
+                          (a->q_out ? (int64_t)a->batch * a->seqlen_q * a->heads_q * chunks : 0);
+    if (total == 0) return cudaSuccess;
+    const int64_t blocks = (total + kAppendThreads - 1) / kAppendThreads;
+    const dim3 grid((unsigned)(blocks < FA_GRID_STRIDE_MAX_BLOCKS ? blocks : FA_GRID_STRIDE_MAX_BLOCKS));
+    append_kernel<kDtype, kVec><<<grid, kAppendThreads, 0, s>>>(*a);
+    return cudaGetLastError();
 }
 
 }  // namespace
 }  // namespace fa
 
 extern "C" __attribute__((visibility("hidden"))) int fa_append_launch(const fa_append_args *a, void *stream) {
-    const int64_t total = (int64_t)a->batch * a->seqlen_new * a->heads_kv * a->head_dim +
-                          (a->q_out ? (int64_t)a->batch * a->seqlen_q * a->heads_q * a->head_dim : 0);
-    if (total == 0) return 0;
-    const int64_t blocks = (total + fa::kAppendThreads - 1) / fa::kAppendThreads;
-    const dim3 grid((unsigned)(blocks < FA_GRID_STRIDE_MAX_BLOCKS ? blocks : FA_GRID_STRIDE_MAX_BLOCKS));
     const cudaStream_t s = (cudaStream_t)stream;
+    const bool vec = fa::vectorisable(a);
     if (a->dtype == FA_DTYPE_BF16)
-        fa::append_kernel<FA_DTYPE_BF16><<<grid, fa::kAppendThreads, 0, s>>>(*a);
-    else
-        fa::append_kernel<FA_DTYPE_F16><<<grid, fa::kAppendThreads, 0, s>>>(*a);
-    return (int)cudaGetLastError();
+        return (int)(vec ? fa::launch<FA_DTYPE_BF16, 8>(a, s) : fa::launch<FA_DTYPE_BF16, 1>(a, s));
+    return (int)(vec ? fa::launch<FA_DTYPE_F16, 8>(a, s) : fa::launch<FA_DTYPE_F16, 1>(a, s));
 }

@@ -602,8 +602,12 @@ TEST_F(Serving, AppendWithRotaryWritesTheCacheThenAttendsOverIt) {
     int calls = 0;
     for (int backend : serving_backends())
         for (KvMode kv : {kDenseSeqused, kIndexedCache, kPagedSeqused})
-            for (int rot : {0, 1, 2}) {  // none, GPT-J (interleaved) on all 64 columns, GPT-NeoX on 32
-                const int64_t page = (rot == 2) ? 19 : 16;
+            // Rotary: none; GPT-J (interleaved) on all 64 columns; GPT-NeoX on 32, and on 20 (a
+            // 16-byte chunk half rotated); GPT-J with new keys one element apart per head (no
+            // 16-byte chunks: the append's element-wise kernel).
+            for (int rot : {0, 1, 2, 3, 4}) {
+                const int64_t page = rot == 2 ? 19 : (rot == 4 ? 1 : 16);
+                const bool interleaved = rot == 1 || rot == 4;
                 SCOPED_TRACE("backend " + std::to_string(backend) + " kv " + std::to_string(kv) + " rotary " +
                              std::to_string(rot) + " page " + std::to_string(page));
                 Spec s;
@@ -617,9 +621,10 @@ TEST_F(Serving, AppendWithRotaryWritesTheCacheThenAttendsOverIt) {
                 if (kv != kPagedSeqused && rot != 1) s.lp = {5, 0, 20, 0};
                 ServingRun r(s);
                 DeviceRun dev(r);
-                const int64_t B = r.B, hd = s.hkv * s.d, rd = rot == 2 ? 32 : 64, seqlen_ro = cap + 8;
+                const int64_t B = r.B, hd = s.hkv * s.d, rd = rot == 2 ? 32 : (rot == 3 ? 20 : 64), seqlen_ro = cap + 8;
+                const int64_t kd = s.d + (rot == 4 ? 1 : 0); /* k_new's head stride */
                 std::normal_distribution<float> nd(0.0f, 1.0f);
-                std::vector<uint16_t> k_new(B * n_new * hd), v_new(B * n_new * hd), cos_t, sin_t;
+                std::vector<uint16_t> k_new(B * n_new * s.hkv * kd), v_new(B * n_new * hd), cos_t, sin_t;
                 for (auto *t : {&k_new, &v_new})
                     for (auto &x : *t) x = from_f32(s.dtype, nd(rng()));
                 for (int64_t pos = 0; pos < seqlen_ro; ++pos)
@@ -633,11 +638,11 @@ TEST_F(Serving, AppendWithRotaryWritesTheCacheThenAttendsOverIt) {
                 flashattn_fwd_params p = dev.params(r);
                 p.backend = backend;
                 p.k_new = dkn.p, p.v_new = dvn.p, p.seqlen_new = n_new;
-                p.k_new_head_stride = p.v_new_head_stride = s.d, p.k_new_seq_stride = p.v_new_seq_stride = hd;
-                p.k_new_batch_stride = p.v_new_batch_stride = n_new * hd;
+                p.k_new_head_stride = kd, p.k_new_seq_stride = s.hkv * kd, p.k_new_batch_stride = n_new * s.hkv * kd;
+                p.v_new_head_stride = s.d, p.v_new_seq_stride = hd, p.v_new_batch_stride = n_new * hd;
                 if (rot) {
                     p.rotary_cos = dcos.p, p.rotary_sin = dsin.p, p.rotary_dim = rd, p.seqlen_ro = seqlen_ro;
-                    p.rotary_interleaved = rot == 1;
+                    p.rotary_interleaved = interleaved;
                 }
                 size_t need = 0;
                 ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_workspace_size(h, &p, &need)) << flashattn_last_error();
@@ -657,9 +662,9 @@ TEST_F(Serving, AppendWithRotaryWritesTheCacheThenAttendsOverIt) {
                         if (pos >= cap) continue;
                         const int64_t row = r.cache_row(b, pos);
                         for (int64_t hh = 0; hh < s.hkv; ++hh) {
-                            const uint16_t *kn = &k_new[(b * n_new + i) * hd + hh * s.d];
+                            const uint16_t *kn = &k_new[((b * n_new + i) * s.hkv + hh) * kd];
                             const std::vector<uint16_t> kr =
-                                rot ? rotate_row(s.dtype, kn, s.d, rd, rot == 1, cos_t, sin_t, pos) : std::vector<uint16_t>(kn, kn + s.d);
+                                rot ? rotate_row(s.dtype, kn, s.d, rd, interleaved, cos_t, sin_t, pos) : std::vector<uint16_t>(kn, kn + s.d);
                             for (int64_t dd = 0; dd < s.d; ++dd) {
                                 k_want[row * hd + hh * s.d + dd] = kr[dd];
                                 rotated_elem[row * hd + hh * s.d + dd] = rot != 0;
@@ -686,7 +691,7 @@ TEST_F(Serving, AppendWithRotaryWritesTheCacheThenAttendsOverIt) {
                             for (int64_t hh = 0; hh < s.hq; ++hh) {
                                 const int64_t at = ((b * n_new + i) * s.hq + hh) * s.d;
                                 const std::vector<uint16_t> qr =
-                                    rotate_row(s.dtype, &r.q[at], s.d, rd, rot == 1, cos_t, sin_t, r.used[b] + i);
+                                    rotate_row(s.dtype, &r.q[at], s.d, rd, interleaved, cos_t, sin_t, r.used[b] + i);
                                 for (int64_t dd = 0; dd < s.d; ++dd) bad_q += !within_one_rounding(s.dtype, q_used[at + dd], qr[dd]);
                             }
                     EXPECT_EQ(0u, bad_q) << "rotated Q elements";
@@ -724,7 +729,7 @@ TEST_F(Serving, AppendWithRotaryWritesTheCacheThenAttendsOverIt) {
                 }
                 ++st.calls[backend];
             }
-    print_stats("append (dense, indexed, paged 16/19 caches, left padding) with GPT-J / GPT-NeoX rotary", st);
+    print_stats("append (dense, indexed, paged 1/16/19 caches, left padding) with GPT-J / GPT-NeoX rotary (full, partial, 16-byte chunks or not)", st);
 }
 
 }  // namespace
