@@ -67,15 +67,24 @@ template <int kDtype, int kHeadDim, int kKeyTile, int kNumConsumers, bool kPersi
     static constexpr int kBlockM = 64 * kConsumers, kBlockN = kKeyTile;
     static constexpr int kThreads = kWarpgroupThreads * (kConsumers + 1);
     /* setmaxnreg: the producer keeps kProducerRegs registers, the consumers share the rest (a
-     * multiple of 8, at most 240). The registers a block may redistribute are those it was given at
-     * launch, kLaunchRegs a thread (ptxas's figure under __launch_bounds__(kThreads, 1): 168 with
-     * two consumers, 128 with three), not the register file's 64K: a consumer's setmaxnreg.inc
-     * waits for the registers the producer's .dec released, and waits forever if they fall short. */
+     * multiple of 8, at most 240; consumer_regs for a producer given more, as a persistent serving
+     * block's is). The registers a block may redistribute are those it was given at launch,
+     * kLaunchRegs a thread (ptxas's figure under __launch_bounds__(kThreads, 1): 168 with two
+     * consumers, 128 with three), not the register file's 64K: a consumer's setmaxnreg.inc waits for
+     * the registers the producer's .dec released, and waits forever if they fall short, so every
+     * split used is checked by fits() where it is chosen. */
     static constexpr int kProducerRegs = 24;
-    static constexpr int kConsumerShare = (65536 / kWarpgroupThreads - kProducerRegs) / kConsumers / 8 * 8;
-    static constexpr int kConsumerRegs = kConsumerShare > 240 ? 240 : kConsumerShare;
     static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
-    static_assert(kProducerRegs + kConsumers * kConsumerRegs <= (kConsumers + 1) * kLaunchRegs,
+    static constexpr int consumer_regs(int producer_regs) {
+        return ((kConsumers + 1) * kLaunchRegs - producer_regs) / kConsumers / 8 * 8 > 240
+                   ? 240
+                   : ((kConsumers + 1) * kLaunchRegs - producer_regs) / kConsumers / 8 * 8;
+    }
+    static constexpr bool fits(int producer_regs, int consumer) {
+        return producer_regs + kConsumers * consumer <= (kConsumers + 1) * kLaunchRegs;
+    }
+    static constexpr int kConsumerRegs = consumer_regs(kProducerRegs);
+    static_assert(fits(kProducerRegs, kConsumerRegs),
                   "setmaxnreg: the warpgroups' registers must fit in the block's launch allocation");
     static constexpr int kChunks = kHeadDim / 8; /* 16-byte chunks per row */
     static constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2, kKVBytes = kBlockN * kHeadDim * 2;
@@ -191,7 +200,7 @@ template <class Tr> struct tile {
 /* A serving call's sequence, for the kernel below: its fa_seq, and for a dense call nothing (the
  * kernel parameters are the bounds). bounds() is what the block's code reads in both cases. */
 template <bool kServing> struct seq_view {
-    __device__ __forceinline__ explicit seq_view(const fa_kernel_params &) {}
+    __device__ __forceinline__ explicit seq_view(const fa_kernel_params &, int = 0) {}
     __device__ __forceinline__ const fa_kernel_params &bounds(const fa_kernel_params &p) const { return p; }
     static constexpr int64_t q_row0() { return 0; }
     /* The LSE row offset for lse_slot: -1 selects the dense layout. */
@@ -200,25 +209,28 @@ template <bool kServing> struct seq_view {
 template <> struct seq_view<true> {
     fa_seq s;
     bool packed_q;
-    __device__ __forceinline__ explicit seq_view(const fa_kernel_params &p)
-        : s(serving_seq(p, blockIdx.z)), packed_q(p.cu_seqlens_q != nullptr) {}
+    /* Batch entry b's sequence (a block a tile: its grid z). */
+    __device__ __forceinline__ explicit seq_view(const fa_kernel_params &p, int b)
+        : s(serving_seq(p, b)), packed_q(p.cu_seqlens_q != nullptr) {}
     __device__ __forceinline__ const fa_seq &bounds(const fa_kernel_params &) const { return s; }
     __device__ __forceinline__ int64_t q_row0() const { return s.q_row0; }
     __device__ __forceinline__ int64_t lse_row0() const { return packed_q ? s.q_row0 : -1; }
 };
 
-/* No row sees a key in this split: O = 0, LSE = -inf (a split writes only its LSE). */
+/* No row sees a key in this split: O = 0, LSE = -inf (a split writes only its LSE). Tile rows
+ * [row0, row0 + rows), by `threads` threads of which this is number `tid`. */
 template <class Tr, class Seq>
-__device__ __forceinline__ void store_empty(const fa_kernel_params &p, const tile<Tr> &tl, const Seq &sq, int tid) {
+__device__ __forceinline__ void store_empty(const fa_kernel_params &p, const tile<Tr> &tl, const Seq &sq, int tid,
+                                            int threads = Tr::kThreads, int row0 = 0, int rows = Tr::kBlockM) {
     const auto &bnd = sq.bounds(p);
-    for (int i = tid; i < Tr::kBlockM * Tr::kChunks; i += Tr::kThreads) {
-        const int r = i / Tr::kChunks, ch = i % Tr::kChunks;
+    for (int i = tid; i < rows * Tr::kChunks; i += threads) {
+        const int r = row0 + i / Tr::kChunks, ch = i % Tr::kChunks;
         int head, pos;
         if (!tl.partial && tl.row_target(bnd, r, head, pos) && ch * 8 < p.head_dim)
             *reinterpret_cast<uint4 *>((typename Tr::T *)p.o + tl.b * p.o_batch_stride + head * p.o_head_stride +
                                        ((int64_t)pos + sq.q_row0()) * p.o_seq_stride + ch * 8) = make_uint4(0, 0, 0, 0);
     }
-    for (int r = tid; r < Tr::kBlockM; r += Tr::kThreads) {
+    for (int r = row0 + tid; r < row0 + rows; r += threads) {
         int head, pos;
         if (tl.row_target(bnd, r, head, pos))
             if (float *l = tl.lse_slot(p, head, pos, sq.lse_row0())) *l = -INFINITY;
@@ -390,19 +402,29 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
 template <class Tr>
 __device__ __forceinline__ void produce_serving(const fa_kernel_params &p, const seq_view<true> &sq, const tile<Tr> &tl,
                                                 const smem_layout<Tr> &sm, const CUtensorMap *tm_q,
-                                                const CUtensorMap *tm_k, const CUtensorMap *tm_v, int lane) {
+                                                const CUtensorMap *tm_k, const CUtensorMap *tm_v, int lane,
+                                                int nth = 0, int kv0 = 0) {
     constexpr int kCB = Tr::kChunks / 8; /* 64-column regions of a tile */
     const bool leader = lane == 0;
-    if (gathers_pages<Tr>(p)) {
+    if (gathers_pages<Tr>(p)) { /* (a block a tile: the planner keeps gathered pages off persistent blocks) */
         produce_gathered(p, sq, tl, sm, tm_q, lane);
         return;
     }
-    if (leader) {
+    auto load_q = [&] {
+        if (!leader) return;
         mbar_expect_tx(sm.bar_q, (uint32_t)(kCB * 128 * tl.rows_per_head * tl.heads));
         const int qb = sq.packed_q ? 0 : tl.b, q0 = (int)sq.s.q_row0 + tl.m0;
 #pragma unroll
         for (int cb = 0; cb < kCB; ++cb) tma_load(sm.q + cb * Tr::kBlockM * 128, tm_q, cb * 64, q0, tl.h0, qb, sm.bar_q);
-    }
+    };
+    /* K or V tile j of this tile goes to stage (kv0 + j) % 2, once the consumers handed back its
+     * use two loads earlier (as in produce). */
+    auto stage_free = [&](uint32_t empty, int j) {
+        const int g = kv0 + j;
+        if (g >= 2) mbar_wait(empty + 8 * (g & 1), ((g - 2) >> 1) & 1);
+        return (uint32_t)(g & 1);
+    };
+    if (nth == 0) load_q();
     const bool paged = p.block_table != nullptr;
     const int box = paged ? fa_sm90_page_box(p.page_size, Tr::kBlockN) : Tr::kBlockN, boxes = Tr::kBlockN / box;
     const int32_t *table = paged ? p.block_table + sq.s.page0 : nullptr;
@@ -434,16 +456,19 @@ __device__ __forceinline__ void produce_serving(const fa_kernel_params &p, const
                 tma_load(dst + cb * Tr::kBlockN * 128 + lane * box * 128, map, cb * 64, row0, tl.hk, my_page, full);
     };
     int page_j = page_of(0), page_next = page_of(1); /* tile j's pages (for V_j), tile j + 1's (for K_{j+1}) */
-    load_kv(tm_k, sm.k, sm.full_k, 0, page_j);
+    uint32_t st = stage_free(sm.empty_k, 0);
+    load_kv(tm_k, sm.k + st * Tr::kKVBytes, sm.full_k + 8 * st, 0, page_j);
+    if (nth > 0) { /* a persistent block: the last tile's K is in flight; Q once the consumers are done with the last one's */
+        mbar_wait(sm.empty_q, (nth - 1) & 1);
+        load_q();
+    }
     for (int j = 0; j < tl.n_tiles; ++j) {
         const int page_after = page_of(j + 2); /* read now, used next iteration */
         if (j + 1 < tl.n_tiles) {
-            const int st = (j + 1) & 1;
-            if (j + 1 >= 2) mbar_wait(sm.empty_k + 8 * st, ((j - 1) >> 1) & 1);
+            st = stage_free(sm.empty_k, j + 1);
             load_kv(tm_k, sm.k + st * Tr::kKVBytes, sm.full_k + 8 * st, j + 1, page_next);
         }
-        const int st = j & 1;
-        if (j >= 2) mbar_wait(sm.empty_v + 8 * st, ((j - 2) >> 1) & 1);
+        st = stage_free(sm.empty_v, j);
         load_kv(tm_v, sm.v + st * Tr::kKVBytes, sm.full_v + 8 * st, j, page_j);
         page_j = page_next, page_next = page_after;
     }
@@ -477,33 +502,51 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                   const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
                   const __grid_constant__ CUtensorMap tm_o) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    static_assert(!(kServing && kPersistent), "serving calls take a block a tile");
     using Tr = traits<kDtype, kHeadDim, kKeyTile, kConsumers, kPersistent>;
     using T = typename Tr::T;
     constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN;
     constexpr int kSN = kBlockN / 2, kON = kHeadDim / 2; /* accumulator floats per thread */
     constexpr int kNC = Tr::kConsumers;
+    /* A persistent serving block's producer holds a sequence's counts and offsets besides its tile:
+     * 56 registers (two consumers then keep 224 each: 56 + 2 x 224 = 3 x 168, the launch allocation). */
+    constexpr int kProducerRegs = kServing && kPersistent ? 56 : Tr::kProducerRegs;
+    static_assert(Tr::fits(kProducerRegs, Tr::consumer_regs(kProducerRegs)),
+                  "setmaxnreg: the warpgroups' registers must fit in the block's launch allocation");
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const smem_layout<Tr> sm(smem_u32(smem_raw));
 
     const int tid = threadIdx.x, wg = tid / kWarpgroupThreads, lane = tid % 32;
     if (p.num_splits > 1 && tid == 0) launch_dependents(); /* the combine's blocks may start */
-    const seq_view<kServing> sq(p);
-    const auto &bnd = sq.bounds(p);
-    /* A persistent block's work numbers: fa_persistent_first, then fa_persistent_next, below `works` (every
-     * tile has keys: the planner takes no window, seqlen_k > 0 and, under a causal mask,
-     * seqlen_q <= seqlen_k; at most INT32_MAX work numbers; every block has at least one). */
+    /* A persistent block's work numbers: fa_persistent_first, then fa_persistent_next, below `works` (at
+     * most INT32_MAX work numbers; every block has at least one). A dense call's tiles all have keys
+     * (the planner takes no window, seqlen_k > 0 and, under a causal mask, seqlen_q <= seqlen_k); a
+     * serving call's work numbers cover its capacities, and a tile past its sequence's queries, or
+     * with no key to see, is skipped (`empty`) by producer and consumers alike. */
     const int works = kPersistent ? fa_persistent_works(&p) : 0;
     const int work0 = kPersistent ? fa_persistent_first(&p, blockIdx.x, gridDim.x) : -1;
     auto next_work = [&](int work) { return fa_persistent_next(&p, work, blockIdx.x, gridDim.x); };
+    /* A tile's sequence: the block's (grid z), or a persistent serving block's work's batch entry's. */
+    auto seq_of = [&p](int work) {
+        int b = (int)blockIdx.z;
+        if constexpr (kServing && kPersistent) {
+            int32_t m_block, bh;
+            fa_persistent_tile(&p, work, &m_block, &bh);
+            b = bh / p.heads_q;
+        }
+        return seq_view<kServing>(p, b);
+    };
+    auto empty = [](const tile<Tr> &tl, const seq_view<kServing> &sq, const fa_kernel_params &p) {
+        return tl.m0 >= sq.bounds(p).seqlen_q || tl.n_tiles == 0;
+    };
     /* The block's (first) tile, built once: a block a tile uses it throughout. */
-    const tile<Tr> tl0(p, bnd, work0);
+    const seq_view<kServing> sq0 = seq_of(work0);
+    const tile<Tr> tl0(p, sq0.bounds(p), work0);
     if constexpr (!kPersistent) {
         if constexpr (kServing)
-            if (tl0.m0 >= bnd.seqlen_q) return; /* past this sequence's queries (the grid covers the capacity) */
+            if (tl0.m0 >= sq0.bounds(p).seqlen_q) return; /* past this sequence's queries (the grid covers the capacity) */
         if (tl0.n_tiles == 0) {
-            store_empty(p, tl0, sq, tid);
+            store_empty(p, tl0, sq0, tid);
             return;
         }
     }
@@ -515,13 +558,24 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     __syncthreads();
 
     if (wg == 0) { /* the producer warpgroup */
-        release_registers<Tr::kProducerRegs>();
-        if constexpr (kServing) {
-            if (tid < 32 || gathers_pages<Tr>(p)) produce_serving(p, sq, tl0, sm, &tm_q, &tm_k, &tm_v, tid);
+        release_registers<kProducerRegs>();
+        if constexpr (kServing && kPersistent) {
+            if (tid < 32) {
+                int nth = 0, kv0 = 0;
+                for (int work = work0; work < works; work = next_work(work)) {
+                    const seq_view<kServing> sq = seq_of(work);
+                    const tile<Tr> tl(p, sq.bounds(p), work); /* (tl0 not kept live across the loop: registers) */
+                    if (empty(tl, sq, p)) continue;
+                    produce_serving(p, sq, tl, sm, &tm_q, &tm_k, &tm_v, tid, nth++, kv0);
+                    kv0 += tl.n_tiles;
+                }
+            }
+        } else if constexpr (kServing) {
+            if (tid < 32 || gathers_pages<Tr>(p)) produce_serving(p, sq0, tl0, sm, &tm_q, &tm_k, &tm_v, tid);
         } else if (tid == 0) {
             int nth = 0, kv0 = 0;
             for (int work = work0;;) {
-                const tile<Tr> tl = nth == 0 ? tl0 : tile<Tr>(p, bnd, work);
+                const tile<Tr> tl = nth == 0 ? tl0 : tile<Tr>(p, sq0.bounds(p), work);
                 produce(tl, sm, &tm_q, &tm_k, &tm_v, nth++, kv0);
                 kv0 += tl.n_tiles;
                 if (!kPersistent || (work = next_work(work)) >= works) break;
@@ -531,7 +585,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     }
 
     /* ---- a consumer warpgroup: its 64 rows of each tile through every key tile (the mainloop) ---- */
-    claim_registers<Tr::kConsumerRegs>();
+    claim_registers<Tr::consumer_regs(kProducerRegs)>();
     const int c = wg - 1; /* consumer index: tile rows 64c..64c+63 */
     const int g = lane / 4, t = lane % 4;
     const int trow = c * 64 + ((tid % kWarpgroupThreads) / 32) * 16 + g; /* this thread's tile rows: trow, trow + 8 */
@@ -546,7 +600,16 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     if constexpr (kServing) gathered = gathers_pages<Tr>(p);
     int nth = 0, kv0 = 0; /* tiles done by this block, and their K/V tiles (the stages' running count) */
     for (int work = work0;;) {
-        const tile<Tr> tl = nth == 0 ? tl0 : tile<Tr>(p, bnd, work);
+        const seq_view<kServing> sq = kServing && kPersistent ? seq_of(work) : sq0;
+        const auto &bnd = sq.bounds(p);
+        const tile<Tr> tl = kServing && kPersistent ? tile<Tr>(p, bnd, work) : nth == 0 ? tl0 : tile<Tr>(p, bnd, work);
+        if constexpr (kServing && kPersistent) {
+            if (empty(tl, sq, p)) { /* this consumer's rows of a tile with queries but no key: O = 0, LSE = -inf */
+                if (tl.m0 < bnd.seqlen_q) store_empty(p, tl, sq, tid % kWarpgroupThreads, kWarpgroupThreads, c * 64, 64);
+                if ((work = next_work(work)) >= works) break;
+                continue;
+            }
+        }
         const int b = tl.b, m0 = tl.m0, row_last = tl.row_last, tile_begin = tl.tile_begin, n_tiles = tl.n_tiles;
         auto row_target = [&](int r, int &head, int &pos) { return tl.row_target(bnd, r, head, pos); };
         auto lse_slot = [&](int head, int pos) { return tl.lse_slot(p, head, pos, sq.lse_row0()); };

@@ -58,8 +58,8 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
     if (l->threads != Tr::kThreads || l->smem_bytes != smem ||
         (kp->pack_gqa && (kp->pack_rows < 1 || kp->pack_rows * kp->head_group > Tr::kBlockM)) ||
         (kp->num_splits > 1 && (kp->o_accum == nullptr || kp->lse_accum == nullptr)) ||
-        (kp->persistent && (kp->num_splits > 1 || kp->pack_gqa || kp->serving || kp->sched_heads || l->grid_y != 1 ||
-                            l->grid_z != 1)))
+        (kp->persistent && (kp->num_splits > 1 || kp->pack_gqa || kp->sched_heads || l->grid_y != 1 || l->grid_z != 1 ||
+                            (kp->serving && (kConsumers != 2 || (kp->block_table && !FA_SM90_TMA_PAGES(kp->page_size, Tr::kBlockN)))))))
         return (int)cudaErrorInvalidConfiguration; /* planner and kernel disagree: refuse */
     CUtensorMap tq, tk, tv;
     /* Q in boxes of one head x kBlockM positions, or (pack_gqa) head_group heads x pack_rows positions. */
@@ -86,18 +86,24 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
         !encode_map(&tv, kDtype, kp->v, kp->head_dim, kv_seq, kp->heads_kv, kv_batch, kp->v_seq_stride,
                     kp->v_head_stride, kp->v_batch_stride, kv_box, 1))
         return (int)cudaErrorInvalidValue; /* the planner checked the limits; not expected */
-    /* A persistent block stores O by TMA, in boxes of 64 rows (a consumer's) where the driver takes
-     * O's strides; otherwise with 16-byte writes. */
+    /* A persistent block of a dense call stores O by TMA, in boxes of 64 rows (a consumer's) where
+     * the driver takes O's strides; otherwise (and for a serving call's packed rows) with 16-byte
+     * writes. */
     fa_kernel_params args = *kp;
     CUtensorMap to;
     memset(&to, 0, sizeof to);
-    args.o_tma = kp->persistent &&
+    args.o_tma = kp->persistent && !kp->serving &&
                  encode_map(&to, kDtype, kp->o, kp->head_dim, kp->seqlen_q, kp->heads_q, kp->batch, kp->o_seq_stride,
                             kp->o_head_stride, kp->o_batch_stride, 64, 1);
     const bool transform = kp->softcap > 0.0f || kp->alibi_slopes != nullptr;
-    static std::atomic<unsigned long long> configured[6]; /* per kernel below: devices configured */
-    const int which = (kp->serving ? 2 : kp->persistent ? 4 : 0) + (transform ? 1 : 0);
-    auto kernel = kp->serving      ? (transform ? fused_sm90_kernel<kDtype, kHeadDim, kKeyTile, kConsumers, true, true>
+    static std::atomic<unsigned long long> configured[8]; /* per kernel below: devices configured */
+    const int which = (kp->serving ? 2 : 0) + (kp->persistent ? 4 : 0) + (transform ? 1 : 0);
+    /* (persistent serving blocks have two consumers: the others are not compiled) */
+    constexpr bool kServingPersistent = kConsumers == 2;
+    auto kernel = kServingPersistent && kp->serving && kp->persistent
+                      ? (transform ? fused_sm90_kernel<kDtype, kHeadDim, kKeyTile, kConsumers, true, true, kServingPersistent>
+                                   : fused_sm90_kernel<kDtype, kHeadDim, kKeyTile, kConsumers, false, true, kServingPersistent>)
+                  : kp->serving    ? (transform ? fused_sm90_kernel<kDtype, kHeadDim, kKeyTile, kConsumers, true, true>
                                                 : fused_sm90_kernel<kDtype, kHeadDim, kKeyTile, kConsumers, false, true>)
                   : kp->persistent ? (transform ? fused_sm90_kernel<kDtype, kHeadDim, kKeyTile, kConsumers, true, false, true>
                                                 : fused_sm90_kernel<kDtype, kHeadDim, kKeyTile, kConsumers, false, false, true>)

@@ -423,11 +423,18 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
     const int64_t splits = no_split ? 1 : fa_num_splits(caps->sm_count, ctas, key_tiles);
     plan->kp.num_splits = (int32_t)splits;
     plan->grid_x = (int32_t)(mblocks * splits);
-    if (sm90 && splits == 1 && !pack && !fa_is_serving(p)) {
+    const int serving = fa_is_serving(p);
+    const int gathered = p->block_table != NULL && !FA_SM90_TMA_PAGES(p->page_size, plan->cfg.block_n);
+    if (sm90 && splits == 1 && !pack && !(serving && (gathered || plan->cfg.block_m != 128))) {
         /* More tiles than SMs, every tile with keys to see, and work that is the same for every tile
          * (no mask) or grows linearly with its query position (a causal mask, seqlen_q <= seqlen_k;
          * taken in pairs of equal work): one resident block per SM takes tile after tile
-         * (kp.persistent, fa_persistent_first / fa_persistent_next). Windows keep a block a tile. */
+         * (kp.persistent, fa_persistent_first / fa_persistent_next). Windows keep a block a tile. A
+         * serving call is planned on its capacities: its blocks skip the tiles past a sequence's
+         * queries, and write the answer of tiles that see no key; pages gathered with cp.async keep
+         * a block a tile (their producer is the whole warpgroup, for one tile), as do three
+         * consumers (160 registers each: with the serving producer's state, ptxas serialises their
+         * wgmma). */
         const int64_t smem = fa_sm90_smem_bytes(plan->cfg.head_dim, plan->cfg.block_m, plan->cfg.block_n, 1);
         const int kind = p->window_left >= 0 || p->window_right >= 0 || p->seqlen_k == 0 ? 0
                          : p->mask == FLASHATTN_MASK_NONE                                 ? 1
@@ -441,7 +448,7 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
             plan->kp.persistent = kind;
             plan->grid_x = (int32_t)min64(caps->sm_count, takers), plan->grid_y = plan->grid_z = 1;
             plan->smem_bytes = (int32_t)smem;
-        } else {
+        } else if (!serving) {
             plan->kp.sched_heads = (int32_t)fa_sched_heads(caps, p, mblocks);
         }
     }

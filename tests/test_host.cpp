@@ -811,9 +811,30 @@ TEST(Planning, Sm90UnmaskedCallsWithManyTilesArePersistent) {
     EXPECT_EQ(0, persistent(q));
     q = p, q.backend = FLASHATTN_BACKEND_FUSED;  // the portable kernel: a block each
     EXPECT_EQ(0, persistent(q));
-    flashattn_fwd_params v = valid_varlen_paged();  // serving calls: a block each
+    flashattn_fwd_params v = valid_varlen_paged();  // a serving call with fewer tiles than SMs: a block each
     v.backend = FLASHATTN_BACKEND_FUSED_SM90;
     EXPECT_EQ(0, persistent(v));
+    // Serving calls are planned on their capacities: 3 x 8 heads x 100 queries is 24 tiles; 3 x 8
+    // heads x 2000 is 384. TMA-read pages, packed K/V and caches go persistent; gathered pages (a
+    // size TMA cannot tile) keep a block a tile, as do windows.
+    v.seqlen_q = 2000, v.seqlen_k = 2000, v.pages_per_seq = 125, v.block_table_batch_stride = 125, v.num_pages = 375;
+    v.total_q = 6000;
+    EXPECT_EQ(1, persistent(v));
+    const fa_plan served = plan_ok(v, caps);
+    fa_plan_describe(&served, &info);
+    EXPECT_NE(std::string(info.description).find(" persistent"), std::string::npos) << info.description;
+    EXPECT_EQ(132, served.grid_x);
+    v.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+    EXPECT_EQ(2, persistent(v));
+    v.page_size = 1, v.pages_per_seq = 2000, v.block_table_batch_stride = 2000, v.num_pages = 6000;
+    v.k_batch_stride = v.v_batch_stride = v.k_seq_stride;
+    EXPECT_EQ(0, persistent(v));  // gathered
+    EXPECT_EQ(0, plan_ok(v, caps).kp.sched_heads);
+    flashattn_fwd_params w = valid_varlen_packed();
+    w.backend = FLASHATTN_BACKEND_FUSED_SM90, w.seqlen_q = w.seqlen_k = 2000, w.total_q = w.total_k = 6000;
+    EXPECT_EQ(1, persistent(w));
+    w.window_left = 100;
+    EXPECT_EQ(0, persistent(w));
 }
 
 // The work numbers of persistent blocks: every tile exactly once across the blocks, every block

@@ -325,13 +325,15 @@ void check_outputs(flashattn_handle *h, const ServingRun &r, const std::vector<u
 }
 
 // The call on every backend (REFERENCE, FUSED, and FUSED_SM90 on Hopper: TMA pages or gathered
-// ones, by the page size), each checked sequence by sequence.
-void run_and_check(flashattn_handle *h, const Spec &spec, Stats &st) {
+// ones, by the page size), or on `only` alone, each checked sequence by sequence; with
+// `sm90_plan_has`, FUSED_SM90's plan description must contain it.
+void run_and_check(flashattn_handle *h, const Spec &spec, Stats &st, int only = -1, const char *sm90_plan_has = nullptr) {
     SCOPED_TRACE(spec.str());
     ServingRun r(spec);
     DeviceRun dev(r);
     const flashattn_fwd_params p = dev.params(r);
     for (int backend : serving_backends()) {
+        if (only >= 0 && backend != only) continue;
         SCOPED_TRACE("backend " + std::to_string(backend));
         flashattn_fwd_params pb = p;
         pb.backend = backend;
@@ -340,6 +342,8 @@ void run_and_check(flashattn_handle *h, const Spec &spec, Stats &st) {
         flashattn_plan_info_init(&info);
         ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_plan(h, &pb, &info)) << flashattn_last_error();
         st.split_packed_q += spec.packed_q && info.num_splits > 1;
+        if (sm90_plan_has && backend == FLASHATTN_BACKEND_FUSED_SM90)
+            EXPECT_NE(std::string(info.description).find(sm90_plan_has), std::string::npos) << info.description;
         dev.poison();
         ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, call(h, p, backend)) << flashattn_last_error();
         check_outputs(h, r, dev.o.download(), dev.lse.download(), st);
@@ -432,6 +436,32 @@ TEST_F(Serving, LongUnmaskedCallsTakeWideKeyTiles) {
             run_and_check(h, s, st);
         }
     print_stats("no mask, 9000 keys, head dim 128 (176-key tiles)", st);
+}
+
+TEST_F(Serving, PersistentBlocksSkipWhatTheirSequencesLack) {
+    // More query tiles than SMs over the capacities (400 queries: 4 tiles of 128 rows x 8 heads x 8
+    // sequences): FUSED_SM90's resident blocks take tile after tile, each tile's sequence read on
+    // the device. Tiles past a sequence's queries are skipped; tiles whose rows see no key (a
+    // sequence with no keys; the first rows of a bottom-right mask with more queries than keys)
+    // write O = 0 and LSE = -inf; the rest match the oracle. Packed K/V, pages TMA reads (64 keys)
+    // and a dense cache with per-sequence counts; no mask and causal; head dims 64 (causal: two
+    // consumers), 128 and 256. (Head dim 64 without a mask has three consumers: a block a tile.)
+    const std::vector<int> backends = serving_backends();
+    if (std::find(backends.begin(), backends.end(), FLASHATTN_BACKEND_FUSED_SM90) == backends.end())
+        GTEST_SKIP() << "FUSED_SM90 needs an sm_90 GPU and a build with its kernels";
+    Stats st;
+    for (int64_t d : {64, 128, 256})
+        for (int mask : {FLASHATTN_MASK_NONE, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT})
+            for (KvMode kv : {kPackedKv, kPagedSeqused, kDenseSeqused}) {
+                if (d != 128 && mask == FLASHATTN_MASK_NONE) continue;
+                Spec s;
+                s.d = d, s.mask = mask, s.kv = kv, s.page_size = 64, s.hq = 8, s.hkv = 2;
+                s.dtype = d == 64 ? FLASHATTN_DTYPE_FLOAT16 : FLASHATTN_DTYPE_BFLOAT16;
+                s.sq = {37, 0, 1, 129, 5, 400, 300, 260};
+                s.sk = {300, 50, 1, 129, 0, 450, 250, 400};
+                run_and_check(h, s, st, FLASHATTN_BACKEND_FUSED_SM90, " persistent");
+            }
+    print_stats("persistent serving blocks (ragged, 256 capacity tiles; packed, paged, cached K/V; head dims 64, 128, 256)", st);
 }
 
 TEST_F(Serving, DecodeOverCaches) {
