@@ -383,10 +383,8 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
         load_kv(v, p.v_batch_stride, p.v_seq_stride, sm.v + st * Tr::kKVBytes, sm.full_v + 8 * st, j, page_j);
         page_j = page_next, page_next = page_after;
     }
-    /* The thread's last arrivals take place when its copies land, and the block lives until the
-     * consumers have seen them. This wait_group has no committed group to wait for: it returns at
-     * once, and stays only because the kernels run on the H200 carry it (docs/performance.md v15). */
-    cp_async_wait<0>();
+    /* No wait here: the thread's last arrivals take place when its copies land, and the block lives
+     * until the consumers have seen them. */
 }
 
 /* The producer of a serving call (the producer warpgroup's first warp; lane 0 issues): the same

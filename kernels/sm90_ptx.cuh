@@ -102,15 +102,12 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint3
            ((uint64_t)(sbo >> 4) << 32) | (1ull << 62);
 }
 
-/* 16-byte asynchronous copy global -> shared (zero-filled when !valid, src not read), the wait for
- * committed groups of them, an mbarrier arrival that follows the thread's copies, and the proxy
- * fence that orders such generic-proxy writes before the tensor cores (async proxy) read them. */
+/* 16-byte asynchronous copy global -> shared (zero-filled when !valid, src not read), an mbarrier
+ * arrival that follows the thread's copies, and the proxy fence that orders such generic-proxy
+ * writes before the tensor cores (async proxy) read them. */
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void *src, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
                  : "memory");
-}
-template <int kPending> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 /* An arrival on the mbarrier at `bar` that takes place once every cp.async this thread issued so far
  * has landed (counted as one of the barrier's expected arrivals: .noinc). The thread does not wait. */
