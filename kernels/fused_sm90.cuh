@@ -205,6 +205,8 @@ template <bool kServing> struct seq_view {
     static constexpr int64_t q_row0() { return 0; }
     /* The LSE row offset for lse_slot: -1 selects the dense layout. */
     static constexpr int64_t lse_row0() { return -1; }
+    /* Q's and O's batch coordinate in their tensor maps for batch entry b. */
+    static __device__ __forceinline__ int map_batch(int b) { return b; }
 };
 template <> struct seq_view<true> {
     fa_seq s;
@@ -215,6 +217,8 @@ template <> struct seq_view<true> {
     __device__ __forceinline__ const fa_seq &bounds(const fa_kernel_params &) const { return s; }
     __device__ __forceinline__ int64_t q_row0() const { return s.q_row0; }
     __device__ __forceinline__ int64_t lse_row0() const { return packed_q ? s.q_row0 : -1; }
+    /* (packed rows: one batch entry in the maps, the sequence's rows from q_row0) */
+    __device__ __forceinline__ int map_batch(int b) const { return packed_q ? 0 : b; }
 };
 
 /* No row sees a key in this split: O = 0, LSE = -inf (a split writes only its LSE). Tile rows
@@ -743,9 +747,13 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
          * (Q's rows when O has no tile of its own: only this consumer's finished S products read them);
          * store rows with 16-byte writes, or (p.o_tma) as TMA boxes that one thread issues and the
          * consumers do not wait for: the next tile's staging waits until they have read the tile
-         * (in Q's rows, the next Q's load waits for it). */
-        const bool tma_out = Tr::kPersistent && p.o_tma;
-        if (tma_out) {
+         * (in Q's rows, the next Q's load waits for it). A serving call's box goes by TMA only when
+         * its 64 rows all belong to the sequence (the map's bounds are the tensor's, and the rows
+         * after a sequence's last are the next sequence's, or not to be written). */
+        const bool tma_map = Tr::kPersistent && p.o_tma;
+        bool tma_out = tma_map;
+        if constexpr (kServing) tma_out = tma_map && m0 + c * 64 + 64 <= bnd.seqlen_q;
+        if (tma_map) {
             if (tid % kWarpgroupThreads == 0) bulk_wait_read(); /* the last tile's stores read these rows */
             named_sync(epilogue_barrier(c, kNC), kWarpgroupThreads);
         }
@@ -763,7 +771,8 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             if (tid % kWarpgroupThreads == 0) {
 #pragma unroll
                 for (int cb = 0; cb < Tr::kChunks / 8; ++cb)
-                    tma_store(&tm_o, sm.o + (uint32_t)(cb * kBlockM + c * 64) * 128, cb * 64, m0 + c * 64, tl.h0, b);
+                    tma_store(&tm_o, sm.o + (uint32_t)(cb * kBlockM + c * 64) * 128, cb * 64,
+                              (int)sq.q_row0() + m0 + c * 64, tl.h0, sq.map_batch(b));
                 bulk_commit();
             }
         } else {

@@ -86,15 +86,13 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
         !encode_map(&tv, kDtype, kp->v, kp->head_dim, kv_seq, kp->heads_kv, kv_batch, kp->v_seq_stride,
                     kp->v_head_stride, kp->v_batch_stride, kv_box, 1))
         return (int)cudaErrorInvalidValue; /* the planner checked the limits; not expected */
-    /* A persistent block of a dense call stores O by TMA, in boxes of 64 rows (a consumer's) where
-     * the driver takes O's strides; otherwise (and for a serving call's packed rows) with 16-byte
-     * writes. */
+    /* A persistent block stores O by TMA, in boxes of 64 rows (a consumer's) where the driver takes
+     * O's strides (the map's extents are Q's: O has Q's rows); otherwise with 16-byte writes. */
     fa_kernel_params args = *kp;
     CUtensorMap to;
     memset(&to, 0, sizeof to);
-    args.o_tma = kp->persistent && !kp->serving &&
-                 encode_map(&to, kDtype, kp->o, kp->head_dim, kp->seqlen_q, kp->heads_q, kp->batch, kp->o_seq_stride,
-                            kp->o_head_stride, kp->o_batch_stride, 64, 1);
+    args.o_tma = kp->persistent && encode_map(&to, kDtype, kp->o, kp->head_dim, q_seq, kp->heads_q, q_batch,
+                                              kp->o_seq_stride, kp->o_head_stride, kp->o_batch_stride, 64, 1);
     const bool transform = kp->softcap > 0.0f || kp->alibi_slopes != nullptr;
     static std::atomic<unsigned long long> configured[8]; /* per kernel below: devices configured */
     const int which = (kp->serving ? 2 : 0) + (kp->persistent ? 4 : 0) + (transform ? 1 : 0);
