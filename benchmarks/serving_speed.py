@@ -7,7 +7,10 @@ appended and rotary applied, over the same keys: "append+rotary"), and with K/V 
 sizes (varlen with a block table for prefill, flash_attn_with_kvcache for decode). AUTO picks
 FUSED_SM90 on Hopper: pages whose size is a multiple of 8 are read by TMA, others (1 key) gathered
 with cp.async. cuDNN's and FlashAttention-2's fused attention (PyTorch SDPA) on the dense tensors are
-the peers. GPU time: 10 calls captured in a CUDA
+the peers; with --flex, PyTorch's FlexAttention (torch.compile'd) too, as the serving paths' peer:
+for prefill over the packed ragged batch with a document mask ("flex doc mask": the varlen call's
+work), for decode over the dense cache with a per-sequence length mask ("flex len mask": the cache
+call's work; FlexAttention has no block-table form in this PyTorch's public API). GPU time: 10 calls captured in a CUDA
 graph, CUDA-event timing of its replays (the host's enqueue cost is not counted, and no call waits
 for it), median of `iters` after warm-up, inputs drawn once per shape (the same K/V call after
 call: a shape that fits in L2 is read from it); TFLOP/s for prefill (causal counts half), GB/s of
@@ -92,11 +95,54 @@ def append_inputs(B, Sk, Hkv, D, g):
     return kn, vn, angle.cos().to(torch.bfloat16), angle.sin().to(torch.bfloat16)
 
 
+def flex_peer():
+    """A builder of FlexAttention calls, or None (said once) where this PyTorch cannot run it."""
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        compiled = torch.compile(flex_attention, dynamic=False)
+    except Exception as e:  # noqa: BLE001 - reported, and the peer left out
+        print(f"flex: not available ({type(e).__name__}: {e})", flush=True)
+        return None
+
+    def build(q, k, v, seqlens, causal):
+        B, Sq, Hq, D = q.shape
+        Sk, Hkv = k.shape[1], k.shape[2]
+        gqa = Hq != Hkv
+        try:
+            if Sq == 1:  # decode: [B, H, S, D] views of the dense cache, keys below each sequence's length
+                qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+
+                def mask(b, h, qi, ki):
+                    return ki < seqlens[b]
+                bm = create_block_mask(mask, B, None, 1, Sk, device="cuda")
+            else:  # prefill: the ragged batch packed into one sequence, a query sees its own document's keys
+                qt, kt, vt = (x.reshape(1, -1, *x.shape[2:]).transpose(1, 2) for x in (q, k, v))
+                doc_q = torch.arange(B * Sq, device="cuda") // Sq
+                doc_k = torch.arange(B * Sk, device="cuda") // Sk
+
+                def mask(b, h, qi, ki):
+                    same = doc_q[qi] == doc_k[ki]
+                    if not causal:
+                        return same
+                    # bottom-right within the document (Sk - Sq keys more than queries)
+                    return same & (qi - doc_q[qi] * Sq + (Sk - Sq) >= ki - doc_k[ki] * Sk)
+                bm = create_block_mask(mask, None, None, B * Sq, B * Sk, device="cuda")
+            fn = lambda: compiled(qt, kt, vt, block_mask=bm, enable_gqa=gqa)  # noqa: E731
+            fn()
+            return fn
+        except Exception as e:  # noqa: BLE001 - reported, and the cell left empty
+            print(f"flex: {B}x{Sq}x{Sk} failed ({type(e).__name__}: {str(e)[:200]})", flush=True)
+            return None
+    return build
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--json")
+    ap.add_argument("--flex", action="store_true", help="add PyTorch FlexAttention (compiled) as a peer")
     args = ap.parse_args()
+    flex = flex_peer() if args.flex else None
     rows = []
     for label, B, Sq, Sk, Hq, Hkv, D, causal in SHAPES:
         g = torch.Generator(device="cuda").manual_seed(1)
@@ -146,6 +192,10 @@ def main():
                 fns[name] = peer
             except RuntimeError:
                 pass
+        if flex is not None:
+            fn = flex(q, k, v, seqlens, causal)
+            if fn is not None:
+                fns["flex doc mask" if not decode else "flex len mask"] = fn
         flops = 4 * B * Hq * Sq * Sk * D * (0.5 if causal and not decode else 1.0)
         kv_bytes = 2 * B * Sk * Hkv * D * 2
         row = {"shape": label}

@@ -56,7 +56,7 @@ if want launchcost; then
 fi
 if want serving; then
   FLASHATTN_LIBRARY=$PWD/build/libflashattn.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 \
-    python3 benchmarks/serving_speed.py --json "$OUT/serving.json" > "$OUT/serving.log" 2>&1
+    python3 benchmarks/serving_speed.py --flex --json "$OUT/serving.json" > "$OUT/serving.log" 2>&1
   summary+=("serving speed: see serving.log")
 fi
 if [[ " $steps " == *" quick "* ]]; then
