@@ -69,12 +69,12 @@ template <int kDtype, int kHeadDim, int kKeyTile, int kNumConsumers, bool kPersi
     /* setmaxnreg: the producer keeps kProducerRegs registers, the consumers share the rest (a
      * multiple of 8, at most 240; consumer_regs for a producer given more, as a persistent serving
      * block's is). The registers a block may redistribute are those it was given at launch,
-     * kLaunchRegs a thread (ptxas's figure under __launch_bounds__(kThreads, 1): 168 with two
-     * consumers, 128 with three), not the register file's 64K: a consumer's setmaxnreg.inc waits for
+     * kLaunchRegs a thread (ptxas's figure under __launch_bounds__(kThreads, 1): 240 with one
+     * consumer, 168 with two, 128 with three), not the register file's 64K: a consumer's setmaxnreg.inc waits for
      * the registers the producer's .dec released, and waits forever if they fall short, so every
      * split used is checked by fits() where it is chosen. */
     static constexpr int kProducerRegs = 24;
-    static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
+    static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8 > 240 ? 240 : 65536 / kThreads / 8 * 8; /* (one consumer: 240) */
     static constexpr int consumer_regs(int producer_regs) {
         return ((kConsumers + 1) * kLaunchRegs - producer_regs) / kConsumers / 8 * 8 > 240
                    ? 240
@@ -97,7 +97,7 @@ template <int kDtype, int kHeadDim, int kKeyTile, int kNumConsumers, bool kPersi
     static_assert(kSmemBytes == (int)(1024 + 2 * kHeadDim * (kBlockM + 4 * kBlockN) + 128 + (kOwnO ? 2 * kHeadDim * kBlockM : 0)),
                   "see fa_sm90_smem_bytes (the launcher checks the planner's figure against kSmemBytes)");
     static_assert(kHeadDim % 64 == 0 && kBlockN % 16 == 0 && kBlockN <= 256, "tile shape");
-    static_assert(kConsumers == 2 || kConsumers == 3, "one producer and two or three consumer warpgroups");
+    static_assert(kConsumers >= 1 && kConsumers <= 3, "one producer and one to three consumer warpgroups");
 };
 
 /* Shared memory: Q (1024-byte aligned for the swizzle atom), the epilogue's O tile (Tr::kOwnO; else
@@ -633,7 +633,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
 
         mbar_wait(sm.bar_q, nth & 1);
-        if (c == kNC - 1) named_arrive(turn_barrier(0), kTurnThreads);
+        if (kNC > 1 && c == kNC - 1) named_arrive(turn_barrier(0), kTurnThreads); /* (one consumer takes no turns) */
 
         /* S = Q K_kv^T for this consumer's rows, issued (not committed) with K from kv's stage. */
         auto issue_s = [&](int kv) {
@@ -660,7 +660,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             if (it > 0) mbar_wait(sm.full_v + 8 * (st ^ 1), ((kv - 1) >> 1) & 1);
             if (gathered) fence_proxy_async_shared();
 
-            named_sync(my_turn, kTurnThreads); /* our turn on the tensor cores */
+            if (kNC > 1) named_sync(my_turn, kTurnThreads); /* our turn on the tensor cores */
             reg_fence(o);
             reg_fence(pf);
             wgmma_fence();
@@ -671,7 +671,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                 issue_pv(kv - 1);
             }
             wgmma_commit(); /* empty on the first tile: "all but the newest group" then always means S */
-            named_arrive(next_turn, kTurnThreads); /* the next consumer's turn */
+            if (kNC > 1) named_arrive(next_turn, kTurnThreads); /* the next consumer's turn */
 
             wgmma_wait<1>();
             reg_fence(s);
@@ -718,13 +718,13 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             const int kv = kv0 + n_tiles - 1, st = kv & 1;
             mbar_wait(sm.full_v + 8 * st, (kv >> 1) & 1);
             if (gathered) fence_proxy_async_shared();
-            named_sync(my_turn, kTurnThreads);
+            if (kNC > 1) named_sync(my_turn, kTurnThreads);
             reg_fence(o);
             reg_fence(pf);
             wgmma_fence();
             issue_pv(kv);
             wgmma_commit();
-            if (c != kNC - 1) named_arrive(next_turn, kTurnThreads); /* nobody waits for consumer 0 again this tile */
+            if (kNC > 1 && c != kNC - 1) named_arrive(next_turn, kTurnThreads); /* nobody waits for consumer 0 again this tile */
             wgmma_wait<0>();
             reg_fence(o);
             if (Tr::kPersistent && lane == 0) mbar_arrive(sm.empty_v + 8 * st);

@@ -58,9 +58,13 @@ const fa_fused_config *fa_sm90_config_for_call(int kernel_head_dim, const flasha
         const fa_fused_config *c = &fa_sm90_configs[i].cfg;
         const int32_t masked_max = fa_sm90_configs[i].masked_max_sq, unmasked_min = fa_sm90_configs[i].unmasked_min_sk;
         /* Decode-shaped: a few query rows per head (packed by KV group when grouped) fill less than
-         * one consumer's share of the smaller tile, so the larger one only adds idle consumers. */
-        const int decode = 2 * p->seqlen_q <= c->block_m;
-        const int wanted = (masked_max > 0 && ((masked && p->seqlen_q <= masked_max) || decode)) ||
+         * one consumer's share of the smaller tile, so the larger one only adds idle consumers. A
+         * single-consumer row (64 rows) takes a call only when its tile holds a KV group's rows
+         * (seqlen_q x group <= 64): otherwise its tiles would read K and V more often. */
+        const int64_t group = p->heads_kv > 0 && p->heads_q >= p->heads_kv ? p->heads_q / p->heads_kv : 1;
+        const int fits_group = c->block_m > 64 || p->seqlen_q * group <= c->block_m;
+        const int decode = 2 * p->seqlen_q <= c->block_m && fits_group;
+        const int wanted = (masked_max > 0 && fits_group && ((masked && p->seqlen_q <= masked_max) || decode)) ||
                            (unmasked_min > 0 && !masked && !decode && p->seqlen_k >= unmasked_min);
         if (c->head_dim == kernel_head_dim && wanted &&
             fa_sm90_variant_compiled(p->dtype, kernel_head_dim, c->block_n, c->block_m / 64))

@@ -715,8 +715,9 @@ TEST(Planning, Sm90DecodePacksQueryGroupsAndSplitsKeys) {
     flashattn_fwd_params_set_packed_strides(&p);
     const fa_plan plan = plan_ok(p, h200_caps());
     ASSERT_EQ(FLASHATTN_BACKEND_FUSED_SM90, plan.backend);
+    EXPECT_EQ(64, plan.cfg.block_m);  // the single-consumer decode tile: the group's 4 rows fit
     EXPECT_EQ(1, plan.kp.pack_gqa);
-    EXPECT_EQ(128 / 4, plan.kp.pack_rows);
+    EXPECT_EQ(64 / 4, plan.kp.pack_rows);
     EXPECT_EQ(8, plan.grid_y);  // one tile per KV head
     EXPECT_EQ(16, plan.kp.num_splits);  // 132 SMs / 8 tiles, rounded down; under 8192/128/2 key tiles
     EXPECT_EQ(16, plan.grid_x);
@@ -739,6 +740,14 @@ TEST(Planning, Sm90DecodePacksQueryGroupsAndSplitsKeys) {
     p.batch = 1, p.heads_kv = 32;
     flashattn_fwd_params_set_packed_strides(&p);
     EXPECT_EQ(0, plan_ok(p, h200_caps()).kp.pack_gqa);
+    // 16 queries of a group of 8 (128 rows) do not fit the single-consumer tile: the two-consumer
+    // tile reads K and V once per group instead of twice.
+    p.seqlen_q = 16, p.heads_q = 32, p.heads_kv = 4;
+    flashattn_fwd_params_set_packed_strides(&p);
+    const fa_plan spec = plan_ok(p, h200_caps());
+    EXPECT_EQ(128, spec.cfg.block_m);
+    EXPECT_EQ(1, spec.kp.pack_gqa);
+    EXPECT_EQ(1, spec.kp.num_m_blocks);
     // Prefill: neither.
     const fa_plan pre = plan_ok(valid_params(), h200_caps());
     EXPECT_EQ(0, pre.kp.pack_gqa);
