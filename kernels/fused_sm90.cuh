@@ -5,7 +5,8 @@
  * other.
  *
  * A block owns 64 x C query rows of one (batch, head) (C consumer warpgroups: 2 at head dims 128,
- * 192 and 256, 3 or 2 at 64; the table in fa_kernel_params.h), or, as a persistent block (the
+ * 192 and 256, 3 or 2 at 64, 1 for decode at 128; the table in fa_kernel_params.h), or, as a
+ * persistent block (the
  * kPersistent variant: one resident block per SM), such a tile after another (fa_persistent_first /
  * fa_persistent_next; the K/V stages and barrier phases run on across tiles, the producer loads the
  * next tile's first K, and its Q once every consumer warp is done with this one's). It has C + 1
@@ -13,12 +14,13 @@
  *   producer (warpgroup 0, one thread): TMA loads of Q once, then of K_j and V_j into two stages
  *     each, as the consumers free them. Each load completes on a "full" mbarrier; each stage is
  *     handed back on an "empty" mbarrier. It keeps 24 registers (setmaxnreg) so that the consumers
- *     can have 240 (C = 2) or 160 (C = 3).
+ *     can have 240 (C = 1, 2) or 160 (C = 3); 56 in a persistent serving block, whose two
+ *     consumers then keep 224.
  *   consumers (warpgroups 1..C): 64 query rows each, for the whole kernel. Per key tile j:
  *
  *     wait until K_j (and V_{j-1}) are in shared memory
  *     take the tensor-core turn (named barriers; the consumers go round in turn, so one's
- *       softmax runs while another's matrix products do)
+ *       softmax runs while another's matrix products do; a single consumer takes no turns)
  *     issue S_j = Q K_j^T                                  wgmma, A and B from shared memory
  *     issue O += P_{j-1} V_{j-1}                           wgmma, P from registers, V N-major
  *     pass the turn
@@ -70,11 +72,11 @@ template <int kDtype, int kHeadDim, int kKeyTile, int kNumConsumers, bool kPersi
      * multiple of 8, at most 240; consumer_regs for a producer given more, as a persistent serving
      * block's is). The registers a block may redistribute are those it was given at launch,
      * kLaunchRegs a thread (ptxas's figure under __launch_bounds__(kThreads, 1): 240 with one
-     * consumer, 168 with two, 128 with three), not the register file's 64K: a consumer's setmaxnreg.inc waits for
-     * the registers the producer's .dec released, and waits forever if they fall short, so every
-     * split used is checked by fits() where it is chosen. */
+     * consumer, 168 with two, 128 with three), not the register file's 64K: a consumer's
+     * setmaxnreg.inc waits for the registers the producer's .dec released, and waits forever if
+     * they fall short, so every split used is checked by fits() where it is chosen. */
     static constexpr int kProducerRegs = 24;
-    static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8 > 240 ? 240 : 65536 / kThreads / 8 * 8; /* (one consumer: 240) */
+    static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8 > 240 ? 240 : 65536 / kThreads / 8 * 8;
     static constexpr int consumer_regs(int producer_regs) {
         return ((kConsumers + 1) * kLaunchRegs - producer_regs) / kConsumers / 8 * 8 > 240
                    ? 240
