@@ -755,6 +755,43 @@ TEST(Planning, Sm90DecodePacksQueryGroupsAndSplitsKeys) {
     EXPECT_EQ(0, pre.workspace_bytes);
 }
 
+// FUSED_SM90 decode-shaped calls at head dim 128 take the single-consumer 64-row tile when it holds a
+// KV group's query rows (seqlen_q x group <= 64, and 2 x seqlen_q <= 64); otherwise the 128-row
+// tile, as every other head dim does.
+TEST(Planning, Sm90DecodeTakesTheSingleConsumerTileWhereTheGroupFits) {
+    if (!fa_sm90_compiled(FLASHATTN_DTYPE_BFLOAT16, 128)) GTEST_SKIP() << "no FUSED_SM90 d128 in this build";
+    struct Case { int64_t sq, hq, hkv, d; int mask; int64_t block_m; const char *kernel; };
+    const Case cases[] = {
+        {1, 32, 8, 128, FLASHATTN_MASK_NONE, 64, "fused_sm90_bf16_d128_m64_n128_w8"},    // 4 rows
+        {1, 64, 1, 128, FLASHATTN_MASK_NONE, 64, nullptr},                               // MQA: 64 rows
+        {1, 128, 1, 128, FLASHATTN_MASK_NONE, 128, nullptr},                             // 128 rows
+        {32, 16, 16, 128, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, 64, nullptr},              // MHA, 32 queries
+        {33, 16, 16, 128, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, 128, nullptr},             // not decode-shaped
+        {4, 32, 8, 128, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, 64, nullptr},                // 16 rows
+        {1, 32, 8, 256, FLASHATTN_MASK_NONE, 128, nullptr},                              // other head dims:
+        {1, 32, 8, 192, FLASHATTN_MASK_NONE, 128, nullptr},                              // two consumers
+    };
+    for (const Case &c : cases) {
+        if (!fa_sm90_compiled(FLASHATTN_DTYPE_BFLOAT16, c.d)) continue;
+        SCOPED_TRACE("sq " + std::to_string(c.sq) + " heads " + std::to_string(c.hq) + "/" + std::to_string(c.hkv) +
+                     " d " + std::to_string(c.d));
+        flashattn_fwd_params p = valid_params();
+        p.batch = 2, p.seqlen_q = c.sq, p.seqlen_k = 4096, p.heads_q = c.hq, p.heads_kv = c.hkv, p.head_dim = c.d;
+        p.mask = c.mask;
+        flashattn_fwd_params_set_packed_strides(&p);
+        const fa_plan plan = plan_ok(p, h200_caps());
+        ASSERT_EQ(FLASHATTN_BACKEND_FUSED_SM90, plan.backend);
+        EXPECT_EQ(c.block_m, plan.cfg.block_m);
+        EXPECT_EQ(c.block_m == 64 ? 256 : 384, plan.threads);
+        if (c.kernel) {
+            flashattn_plan_info info;
+            flashattn_plan_info_init(&info);
+            fa_plan_describe(&plan, &info);
+            EXPECT_STREQ(c.kernel, info.kernel_name);
+        }
+    }
+}
+
 // FUSED_SM90 calls whose tiles are all the same work (no mask, no window) and outnumber the SMs run
 // one resident block per SM that takes tile after tile; anything else keeps a block per tile.
 TEST(Planning, Sm90UnmaskedCallsWithManyTilesArePersistent) {
