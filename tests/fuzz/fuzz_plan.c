@@ -187,7 +187,8 @@ static void check_plan(const fa_device_caps *caps, const flashattn_fwd_params *p
         CHECK(plan.kp.seqlen_q == full.seqlen_q && plan.kp.heads_q == full.heads_q && plan.kp.q_group_rows == 0,
               "int32 kernel dims");
     CHECK(plan.kp.seqlen_k == full.seqlen_k && plan.kp.batch == full.batch, "int32 kernel dims");
-    if (plan.kp.persistent) { /* resident blocks: FUSED_SM90's unsplit, unpacked dense calls, every tile with keys */
+    if (plan.kp.persistent) { /* resident blocks: FUSED_SM90's unsplit, unpacked calls: dense (every tile with
+                               * keys), or serving (planned on the capacities; two consumers, K/V not gathered) */
         const int64_t tiles = (int64_t)plan.kp.num_m_blocks * plan.kp.batch * plan.kp.heads_q;
         const int64_t units =
             plan.kp.persistent == 2 ? (int64_t)((plan.kp.num_m_blocks + 1) / 2) * plan.kp.batch * plan.kp.heads_q : tiles;
@@ -196,8 +197,11 @@ static void check_plan(const fa_device_caps *caps, const flashattn_fwd_params *p
             const int32_t last = fa_persistent_first(&plan.kp, plan.grid_x - 1, plan.grid_x);
             CHECK(last >= 0 && last < fa_persistent_works(&plan.kp), "the last persistent block has no work");
         }
-        CHECK(plan.backend == FLASHATTN_BACKEND_FUSED_SM90 && !plan.kp.serving && plan.kp.num_splits == 1 &&
-                  !plan.kp.pack_gqa && plan.kp.sched_heads == 0 && full.window_left < 0 && full.window_right < 0 &&
+        CHECK(plan.backend == FLASHATTN_BACKEND_FUSED_SM90 &&
+                  (!plan.kp.serving ||
+                   (plan.cfg.block_m == 128 &&
+                    (full.block_table == NULL || FA_SM90_TMA_PAGES((int)full.page_size, (int)plan.cfg.block_n)))) &&
+                  plan.kp.num_splits == 1 && !plan.kp.pack_gqa && plan.kp.sched_heads == 0 && full.window_left < 0 && full.window_right < 0 &&
                   full.seqlen_k > 0 && plan.grid_y == 1 && plan.grid_z == 1 && tiles > caps->sm_count &&
                   tiles + caps->sm_count <= INT32_MAX && plan.grid_x == (units < caps->sm_count ? units : caps->sm_count) &&
                   (plan.kp.persistent == 1 ? full.mask == FLASHATTN_MASK_NONE
