@@ -59,10 +59,14 @@ const fa_fused_config *fa_sm90_config_for_call(int kernel_head_dim, const flasha
         const int32_t masked_max = fa_sm90_configs[i].masked_max_sq, unmasked_min = fa_sm90_configs[i].unmasked_min_sk;
         /* Decode-shaped: a few query rows per head (packed by KV group when grouped) fill less than
          * one consumer's share of the smaller tile, so the larger one only adds idle consumers. A
-         * single-consumer row (64 rows) takes a call only when its tile holds a KV group's rows
-         * (seqlen_q x group <= 64): otherwise its tiles would read K and V more often. */
+         * single-consumer row (64 rows) takes a grouped call (its tile packs the group's query
+         * heads) only when the tile holds a KV group's rows (seqlen_q x group <= 64): otherwise its
+         * tiles would read K and V more often. Calls without groups keep the two-consumer tile
+         * (their many tiles run on resident blocks, a path the single-consumer kernel has not been
+         * measured on). */
         const int64_t group = p->heads_kv > 0 && p->heads_q >= p->heads_kv ? p->heads_q / p->heads_kv : 1;
-        const int fits_group = c->block_m > 64 || p->seqlen_q * group <= c->block_m;
+        const int fits_group =
+            c->block_m > 64 || (group > 1 && group <= c->block_m && p->seqlen_q * group <= c->block_m);
         const int decode = 2 * p->seqlen_q <= c->block_m && fits_group;
         const int wanted = (masked_max > 0 && fits_group && ((masked && p->seqlen_q <= masked_max) || decode)) ||
                            (unmasked_min > 0 && !masked && !decode && p->seqlen_k >= unmasked_min);

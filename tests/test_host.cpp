@@ -755,9 +755,9 @@ TEST(Planning, Sm90DecodePacksQueryGroupsAndSplitsKeys) {
     EXPECT_EQ(0, pre.workspace_bytes);
 }
 
-// FUSED_SM90 decode-shaped calls at head dim 128 take the single-consumer 64-row tile when it holds a
-// KV group's query rows (seqlen_q x group <= 64, and 2 x seqlen_q <= 64); otherwise the 128-row
-// tile, as every other head dim does.
+// FUSED_SM90 decode-shaped calls at head dim 128 with grouped query heads take the single-consumer
+// 64-row tile when it holds a KV group's query rows (seqlen_q x group <= 64, and 2 x seqlen_q <= 64);
+// otherwise (and without groups) the 128-row tile, as every other head dim does.
 TEST(Planning, Sm90DecodeTakesTheSingleConsumerTileWhereTheGroupFits) {
     if (!fa_sm90_compiled(FLASHATTN_DTYPE_BFLOAT16, 128)) GTEST_SKIP() << "no FUSED_SM90 d128 in this build";
     struct Case { int64_t sq, hq, hkv, d; int mask; int64_t block_m; const char *kernel; };
@@ -765,8 +765,10 @@ TEST(Planning, Sm90DecodeTakesTheSingleConsumerTileWhereTheGroupFits) {
         {1, 32, 8, 128, FLASHATTN_MASK_NONE, 64, "fused_sm90_bf16_d128_m64_n128_w8"},    // 4 rows
         {1, 64, 1, 128, FLASHATTN_MASK_NONE, 64, nullptr},                               // MQA: 64 rows
         {1, 128, 1, 128, FLASHATTN_MASK_NONE, 128, nullptr},                             // 128 rows
-        {32, 16, 16, 128, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, 64, nullptr},              // MHA, 32 queries
-        {33, 16, 16, 128, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, 128, nullptr},             // not decode-shaped
+        {1, 16, 16, 128, FLASHATTN_MASK_NONE, 128, nullptr},                             // MHA: no group
+        {32, 16, 16, 128, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, 128, nullptr},             // MHA, 32 queries
+        {8, 32, 16, 128, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, 64, nullptr},               // 16 rows, group 2
+        {33, 32, 16, 128, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, 128, nullptr},             // not decode-shaped
         {4, 32, 8, 128, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, 64, nullptr},                // 16 rows
         {1, 32, 8, 256, FLASHATTN_MASK_NONE, 128, nullptr},                              // other head dims:
         {1, 32, 8, 192, FLASHATTN_MASK_NONE, 128, nullptr},                              // two consumers
@@ -783,6 +785,10 @@ TEST(Planning, Sm90DecodeTakesTheSingleConsumerTileWhereTheGroupFits) {
         ASSERT_EQ(FLASHATTN_BACKEND_FUSED_SM90, plan.backend);
         EXPECT_EQ(c.block_m, plan.cfg.block_m);
         EXPECT_EQ(c.block_m == 64 ? 256 : 384, plan.threads);
+        if (c.block_m == 64) {  // packed, and so never on resident blocks
+            EXPECT_EQ(1, plan.kp.pack_gqa);
+            EXPECT_EQ(0, plan.kp.persistent);
+        }
         if (c.kernel) {
             flashattn_plan_info info;
             flashattn_plan_info_init(&info);

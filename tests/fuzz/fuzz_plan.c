@@ -209,6 +209,8 @@ static void check_plan(const fa_device_caps *caps, const flashattn_fwd_params *p
                                                  full.seqlen_q <= full.seqlen_k),
               "persistent plan");
     }
+    if (plan.backend == FLASHATTN_BACKEND_FUSED_SM90 && plan.cfg.block_m == 64) /* the single-consumer tile: */
+        CHECK(plan.kp.pack_gqa && !plan.kp.persistent, "single-consumer tile: packed groups only"); /* grouped decode */
     if (plan.kp.sched_heads != 0) /* heaviest-first sections: FUSED_SM90's unsplit, unpacked dense calls */
         CHECK(plan.backend == FLASHATTN_BACKEND_FUSED_SM90 && !plan.kp.serving && plan.kp.num_splits == 1 &&
                   !plan.kp.pack_gqa && plan.kp.sched_heads >= 1 &&
