@@ -62,8 +62,8 @@ const fa_fused_config *fa_sm90_config_for_call(int kernel_head_dim, const flasha
          * single-consumer row (64 rows) takes a grouped call (its tile packs the group's query
          * heads) only when the tile holds a KV group's rows (seqlen_q x group <= 64): otherwise its
          * tiles would read K and V more often. Calls without groups keep the two-consumer tile
-         * (their many tiles run on resident blocks, a path the single-consumer kernel has not been
-         * measured on). */
+         * (their many tiles run on resident blocks, where the single-consumer kernel has not been
+         * tested). */
         const int64_t group = p->heads_kv > 0 && p->heads_q >= p->heads_kv ? p->heads_q / p->heads_kv : 1;
         const int fits_group =
             c->block_m > 64 || (group > 1 && group <= c->block_m && p->seqlen_q * group <= c->block_m);
