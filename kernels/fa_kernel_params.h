@@ -86,7 +86,8 @@ typedef struct fa_kernel_params {
      * one head's heaviest tiles started late, and the K/V of the heads a section runs at once stay
      * in the L2. 0: the grid order (blockIdx.x the query tile, heaviest first within each head). */
     int32_t sched_heads;
-    /* FUSED_SM90 dense calls with more query tiles than SMs, no window, no split, no pack_gqa:
+    /* FUSED_SM90 calls with more query tiles than SMs, no window, no split, no pack_gqa (dense
+     * calls, and serving calls on their capacities with two consumers and pages read by TMA):
      * grid_x blocks stay resident and each takes tile after tile (fa_persistent_first, then
      * fa_persistent_next), its producer loading the next tile's Q and K while the consumers finish
      * this one. 1: no mask, every tile the same work; 2: a causal mask with seqlen_q <= seqlen_k, a
@@ -236,6 +237,9 @@ static inline FA_HOST_DEVICE int fa_sm90_page_box(int page_size, int block_n) {
     return a;
 }
 #define FA_SM90_TMA_PAGES(page_size, block_n) (fa_sm90_page_box((page_size), (block_n)) % 8 == 0)
+/* Whether a call's K/V pages (a block table set) are gathered with cp.async rather than read by TMA. */
+#define FA_SM90_GATHERS_PAGES(block_table, page_size, block_n) \
+    ((block_table) != NULL && !FA_SM90_TMA_PAGES((page_size), (block_n)))
 
 /* The shared memory a Hopper block may opt in to (227 KB). */
 #define FA_SM90_SMEM_MAX 232448

@@ -78,16 +78,12 @@ template <int kDtype, int kHeadDim, int kKeyTile, int kNumConsumers, bool kPersi
     static constexpr int kProducerRegs = 24;
     static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8 > 240 ? 240 : 65536 / kThreads / 8 * 8;
     static constexpr int consumer_regs(int producer_regs) {
-        return ((kConsumers + 1) * kLaunchRegs - producer_regs) / kConsumers / 8 * 8 > 240
-                   ? 240
-                   : ((kConsumers + 1) * kLaunchRegs - producer_regs) / kConsumers / 8 * 8;
+        const int share = ((kConsumers + 1) * kLaunchRegs - producer_regs) / kConsumers / 8 * 8;
+        return share > 240 ? 240 : share;
     }
     static constexpr bool fits(int producer_regs, int consumer) {
         return producer_regs + kConsumers * consumer <= (kConsumers + 1) * kLaunchRegs;
     }
-    static constexpr int kConsumerRegs = consumer_regs(kProducerRegs);
-    static_assert(fits(kProducerRegs, kConsumerRegs),
-                  "setmaxnreg: the warpgroups' registers must fit in the block's launch allocation");
     static constexpr int kChunks = kHeadDim / 8; /* 16-byte chunks per row */
     static constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2, kKVBytes = kBlockN * kHeadDim * 2;
     /* A persistent block (p.persistent: tile after tile) stages O in a tile of its own where it
@@ -137,7 +133,7 @@ template <class Tr> struct smem_layout {
 
 /* Whether a serving call's pages are gathered row by row with cp.async (FA_SM90_TMA_PAGES false). */
 template <class Tr> __device__ __forceinline__ bool gathers_pages(const fa_kernel_params &p) {
-    return p.block_table != nullptr && !FA_SM90_TMA_PAGES(p.page_size, Tr::kBlockN);
+    return FA_SM90_GATHERS_PAGES(p.block_table, p.page_size, Tr::kBlockN);
 }
 
 /* The block's work: query positions [m0, m0 + rows_per_head) of `heads` query heads starting at h0
@@ -243,6 +239,14 @@ __device__ __forceinline__ void store_empty(const fa_kernel_params &p, const til
     }
 }
 
+/* The stage of the g-th K (or V) tile a block loads (counted across a persistent block's tiles):
+ * g % 2, once the consumers have handed back its use two loads earlier (the "empty" barrier of
+ * that stage). Called by the producers. */
+__device__ __forceinline__ uint32_t stage_free(uint32_t empty, int g) {
+    if (g >= 2) mbar_wait(empty + 8 * (g & 1), ((g - 2) >> 1) & 1);
+    return (uint32_t)(g & 1);
+}
+
 /* The producer (one thread) of one tile: TMA loads of Q once, then of K_j and V_j into two stages
  * each as the consumers hand the stages back. A persistent block's tiles follow one another: `nth`
  * is the tile's number in the block (its Q waits until every consumer warp is done with the last
@@ -258,20 +262,13 @@ __device__ __forceinline__ void produce(const tile<Tr> &tl, const smem_layout<Tr
         for (int cb = 0; cb < kCB; ++cb)
             tma_load(dst + cb * Tr::kBlockN * 128, map, cb * 64, (tl.tile_begin + tile) * Tr::kBlockN, tl.hk, tl.b, full);
     };
-    /* K or V tile j of this tile goes to stage (kv0 + j) % 2, once the consumers handed back its
-     * use two loads earlier. */
-    auto stage_free = [&](uint32_t empty, int j) {
-        const int g = kv0 + j;
-        if (g >= 2) mbar_wait(empty + 8 * (g & 1), ((g - 2) >> 1) & 1);
-        return (uint32_t)(g & 1);
-    };
     auto load_q = [&] {
         mbar_expect_tx(sm.bar_q, (uint32_t)(kCB * 128 * tl.rows_per_head * tl.heads));
 #pragma unroll
         for (int cb = 0; cb < kCB; ++cb) tma_load(sm.q + cb * Tr::kBlockM * 128, tm_q, cb * 64, tl.m0, tl.h0, tl.b, sm.bar_q);
     };
     if (nth == 0) load_q();
-    uint32_t st = stage_free(sm.empty_k, 0);
+    uint32_t st = stage_free(sm.empty_k, kv0);
     load_kv(tm_k, sm.k + st * Tr::kKVBytes, sm.full_k + 8 * st, 0);
     if (nth > 0) { /* the last tile's K is in flight; Q once the consumers are done with the last one's */
         mbar_wait(sm.empty_q, (nth - 1) & 1);
@@ -280,10 +277,10 @@ __device__ __forceinline__ void produce(const tile<Tr> &tl, const smem_layout<Tr
     for (int j = 0; j < tl.n_tiles; ++j) {
         /* K_{j+1} once S_{j-1} is done with its stage; V_j once P V_{j-2} is done with its. */
         if (j + 1 < tl.n_tiles) {
-            st = stage_free(sm.empty_k, j + 1);
+            st = stage_free(sm.empty_k, kv0 + (j + 1));
             load_kv(tm_k, sm.k + st * Tr::kKVBytes, sm.full_k + 8 * st, j + 1);
         }
-        st = stage_free(sm.empty_v, j);
+        st = stage_free(sm.empty_v, kv0 + j);
         load_kv(tm_v, sm.v + st * Tr::kKVBytes, sm.full_v + 8 * st, j);
     }
 }
@@ -421,13 +418,6 @@ __device__ __forceinline__ void produce_serving(const fa_kernel_params &p, const
 #pragma unroll
         for (int cb = 0; cb < kCB; ++cb) tma_load(sm.q + cb * Tr::kBlockM * 128, tm_q, cb * 64, q0, tl.h0, qb, sm.bar_q);
     };
-    /* K or V tile j of this tile goes to stage (kv0 + j) % 2, once the consumers handed back its
-     * use two loads earlier (as in produce). */
-    auto stage_free = [&](uint32_t empty, int j) {
-        const int g = kv0 + j;
-        if (g >= 2) mbar_wait(empty + 8 * (g & 1), ((g - 2) >> 1) & 1);
-        return (uint32_t)(g & 1);
-    };
     if (nth == 0) load_q();
     const bool paged = p.block_table != nullptr;
     const int box = paged ? fa_sm90_page_box(p.page_size, Tr::kBlockN) : Tr::kBlockN, boxes = Tr::kBlockN / box;
@@ -460,7 +450,7 @@ __device__ __forceinline__ void produce_serving(const fa_kernel_params &p, const
                 tma_load(dst + cb * Tr::kBlockN * 128 + lane * box * 128, map, cb * 64, row0, tl.hk, my_page, full);
     };
     int page_j = page_of(0), page_next = page_of(1); /* tile j's pages (for V_j), tile j + 1's (for K_{j+1}) */
-    uint32_t st = stage_free(sm.empty_k, 0);
+    uint32_t st = stage_free(sm.empty_k, kv0);
     load_kv(tm_k, sm.k + st * Tr::kKVBytes, sm.full_k + 8 * st, 0, page_j);
     if (nth > 0) { /* a persistent block: the last tile's K is in flight; Q once the consumers are done with the last one's */
         mbar_wait(sm.empty_q, (nth - 1) & 1);
@@ -469,10 +459,10 @@ __device__ __forceinline__ void produce_serving(const fa_kernel_params &p, const
     for (int j = 0; j < tl.n_tiles; ++j) {
         const int page_after = page_of(j + 2); /* read now, used next iteration */
         if (j + 1 < tl.n_tiles) {
-            st = stage_free(sm.empty_k, j + 1);
+            st = stage_free(sm.empty_k, kv0 + (j + 1));
             load_kv(tm_k, sm.k + st * Tr::kKVBytes, sm.full_k + 8 * st, j + 1, page_next);
         }
-        st = stage_free(sm.empty_v, j);
+        st = stage_free(sm.empty_v, kv0 + j);
         load_kv(tm_v, sm.v + st * Tr::kKVBytes, sm.full_v + 8 * st, j, page_j);
         page_j = page_next, page_next = page_after;
     }

@@ -432,7 +432,7 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
     plan->kp.num_splits = (int32_t)splits;
     plan->grid_x = (int32_t)(mblocks * splits);
     const int serving = fa_is_serving(p);
-    const int gathered = p->block_table != NULL && !FA_SM90_TMA_PAGES(p->page_size, plan->cfg.block_n);
+    const int gathered = FA_SM90_GATHERS_PAGES(p->block_table, p->page_size, plan->cfg.block_n);
     if (sm90 && splits == 1 && !pack && !(serving && (gathered || plan->cfg.block_m != 128))) {
         /* More tiles than SMs, every tile with keys to see, and work that is the same for every tile
          * (no mask) or grows linearly with its query position (a causal mask, seqlen_q <= seqlen_k;

@@ -200,7 +200,7 @@ static void check_plan(const fa_device_caps *caps, const flashattn_fwd_params *p
         CHECK(plan.backend == FLASHATTN_BACKEND_FUSED_SM90 &&
                   (!plan.kp.serving ||
                    (plan.cfg.block_m == 128 &&
-                    (full.block_table == NULL || FA_SM90_TMA_PAGES((int)full.page_size, (int)plan.cfg.block_n)))) &&
+                    !FA_SM90_GATHERS_PAGES(full.block_table, (int)full.page_size, (int)plan.cfg.block_n))) &&
                   plan.kp.num_splits == 1 && !plan.kp.pack_gqa && plan.kp.sched_heads == 0 && full.window_left < 0 && full.window_right < 0 &&
                   full.seqlen_k > 0 && plan.grid_y == 1 && plan.grid_z == 1 && tiles > caps->sm_count &&
                   tiles + caps->sm_count <= INT32_MAX && plan.grid_x == (units < caps->sm_count ? units : caps->sm_count) &&
