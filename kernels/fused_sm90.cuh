@@ -104,7 +104,7 @@ template <int kDtype, int kHeadDim, int kKeyTile, int kNumConsumers, bool kPersi
  * TMA landed) and empty (every consumer warp is done with it). full_* and empty_* are stage 0's;
  * stage s's is 8 s bytes on. */
 template <class Tr> struct smem_layout {
-    uint32_t q, o, k, v, bar_q, full_k, full_v, empty_k, empty_v, empty_q;
+    uint32_t q, o, k, v, bar_q, full_k, full_v, empty_k, empty_v, empty_q, rec_full, rec_empty, rec;
     __device__ __forceinline__ explicit smem_layout(uint32_t raw) {
         q = (raw + 1023u) & ~1023u;
         o = Tr::kOwnO ? q + Tr::kQBytes : q;
@@ -112,14 +112,21 @@ template <class Tr> struct smem_layout {
         v = k + 2 * Tr::kKVBytes;
         bar_q = v + 2 * Tr::kKVBytes;
         full_k = bar_q + 8, full_v = bar_q + 24, empty_k = bar_q + 40, empty_v = bar_q + 56, empty_q = bar_q + 72;
+        rec_full = bar_q + 80, rec_empty = bar_q + 88, rec = bar_q + 96; /* (rec: 32 bytes, to the end of the 128) */
     }
     /* Thread 0, before the block's first barrier: a load arrives once (with its byte count), a
      * stage or Q is handed back once per consumer warp. */
     /* The K/V stages are filled by `full_arrivals` producer threads: 1 with TMA, the whole producer
-     * warpgroup when a serving call gathers its pages with cp.async. */
-    __device__ __forceinline__ void init_barriers(int full_arrivals = 1) const {
+     * warpgroup when a serving call gathers its pages with cp.async. `records`: a persistent
+     * serving block's tile records (tile_record), posted once by the producer and taken once by
+     * each consumer warp. */
+    __device__ __forceinline__ void init_barriers(int full_arrivals = 1, bool records = false) const {
         mbar_init(bar_q, 1);
         if (Tr::kPersistent) mbar_init(empty_q, 4 * Tr::kConsumers);
+        if (records) {
+            mbar_init(rec_full, 1);
+            mbar_init(rec_empty, 4 * Tr::kConsumers);
+        }
 #pragma unroll
         for (int st = 0; st < 2; ++st) {
             mbar_init(full_k + 8 * st, full_arrivals);
@@ -212,12 +219,43 @@ template <> struct seq_view<true> {
     /* Batch entry b's sequence (a block a tile: its grid z). */
     __device__ __forceinline__ explicit seq_view(const fa_kernel_params &p, int b)
         : s(serving_seq(p, b)), packed_q(p.cu_seqlens_q != nullptr) {}
+    /* A sequence handed over in a tile record (take_record). */
+    __device__ __forceinline__ seq_view(const fa_kernel_params &p, const fa_seq &seq)
+        : s(seq), packed_q(p.cu_seqlens_q != nullptr) {}
     __device__ __forceinline__ const fa_seq &bounds(const fa_kernel_params &) const { return s; }
     __device__ __forceinline__ int64_t q_row0() const { return s.q_row0; }
     __device__ __forceinline__ int64_t lse_row0() const { return packed_q ? s.q_row0 : -1; }
     /* (packed rows: one batch entry in the maps, the sequence's rows from q_row0) */
     __device__ __forceinline__ int map_batch(int b) const { return packed_q ? 0 : b; }
 };
+
+/* A persistent serving block's tile record, 32 bytes of shared memory at smem_layout::rec: the
+ * producer reads each tile's sequence from the device arrays (serving_seq: two or three dependent
+ * global loads) and hands the consumers the tile's work number with the sequence's counts,
+ * visibility offsets and first query row (what the consumers read of a fa_seq); work -1: no tile
+ * left. One record at a time: the producer posts (rec_full) once every consumer warp has taken the
+ * last one (rec_empty), which a consumer does as its tile starts, so the next record is usually
+ * waiting when the tile ends. Tiles past their sequence's queries get no record. */
+__device__ __forceinline__ void post_record(uint32_t rec, uint32_t rec_full, int work, const fa_seq &s) {
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(rec), "r"(work), "r"(s.seqlen_q), "r"(s.seqlen_k),
+                 "r"(s.key_lo_off)
+                 : "memory");
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(rec + 16), "r"(s.key_hi_off) : "memory");
+    asm volatile("st.shared.b64 [%0], %1;\n" ::"r"(rec + 24), "l"(s.q_row0) : "memory");
+    mbar_arrive(rec_full); /* (release: the consumers' wait acquires the record) */
+}
+/* The record's work number, and its sequence in s (the fields a producer alone reads are zero). */
+__device__ __forceinline__ int take_record(uint32_t rec, fa_seq &s) {
+    int work;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(work), "=r"(s.seqlen_q), "=r"(s.seqlen_k), "=r"(s.key_lo_off)
+                 : "r"(rec)
+                 : "memory");
+    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(s.key_hi_off) : "r"(rec + 16) : "memory");
+    asm volatile("ld.shared.b64 %0, [%1];\n" : "=l"(s.q_row0) : "r"(rec + 24) : "memory");
+    s.k_row0 = 0, s.kv_b = 0, s.kv_valid = true, s.page0 = 0, s.pages = 0;
+    return work;
+}
 
 /* No row sees a key in this split: O = 0, LSE = -inf (a split writes only its LSE). Tile rows
  * [row0, row0 + rows), by `threads` threads of which this is number `tid`. */
@@ -530,11 +568,13 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         }
         return seq_view<kServing>(p, b);
     };
-    auto empty = [](const tile<Tr> &tl, const seq_view<kServing> &sq, const fa_kernel_params &p) {
-        return tl.m0 >= sq.bounds(p).seqlen_q || tl.n_tiles == 0;
+    /* The block's (first) tile, built once: a block a tile uses it throughout. (A persistent serving
+     * block's tiles come with their sequences in the producer's records: no sequence is read here.) */
+    auto first_seq = [&] {
+        if constexpr (kServing && kPersistent) return seq_view<kServing>(p, fa_seq{});
+        else return seq_of(work0);
     };
-    /* The block's (first) tile, built once: a block a tile uses it throughout. */
-    const seq_view<kServing> sq0 = seq_of(work0);
+    const seq_view<kServing> sq0 = first_seq();
     const tile<Tr> tl0(p, sq0.bounds(p), work0);
     if constexpr (!kPersistent) {
         if constexpr (kServing)
@@ -546,7 +586,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     }
 
     if (tid == 0) {
-        if constexpr (kServing) sm.init_barriers(gathers_pages<Tr>(p) ? kWarpgroupThreads : 1);
+        if constexpr (kServing) sm.init_barriers(gathers_pages<Tr>(p) ? kWarpgroupThreads : 1, kPersistent);
         else sm.init_barriers();
     }
     __syncthreads();
@@ -555,14 +595,22 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         release_registers<kProducerRegs>();
         if constexpr (kServing && kPersistent) {
             if (tid < 32) {
-                int nth = 0, kv0 = 0;
+                int nth = 0, kv0 = 0, nrec = 0; /* tiles loaded, their K/V tiles, records posted */
+                auto post = [&](int work, const fa_seq &s) {
+                    if (nrec > 0) mbar_wait(sm.rec_empty, (nrec - 1) & 1); /* every consumer warp took the last */
+                    if (tid == 0) post_record(sm.rec, sm.rec_full, work, s);
+                    ++nrec;
+                };
                 for (int work = work0; work < works; work = next_work(work)) {
                     const seq_view<kServing> sq = seq_of(work);
                     const tile<Tr> tl(p, sq.bounds(p), work); /* (tl0 not kept live across the loop: registers) */
-                    if (empty(tl, sq, p)) continue;
+                    if (tl.m0 >= sq.s.seqlen_q) continue; /* no query: nothing for anyone to do */
+                    post(work, sq.s);
+                    if (tl.n_tiles == 0) continue; /* no key: the consumers write O = 0, LSE = -inf */
                     produce_serving(p, sq, tl, sm, &tm_q, &tm_k, &tm_v, tid, nth++, kv0);
                     kv0 += tl.n_tiles;
                 }
+                post(-1, sq0.s);
             }
         } else if constexpr (kServing) {
             if (tid < 32 || gathers_pages<Tr>(p)) produce_serving(p, sq0, tl0, sm, &tm_q, &tm_k, &tm_v, tid);
@@ -593,14 +641,22 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     bool gathered = false;
     if constexpr (kServing) gathered = gathers_pages<Tr>(p);
     int nth = 0, kv0 = 0; /* tiles done by this block, and their K/V tiles (the stages' running count) */
+    int nrec = 0;         /* a persistent serving block: tile records taken */
     for (int work = work0;;) {
-        const seq_view<kServing> sq = kServing && kPersistent ? seq_of(work) : sq0;
+        seq_view<kServing> sq = sq0;
+        if constexpr (kServing && kPersistent) { /* the producer's record of the next tile */
+            mbar_wait(sm.rec_full, nrec++ & 1);
+            work = take_record(sm.rec, sq.s);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(sm.rec_empty);
+            if (work < 0) break;
+        }
         const auto &bnd = sq.bounds(p);
         const tile<Tr> tl = kServing && kPersistent ? tile<Tr>(p, bnd, work) : nth == 0 ? tl0 : tile<Tr>(p, bnd, work);
         if constexpr (kServing && kPersistent) {
-            if (empty(tl, sq, p)) { /* this consumer's rows of a tile with queries but no key: O = 0, LSE = -inf */
-                if (tl.m0 < bnd.seqlen_q) store_empty(p, tl, sq, tid % kWarpgroupThreads, kWarpgroupThreads, c * 64, 64);
-                if ((work = next_work(work)) >= works) break;
+            if (tl.n_tiles == 0) { /* this consumer's rows of a tile with queries but no key: O = 0, LSE = -inf */
+                store_empty(p, tl, sq, tid % kWarpgroupThreads, kWarpgroupThreads, c * 64, 64);
+                __syncwarp(); /* reconverged before the next tile (else ptxas serialises every wgmma: C7520) */
                 continue;
             }
         }
@@ -788,7 +844,8 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             if (lane == 0) mbar_arrive(sm.empty_q);
         }
         ++nth, kv0 += n_tiles;
-        if (!kPersistent || (work = next_work(work)) >= works) break;
+        if constexpr (!(kServing && kPersistent))
+            if (!kPersistent || (work = next_work(work)) >= works) break;
     }
     if (Tr::kPersistent && p.o_tma && tid % kWarpgroupThreads == 0) bulk_wait(); /* the last stores */
 #endif
