@@ -59,6 +59,8 @@
 #include "sm90_wgmma.cuh"
 #include "softmax.cuh"
 
+#include <type_traits>
+
 namespace fa {
 namespace sm90 {
 
@@ -636,6 +638,10 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
      * last one starts each tile's round by passing to consumer 0. */
     const int my_turn = turn_barrier(c), next_turn = turn_barrier((c + 1) % kNC);
     const float mult = kTransform ? 1.0f : p.scale_log2;
+    /* S = Q K^T's k-steps of 16 columns that hold the head dim (a head dim below the kernel's, 160
+     * on the 192 kernel, leaves zero columns in Q and K: their steps would add nothing). */
+    constexpr int kShortSteps = kHeadDim == 192 ? 10 : 0;
+    const bool short_k = p.head_dim <= 16 * kShortSteps;
     /* Gathered pages land through the generic proxy (cp.async): after the wait for a stage, a proxy
      * fence before the tensor cores read it. */
     bool gathered = false;
@@ -684,14 +690,18 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         if (kNC > 1 && c == kNC - 1) named_arrive(turn_barrier(0), kTurnThreads); /* (one consumer takes no turns) */
 
         /* S = Q K_kv^T for this consumer's rows, issued (not committed) with K from kv's stage. */
-        auto issue_s = [&](int kv) {
+        auto issue_s_steps = [&](int kv, auto steps) {
             const uint32_t k_st = sm.k + (uint32_t)(kv & 1) * Tr::kKVBytes;
 #pragma unroll
-            for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+            for (int ks = 0; ks < decltype(steps)::value; ++ks) {
                 const uint32_t col = (uint32_t)(ks / 4), sub = (uint32_t)(ks % 4) * 32;
                 wgmma_ss<kBlockN, kDtype>::run(s, smem_desc(q_wg + col * kBlockM * 128 + sub, 16, 1024),
                                                smem_desc(k_st + col * kBlockN * 128 + sub, 16, 1024), ks > 0);
             }
+        };
+        auto issue_s = [&](int kv) {
+            if (kShortSteps > 0 && short_k) issue_s_steps(kv, std::integral_constant<int, kShortSteps>{});
+            else issue_s_steps(kv, std::integral_constant<int, kHeadDim / 16>{});
         };
         /* O += P V_kv, issued (not committed). */
         auto issue_pv = [&](int kv) {
