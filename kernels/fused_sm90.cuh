@@ -699,10 +699,6 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                                                smem_desc(k_st + col * kBlockN * 128 + sub, 16, 1024), ks > 0);
             }
         };
-        auto issue_s = [&](int kv) {
-            if (kShortSteps > 0 && short_k) issue_s_steps(kv, std::integral_constant<int, kShortSteps>{});
-            else issue_s_steps(kv, std::integral_constant<int, kHeadDim / 16>{});
-        };
         /* O += P V_kv, issued (not committed). */
         auto issue_pv = [&](int kv) {
             const uint32_t v_st = sm.v + (uint32_t)(kv & 1) * Tr::kKVBytes;
@@ -711,64 +707,74 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                 wgmma_rs<kHeadDim, kDtype>::run(o, pf[kk], smem_desc(v_st + kk * 16 * 128, kBlockN * 128, 1024), 1);
         };
 
-        for (int it = 0; it < n_tiles; ++it) {
-            const int n0 = (tile_begin + it) * kBlockN;
-            const int kv = kv0 + it, st = kv & 1; /* K_it's and V_it's stage */
-            mbar_wait(sm.full_k + 8 * st, (kv >> 1) & 1);
-            if (it > 0) mbar_wait(sm.full_v + 8 * (st ^ 1), ((kv - 1) >> 1) & 1);
-            if (gathered) fence_proxy_async_shared();
+        /* The key loop, S issued in `steps` k-steps (a copy of the loop per count: a branch between
+         * the two issue sequences inside the loop cost the 192 kernel 2-3% at head dim 192). */
+        auto key_loop = [&](auto steps) {
+            for (int it = 0; it < n_tiles; ++it) {
+                const int n0 = (tile_begin + it) * kBlockN;
+                const int kv = kv0 + it, st = kv & 1; /* K_it's and V_it's stage */
+                mbar_wait(sm.full_k + 8 * st, (kv >> 1) & 1);
+                if (it > 0) mbar_wait(sm.full_v + 8 * (st ^ 1), ((kv - 1) >> 1) & 1);
+                if (gathered) fence_proxy_async_shared();
 
-            if (kNC > 1) named_sync(my_turn, kTurnThreads); /* our turn on the tensor cores */
-            reg_fence(o);
-            reg_fence(pf);
-            wgmma_fence();
-            issue_s(kv);
-            wgmma_commit();
-            if (it > 0) {
-                wgmma_fence(); /* P and O were written by ordinary instructions since the last one */
-                issue_pv(kv - 1);
-            }
-            wgmma_commit(); /* empty on the first tile: "all but the newest group" then always means S */
-            if (kNC > 1) named_arrive(next_turn, kTurnThreads); /* the next consumer's turn */
-
-            wgmma_wait<1>();
-            reg_fence(s);
-            if (lane == 0) {
-                mbar_arrive(sm.empty_k + 8 * st); /* this warp is done with K_it */
-                /* and with Q, after the last S (O has a tile of its own) */
-                if (Tr::kPersistent && Tr::kOwnO && it == n_tiles - 1) mbar_arrive(sm.empty_q);
-            }
-
-            if constexpr (kTransform) {
-#pragma unroll
-                for (int i = 0; i < kSN; ++i) {
-                    const int r = (i % 4) / 2;
-                    s[i] = kLog2e * transform_raw_score(p, bnd, s[i], slope_r[r], pos_r[r], n0 + 8 * (i / 4) + 2 * t + (i % 2));
+                if (kNC > 1) named_sync(my_turn, kTurnThreads); /* our turn on the tensor cores */
+                reg_fence(o);
+                reg_fence(pf);
+                wgmma_fence();
+                issue_s_steps(kv, steps);
+                wgmma_commit();
+                if (it > 0) {
+                    wgmma_fence(); /* P and O were written by ordinary instructions since the last one */
+                    issue_pv(kv - 1);
                 }
-            }
-            const bool need_mask = FA_TILE_NEEDS_MASK(bnd, n0, kBlockN, m0, row_last);
-            if (need_mask) mask_scores<kBlockN / 8>(s_at, bnd, [&pos_r](int r) { return pos_r[r]; }, n0, t);
+                wgmma_commit(); /* empty on the first tile: "all but the newest group" then always means S */
+                if (kNC > 1) named_arrive(next_turn, kTurnThreads); /* the next consumer's turn */
 
-            float corr[2];
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                float m_scaled;
-                corr[r] = softmax_new_max<kBlockN / 8>(s_at, r, row_max[r], mult, m_scaled);
-                const float sum = softmax_exp<kBlockN / 8>(s_at, r, mult, m_scaled, 0.0f);
-                row_sum[r] = row_sum[r] * corr[r] + sum;
-            }
+                wgmma_wait<1>();
+                reg_fence(s);
+                if (lane == 0) {
+                    mbar_arrive(sm.empty_k + 8 * st); /* this warp is done with K_it */
+                    /* and with Q, after the last S (O has a tile of its own) */
+                    if (Tr::kPersistent && Tr::kOwnO && it == n_tiles - 1) mbar_arrive(sm.empty_q);
+                }
 
-            wgmma_wait<0>(); /* P V_{it-1} is done with O, pf and V_{it-1} */
-            reg_fence(o);
-            reg_fence(pf);
-            if (it > 0 && lane == 0) mbar_arrive(sm.empty_v + 8 * (st ^ 1));
+                if constexpr (kTransform) {
 #pragma unroll
-            for (int j = 0; j < kHeadDim / 8; ++j) {
-                o[4 * j] *= corr[0], o[4 * j + 1] *= corr[0];
-                o[4 * j + 2] *= corr[1], o[4 * j + 3] *= corr[1];
+                    for (int i = 0; i < kSN; ++i) {
+                        const int r = (i % 4) / 2;
+                        s[i] = kLog2e * transform_raw_score(p, bnd, s[i], slope_r[r], pos_r[r], n0 + 8 * (i / 4) + 2 * t + (i % 2));
+                    }
+                }
+                const bool need_mask = FA_TILE_NEEDS_MASK(bnd, n0, kBlockN, m0, row_last);
+                if (need_mask) mask_scores<kBlockN / 8>(s_at, bnd, [&pos_r](int r) { return pos_r[r]; }, n0, t);
+
+                float corr[2];
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    float m_scaled;
+                    corr[r] = softmax_new_max<kBlockN / 8>(s_at, r, row_max[r], mult, m_scaled);
+                    const float sum = softmax_exp<kBlockN / 8>(s_at, r, mult, m_scaled, 0.0f);
+                    row_sum[r] = row_sum[r] * corr[r] + sum;
+                }
+
+                wgmma_wait<0>(); /* P V_{it-1} is done with O, pf and V_{it-1} */
+                reg_fence(o);
+                reg_fence(pf);
+                if (it > 0 && lane == 0) mbar_arrive(sm.empty_v + 8 * (st ^ 1));
+#pragma unroll
+                for (int j = 0; j < kHeadDim / 8; ++j) {
+                    o[4 * j] *= corr[0], o[4 * j + 1] *= corr[0];
+                    o[4 * j + 2] *= corr[1], o[4 * j + 3] *= corr[1];
+                }
+#pragma unroll
+                for (int kk = 0; kk < kBlockN / 16; ++kk) pack_p<kDtype>(s_at, kk, pf[kk]);
             }
-#pragma unroll
-            for (int kk = 0; kk < kBlockN / 16; ++kk) pack_p<kDtype>(s_at, kk, pf[kk]);
+        };
+        if constexpr (kShortSteps > 0) {
+            if (short_k) key_loop(std::integral_constant<int, kShortSteps>{});
+            else key_loop(std::integral_constant<int, kHeadDim / 16>{});
+        } else {
+            key_loop(std::integral_constant<int, kHeadDim / 16>{});
         }
 
         /* The last tile's P V; a persistent block hands its V stage back for the next tile. */
