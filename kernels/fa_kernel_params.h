@@ -203,7 +203,7 @@ static inline int64_t fa_fused_smem_bytes(const fa_fused_config *c) {
 
 /* The Hopper-native backend (FUSED_SM90, sm_90a only): a producer warpgroup loads Q, K and V with
  * the tensor memory accelerator (TMA) into 128-byte-swizzled shared memory (two stages of K and of
- * V, three with one consumer); `consumers` warpgroups of 64 query rows each (block_m = 64 x consumers) run wgmma and the
+ * V); `consumers` warpgroups of 64 query rows each (block_m = 64 x consumers) run wgmma and the
  * softmax, taking turns on the tensor cores.
  * X(head_dim, block_n, consumers, auto_min_head_dim, masked_max_seqlen_q, unmasked_min_seqlen_k): each
  * row is a compiled variant. AUTO prefers this backend for head dims in [auto_min_head_dim, head_dim];
@@ -244,19 +244,11 @@ static inline FA_HOST_DEVICE int fa_sm90_page_box(int page_size, int block_n) {
 /* The shared memory a Hopper block may opt in to (227 KB). */
 #define FA_SM90_SMEM_MAX 232448
 
-/* K/V stages of a FUSED_SM90 block: two, or three for the single-consumer (64-row) decode tile, whose
- * few key tiles a block are latency-bound (three stages put three K and two V tiles in flight before
- * the first wait); and the bytes after them for the mbarriers (8 each: Q, 4 per stage, Q free, two
- * for a serving block's 32-byte tile record). */
-#define FA_SM90_STAGES(block_m) ((block_m) == 64 ? 3 : 2)
-#define FA_SM90_TAIL_BYTES(block_m) (FA_SM90_STAGES(block_m) > 2 ? 256 : 128)
-
 static inline int64_t fa_sm90_smem_bytes(int head_dim, int block_m, int block_n, int persistent) {
-    /* Q, the stages of K and V, the barriers, plus 1 KB to align the base to the 1024-byte swizzle
-     * atom; and for a persistent block, where it fits, a tile of O of Q's size for the epilogue, so
-     * that the next tile's Q can load while this one's O is stored. */
-    const int64_t base = 1024 + 2 * (int64_t)head_dim * (block_m + 2 * FA_SM90_STAGES(block_m) * (int64_t)block_n) +
-                         FA_SM90_TAIL_BYTES(block_m);
+    /* Q, two stages of K, two of V, 128 bytes of barriers, plus 1 KB to align the base to the
+     * 1024-byte swizzle atom; and for a persistent block, where it fits, a tile of O of Q's size for
+     * the epilogue, so that the next tile's Q can load while this one's O is stored. */
+    const int64_t base = 1024 + 2 * (int64_t)head_dim * (block_m + 4 * (int64_t)block_n) + 128;
     const int64_t o = 2 * (int64_t)head_dim * block_m;
     return persistent && base + o <= FA_SM90_SMEM_MAX ? base + o : base;
 }

@@ -12,7 +12,7 @@
  * next tile's first K, and its Q once every consumer warp is done with this one's). It has C + 1
  * warpgroups:
  *   producer (warpgroup 0, one thread): TMA loads of Q once, then of K_j and V_j into two stages
- *     each (three with one consumer: FA_SM90_STAGES), as the consumers free them. Each load completes on a "full" mbarrier; each stage is
+ *     each, as the consumers free them. Each load completes on a "full" mbarrier; each stage is
  *     handed back on an "empty" mbarrier. It keeps 24 registers (setmaxnreg) so that the consumers
  *     can have 240 (C = 1, 2) or 160 (C = 3); 56 in a persistent serving block, whose two
  *     consumers then keep 224.
@@ -88,46 +88,33 @@ template <int kDtype, int kHeadDim, int kKeyTile, int kNumConsumers, bool kPersi
     }
     static constexpr int kChunks = kHeadDim / 8; /* 16-byte chunks per row */
     static constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2, kKVBytes = kBlockN * kHeadDim * 2;
-    /* K/V stages (FA_SM90_STAGES), and the barrier area after them (fa_sm90_smem_bytes). The g-th
-     * K (or V) tile a block loads goes to stage stage(g); its barriers' phase is phase(g). */
-    static constexpr int kStages = FA_SM90_STAGES(kBlockM), kTailBytes = FA_SM90_TAIL_BYTES(kBlockM);
-    static __device__ __forceinline__ uint32_t stage(int g) {
-        return kStages == 2 ? (uint32_t)(g & 1) : (uint32_t)g % kStages; /* (g >= 0) */
-    }
-    static __device__ __forceinline__ uint32_t phase(int g) {
-        return kStages == 2 ? (uint32_t)((g >> 1) & 1) : (uint32_t)g / kStages & 1u;
-    }
     /* A persistent block (p.persistent: tile after tile) stages O in a tile of its own where it
      * fits, so the next tile's Q can load during the epilogue; otherwise O is staged in Q's rows. */
     static constexpr bool kPersistent = kPersistentBlock;
-    static constexpr bool kOwnO = kPersistent && 1024 + 2 * kQBytes + 2 * kStages * kKVBytes + kTailBytes <= FA_SM90_SMEM_MAX;
+    static constexpr bool kOwnO = kPersistent && 1024 + 2 * kQBytes + 4 * kKVBytes + 128 <= FA_SM90_SMEM_MAX;
     static constexpr uint32_t kOBytes = kOwnO ? kQBytes : 0;
-    static constexpr int kSmemBytes = 1024 + (int)(kQBytes + kOBytes + 2 * kStages * kKVBytes) + kTailBytes;
-    static_assert(kSmemBytes == (int)(1024 + 2 * kHeadDim * (kBlockM + 2 * kStages * kBlockN) + kTailBytes +
-                                      (kOwnO ? 2 * kHeadDim * kBlockM : 0)),
+    static constexpr int kSmemBytes = 1024 + (int)(kQBytes + kOBytes + 4 * kKVBytes) + 128;
+    static_assert(kSmemBytes == (int)(1024 + 2 * kHeadDim * (kBlockM + 4 * kBlockN) + 128 + (kOwnO ? 2 * kHeadDim * kBlockM : 0)),
                   "see fa_sm90_smem_bytes (the launcher checks the planner's figure against kSmemBytes)");
     static_assert(kHeadDim % 64 == 0 && kBlockN % 16 == 0 && kBlockN <= 256, "tile shape");
     static_assert(kConsumers >= 1 && kConsumers <= 3, "one producer and one to three consumer warpgroups");
 };
 
 /* Shared memory: Q (1024-byte aligned for the swizzle atom), the epilogue's O tile (Tr::kOwnO; else
- * o is Q's), Tr::kStages stages of K, as many of V, then the mbarriers (8 bytes each): Q loaded;
- * K and V stage s full (the TMA landed) and empty (every consumer warp is done with it); Q free
- * (every consumer warp is done with it: a persistent block's next Q may load); then a serving
- * block's tile record and its two barriers. full_* and empty_* are stage 0's; stage s's is 8 s
- * bytes on. */
+ * o is Q's), two stages of K, two of V, then the mbarriers (8 bytes each): Q loaded and Q free (every
+ * consumer warp is done with it: a persistent block's next Q may load); K and V stage s full (the
+ * TMA landed) and empty (every consumer warp is done with it). full_* and empty_* are stage 0's;
+ * stage s's is 8 s bytes on. */
 template <class Tr> struct smem_layout {
     uint32_t q, o, k, v, bar_q, full_k, full_v, empty_k, empty_v, empty_q, rec_full, rec_empty, rec;
     __device__ __forceinline__ explicit smem_layout(uint32_t raw) {
         q = (raw + 1023u) & ~1023u;
         o = Tr::kOwnO ? q + Tr::kQBytes : q;
         k = q + Tr::kQBytes + Tr::kOBytes;
-        v = k + Tr::kStages * Tr::kKVBytes;
-        bar_q = v + Tr::kStages * Tr::kKVBytes;
-        constexpr uint32_t S8 = 8 * Tr::kStages;
-        full_k = bar_q + 8, full_v = full_k + S8, empty_k = full_v + S8, empty_v = empty_k + S8, empty_q = empty_v + S8;
-        rec_full = empty_q + 8, rec_empty = empty_q + 16, rec = empty_q + 24; /* (rec: 32 bytes) */
-        static_assert(8 + 32 * Tr::kStages + 24 + 32 <= Tr::kTailBytes, "the barriers and the record fit the tail");
+        v = k + 2 * Tr::kKVBytes;
+        bar_q = v + 2 * Tr::kKVBytes;
+        full_k = bar_q + 8, full_v = bar_q + 24, empty_k = bar_q + 40, empty_v = bar_q + 56, empty_q = bar_q + 72;
+        rec_full = bar_q + 80, rec_empty = bar_q + 88, rec = bar_q + 96; /* (rec: 32 bytes, to the end of the 128) */
     }
     /* Thread 0, before the block's first barrier: a load arrives once (with its byte count), a
      * stage or Q is handed back once per consumer warp. */
@@ -143,7 +130,7 @@ template <class Tr> struct smem_layout {
             mbar_init(rec_empty, 4 * Tr::kConsumers);
         }
 #pragma unroll
-        for (int st = 0; st < Tr::kStages; ++st) {
+        for (int st = 0; st < 2; ++st) {
             mbar_init(full_k + 8 * st, full_arrivals);
             mbar_init(full_v + 8 * st, full_arrivals);
             mbar_init(empty_k + 8 * st, 4 * Tr::kConsumers);
@@ -293,15 +280,15 @@ __device__ __forceinline__ void store_empty(const fa_kernel_params &p, const til
 }
 
 /* The stage of the g-th K (or V) tile a block loads (counted across a persistent block's tiles):
- * Tr::stage(g), once the consumers have handed back its use Tr::kStages loads earlier (the "empty"
- * barrier of that stage). Called by the producers. */
-template <class Tr> __device__ __forceinline__ uint32_t stage_free(uint32_t empty, int g) {
-    if (g >= Tr::kStages) mbar_wait(empty + 8 * Tr::stage(g), Tr::phase(g - Tr::kStages));
-    return Tr::stage(g);
+ * g % 2, once the consumers have handed back its use two loads earlier (the "empty" barrier of
+ * that stage). Called by the producers. */
+__device__ __forceinline__ uint32_t stage_free(uint32_t empty, int g) {
+    if (g >= 2) mbar_wait(empty + 8 * (g & 1), ((g - 2) >> 1) & 1);
+    return (uint32_t)(g & 1);
 }
 
-/* The producer (one thread) of one tile: TMA loads of Q once, then of K_j and V_j into Tr::kStages
- * stages each as the consumers hand the stages back. A persistent block's tiles follow one another: `nth`
+/* The producer (one thread) of one tile: TMA loads of Q once, then of K_j and V_j into two stages
+ * each as the consumers hand the stages back. A persistent block's tiles follow one another: `nth`
  * is the tile's number in the block (its Q waits until every consumer warp is done with the last
  * one's), `kv0` how many K (and V) tiles the block loaded before it (the stages and their phases
  * run on across tiles). */
@@ -321,7 +308,7 @@ __device__ __forceinline__ void produce(const tile<Tr> &tl, const smem_layout<Tr
         for (int cb = 0; cb < kCB; ++cb) tma_load(sm.q + cb * Tr::kBlockM * 128, tm_q, cb * 64, tl.m0, tl.h0, tl.b, sm.bar_q);
     };
     if (nth == 0) load_q();
-    uint32_t st = stage_free<Tr>(sm.empty_k, kv0);
+    uint32_t st = stage_free(sm.empty_k, kv0);
     load_kv(tm_k, sm.k + st * Tr::kKVBytes, sm.full_k + 8 * st, 0);
     if (nth > 0) { /* the last tile's K is in flight; Q once the consumers are done with the last one's */
         mbar_wait(sm.empty_q, (nth - 1) & 1);
@@ -330,10 +317,10 @@ __device__ __forceinline__ void produce(const tile<Tr> &tl, const smem_layout<Tr
     for (int j = 0; j < tl.n_tiles; ++j) {
         /* K_{j+1} once S_{j-1} is done with its stage; V_j once P V_{j-2} is done with its. */
         if (j + 1 < tl.n_tiles) {
-            st = stage_free<Tr>(sm.empty_k, kv0 + (j + 1));
+            st = stage_free(sm.empty_k, kv0 + (j + 1));
             load_kv(tm_k, sm.k + st * Tr::kKVBytes, sm.full_k + 8 * st, j + 1);
         }
-        st = stage_free<Tr>(sm.empty_v, kv0 + j);
+        st = stage_free(sm.empty_v, kv0 + j);
         load_kv(tm_v, sm.v + st * Tr::kKVBytes, sm.full_v + 8 * st, j);
     }
 }
@@ -430,10 +417,12 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
     for (int j = 0; j < tl.n_tiles; ++j) {
         const pages page_after = page_of(j + 2); /* read now, used next iteration */
         if (j + 1 < tl.n_tiles) {
-            const uint32_t st = stage_free<Tr>(sm.empty_k, j + 1);
+            const int st = (j + 1) & 1;
+            if (j + 1 >= 2) mbar_wait(sm.empty_k + 8 * st, ((j - 1) >> 1) & 1);
             load_kv(k, p.k_batch_stride, p.k_seq_stride, sm.k + st * Tr::kKVBytes, sm.full_k + 8 * st, j + 1, page_next);
         }
-        const uint32_t st = stage_free<Tr>(sm.empty_v, j);
+        const int st = j & 1;
+        if (j >= 2) mbar_wait(sm.empty_v + 8 * st, ((j - 2) >> 1) & 1);
         load_kv(v, p.v_batch_stride, p.v_seq_stride, sm.v + st * Tr::kKVBytes, sm.full_v + 8 * st, j, page_j);
         page_j = page_next, page_next = page_after;
     }
@@ -501,7 +490,7 @@ __device__ __forceinline__ void produce_serving(const fa_kernel_params &p, const
                 tma_load(dst + cb * Tr::kBlockN * 128 + lane * box * 128, map, cb * 64, row0, tl.hk, my_page, full);
     };
     int page_j = page_of(0), page_next = page_of(1); /* tile j's pages (for V_j), tile j + 1's (for K_{j+1}) */
-    uint32_t st = stage_free<Tr>(sm.empty_k, kv0);
+    uint32_t st = stage_free(sm.empty_k, kv0);
     load_kv(tm_k, sm.k + st * Tr::kKVBytes, sm.full_k + 8 * st, 0, page_j);
     if (nth > 0) { /* a persistent block: the last tile's K is in flight; Q once the consumers are done with the last one's */
         mbar_wait(sm.empty_q, (nth - 1) & 1);
@@ -510,10 +499,10 @@ __device__ __forceinline__ void produce_serving(const fa_kernel_params &p, const
     for (int j = 0; j < tl.n_tiles; ++j) {
         const int page_after = page_of(j + 2); /* read now, used next iteration */
         if (j + 1 < tl.n_tiles) {
-            st = stage_free<Tr>(sm.empty_k, kv0 + (j + 1));
+            st = stage_free(sm.empty_k, kv0 + (j + 1));
             load_kv(tm_k, sm.k + st * Tr::kKVBytes, sm.full_k + 8 * st, j + 1, page_next);
         }
-        st = stage_free<Tr>(sm.empty_v, kv0 + j);
+        st = stage_free(sm.empty_v, kv0 + j);
         load_kv(tm_v, sm.v + st * Tr::kKVBytes, sm.full_v + 8 * st, j, page_j);
         page_j = page_next, page_next = page_after;
     }
@@ -702,7 +691,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
 
         /* S = Q K_kv^T for this consumer's rows, issued (not committed) with K from kv's stage. */
         auto issue_s_steps = [&](int kv, auto steps) {
-            const uint32_t k_st = sm.k + Tr::stage(kv) * Tr::kKVBytes;
+            const uint32_t k_st = sm.k + (uint32_t)(kv & 1) * Tr::kKVBytes;
 #pragma unroll
             for (int ks = 0; ks < decltype(steps)::value; ++ks) {
                 const uint32_t col = (uint32_t)(ks / 4), sub = (uint32_t)(ks % 4) * 32;
@@ -712,7 +701,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         };
         /* O += P V_kv, issued (not committed). */
         auto issue_pv = [&](int kv) {
-            const uint32_t v_st = sm.v + Tr::stage(kv) * Tr::kKVBytes;
+            const uint32_t v_st = sm.v + (uint32_t)(kv & 1) * Tr::kKVBytes;
 #pragma unroll
             for (int kk = 0; kk < kBlockN / 16; ++kk)
                 wgmma_rs<kHeadDim, kDtype>::run(o, pf[kk], smem_desc(v_st + kk * 16 * 128, kBlockN * 128, 1024), 1);
@@ -723,10 +712,9 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         auto key_loop = [&](auto steps) {
             for (int it = 0; it < n_tiles; ++it) {
                 const int n0 = (tile_begin + it) * kBlockN;
-                const int kv = kv0 + it;
-                const uint32_t st = Tr::stage(kv), st_prev = Tr::kStages == 2 ? st ^ 1u : Tr::stage(kv - 1); /* K_it's, V_{it-1}'s */
-                mbar_wait(sm.full_k + 8 * st, Tr::phase(kv));
-                if (it > 0) mbar_wait(sm.full_v + 8 * st_prev, Tr::phase(kv - 1));
+                const int kv = kv0 + it, st = kv & 1; /* K_it's and V_it's stage */
+                mbar_wait(sm.full_k + 8 * st, (kv >> 1) & 1);
+                if (it > 0) mbar_wait(sm.full_v + 8 * (st ^ 1), ((kv - 1) >> 1) & 1);
                 if (gathered) fence_proxy_async_shared();
 
                 if (kNC > 1) named_sync(my_turn, kTurnThreads); /* our turn on the tensor cores */
@@ -772,7 +760,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                 wgmma_wait<0>(); /* P V_{it-1} is done with O, pf and V_{it-1} */
                 reg_fence(o);
                 reg_fence(pf);
-                if (it > 0 && lane == 0) mbar_arrive(sm.empty_v + 8 * st_prev);
+                if (it > 0 && lane == 0) mbar_arrive(sm.empty_v + 8 * (st ^ 1));
 #pragma unroll
                 for (int j = 0; j < kHeadDim / 8; ++j) {
                     o[4 * j] *= corr[0], o[4 * j + 1] *= corr[0];
@@ -791,9 +779,8 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
 
         /* The last tile's P V; a persistent block hands its V stage back for the next tile. */
         {
-            const int kv = kv0 + n_tiles - 1;
-            const uint32_t st = Tr::stage(kv);
-            mbar_wait(sm.full_v + 8 * st, Tr::phase(kv));
+            const int kv = kv0 + n_tiles - 1, st = kv & 1;
+            mbar_wait(sm.full_v + 8 * st, (kv >> 1) & 1);
             if (gathered) fence_proxy_async_shared();
             if (kNC > 1) named_sync(my_turn, kTurnThreads);
             reg_fence(o);
