@@ -644,8 +644,9 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     const int my_turn = turn_barrier(c), next_turn = turn_barrier((c + 1) % kNC);
     const float mult = kTransform ? 1.0f : p.scale_log2;
     /* S = Q K^T's k-steps of 16 columns that hold the head dim (a head dim below the kernel's, 160
-     * on the 192 kernel, leaves zero columns in Q and K: their steps would add nothing). */
-    constexpr int kShortSteps = kHeadDim == 192 ? 10 : 0;
+     * on the 192 kernel or 96 on the 128 one, leaves zero columns in Q and K: their steps would add
+     * nothing). */
+    constexpr int kShortSteps = kHeadDim == 192 ? 10 : kHeadDim == 128 ? 6 : 0;
     const bool short_k = p.head_dim <= 16 * kShortSteps;
     /* Gathered pages land through the generic proxy (cp.async): after the wait for a stage, a proxy
      * fence before the tensor cores read it. */
