@@ -588,11 +588,6 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     }
 
     if (tid == 0) {
-        /* The descriptors' fetch overlaps the barriers' set-up (the first loads need Q's and K's). */
-        prefetch_tensormap(&tm_q);
-        prefetch_tensormap(&tm_k);
-        prefetch_tensormap(&tm_v);
-        if (kPersistent && p.o_tma) prefetch_tensormap(&tm_o);
         if constexpr (kServing) sm.init_barriers(gathers_pages<Tr>(p) ? kWarpgroupThreads : 1, kPersistent);
         else sm.init_barriers();
     }

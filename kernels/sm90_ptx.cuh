@@ -86,13 +86,6 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
     } while (!done);
 }
 
-/* Brings a tensor map (here a __grid_constant__ kernel parameter) into the cache the tensor memory
- * accelerator reads descriptors from, ahead of the first copy that uses it. A hint: no effect on
- * results. */
-__device__ __forceinline__ void prefetch_tensormap(const CUtensorMap *map) {
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
-}
-
 /* TMA: a box of a 4-D tensor (head dim, sequence, head, batch) into shared memory, completing on bar. */
 __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, int c3,
                                          uint32_t bar) {
