@@ -120,14 +120,14 @@ template <class Tr> struct smem_layout {
      * stage or Q is handed back once per consumer warp. */
     /* The K/V stages are filled by `full_arrivals` producer threads: 1 with TMA, the whole producer
      * warpgroup when a serving call gathers its pages with cp.async. `records`: a persistent
-     * serving block's tile records (tile_record), posted once by the producer and taken once by
-     * each consumer warp. */
+     * serving block's tile records (post_record), posted once by the producer and taken once by
+     * each consumer thread. */
     __device__ __forceinline__ void init_barriers(int full_arrivals = 1, bool records = false) const {
         mbar_init(bar_q, 1);
         if (Tr::kPersistent) mbar_init(empty_q, 4 * Tr::kConsumers);
         if (records) {
             mbar_init(rec_full, 1);
-            mbar_init(rec_empty, 4 * Tr::kConsumers);
+            mbar_init(rec_empty, kWarpgroupThreads * Tr::kConsumers);
         }
 #pragma unroll
         for (int st = 0; st < 2; ++st) {
@@ -235,7 +235,7 @@ template <> struct seq_view<true> {
  * producer reads each tile's sequence from the device arrays (serving_seq: two or three dependent
  * global loads) and hands the consumers the tile's work number with the sequence's counts,
  * visibility offsets and first query row (what the consumers read of a fa_seq); work -1: no tile
- * left. One record at a time: the producer posts (rec_full) once every consumer warp has taken the
+ * left. One record at a time: the producer posts (rec_full) once every consumer thread has taken the
  * last one (rec_empty), which a consumer does as its tile starts, so the next record is usually
  * waiting when the tile ends. Tiles past their sequence's queries get no record. */
 __device__ __forceinline__ void post_record(uint32_t rec, uint32_t rec_full, int work, const fa_seq &s) {
@@ -599,7 +599,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             if (tid < 32) {
                 int nth = 0, kv0 = 0, nrec = 0; /* tiles loaded, their K/V tiles, records posted */
                 auto post = [&](int work, const fa_seq &s) {
-                    if (nrec > 0) mbar_wait(sm.rec_empty, (nrec - 1) & 1); /* every consumer warp took the last */
+                    if (nrec > 0) mbar_wait(sm.rec_empty, (nrec - 1) & 1); /* every consumer thread took the last */
                     if (tid == 0) post_record(sm.rec, sm.rec_full, work, s);
                     ++nrec;
                 };
@@ -654,8 +654,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         if constexpr (kServing && kPersistent) { /* the producer's record of the next tile */
             mbar_wait(sm.rec_full, nrec++ & 1);
             work = take_record(sm.rec, sq.s);
-            __syncwarp();
-            if (lane == 0) mbar_arrive(sm.rec_empty);
+            mbar_arrive(sm.rec_empty); /* (every consumer thread: each releases its own reads) */
             if (work < 0) break;
         }
         const auto &bnd = sq.bounds(p);
