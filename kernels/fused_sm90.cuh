@@ -640,8 +640,9 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     const float mult = kTransform ? 1.0f : p.scale_log2;
     /* S = Q K^T's k-steps of 16 columns that hold the head dim (a head dim below the kernel's, 160
      * on the 192 kernel or 96 on the 128 one, leaves zero columns in Q and K: their steps would add
-     * nothing). */
-    constexpr int kShortSteps = kHeadDim == 192 ? 10 : kHeadDim == 128 ? 6 : 0;
+     * nothing). Not in the 176-key 128 kernel (long unmasked calls): with the second loop copy its
+     * d128 16k rows read 0.965-0.988x (docs/performance.md v17). */
+    constexpr int kShortSteps = kHeadDim == 192 ? 10 : kHeadDim == 128 && kKeyTile != 176 ? 6 : 0;
     const bool short_k = p.head_dim <= 16 * kShortSteps;
     /* Gathered pages land through the generic proxy (cp.async): after the wait for a stage, a proxy
      * fence before the tensor cores read it. */
