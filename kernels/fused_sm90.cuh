@@ -15,13 +15,15 @@
  *     each, as the consumers free them. Each load completes on a "full" mbarrier; each stage is
  *     handed back on an "empty" mbarrier. It keeps 24 registers (setmaxnreg) so that the consumers
  *     can have 240 (C = 1, 2) or 160 (C = 3); 56 in a persistent serving block, whose two
- *     consumers then keep 224.
+ *     consumers then keep 224, and whose producer reads each tile's sequence once and hands it to
+ *     the consumers in a shared-memory record (post_record / take_record).
  *   consumers (warpgroups 1..C): 64 query rows each, for the whole kernel. Per key tile j:
  *
  *     wait until K_j (and V_{j-1}) are in shared memory
  *     take the tensor-core turn (named barriers; the consumers go round in turn, so one's
  *       softmax runs while another's matrix products do; a single consumer takes no turns)
- *     issue S_j = Q K_j^T                                  wgmma, A and B from shared memory
+ *     issue S_j = Q K_j^T                                  wgmma, A and B from shared memory (over
+ *                                                          the head dim's k-steps: kShortSteps)
  *     issue O += P_{j-1} V_{j-1}                           wgmma, P from registers, V N-major
  *     pass the turn
  *     wait for S_j; hand back K_j; softcap/ALiBi/mask; online softmax (exp2, scale folded)
