@@ -66,7 +66,9 @@ __device__ __forceinline__ void rotate_chunk(const fa_append_args &a, const type
             i = d < half ? d : d - half, partner = d < half ? d + half : d - half, sign = d < half ? -1.0f : 1.0f;
         }
         /* d0 is a multiple of kVec, so an interleaved partner lies in the chunk when kVec is even. */
-        const T other = (a.interleaved && kVec % 2 == 0) ? in[kVec % 2 == 0 ? (j ^ 1) : j] : x[partner];
+        T other;
+        if constexpr (kVec % 2 == 0) other = a.interleaved ? in[j ^ 1] : x[partner];
+        else other = x[partner];
         const float c = E::to_float(cos_row[i]), s = E::to_float(sin_row[i]);
         v[j] = E::from_float(fmaf(E::to_float(in[j]), c, sign * E::to_float(other) * s));
     }

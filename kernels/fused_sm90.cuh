@@ -557,8 +557,9 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     /* A persistent block's work numbers: fa_persistent_first, then fa_persistent_next, below `works` (at
      * most INT32_MAX work numbers; every block has at least one). A dense call's tiles all have keys
      * (the planner takes no window, seqlen_k > 0 and, under a causal mask, seqlen_q <= seqlen_k); a
-     * serving call's work numbers cover its capacities, and a tile past its sequence's queries, or
-     * with no key to see, is skipped (`empty`) by producer and consumers alike. */
+     * serving call's work numbers cover its capacities: its producer skips a tile past its
+     * sequence's queries, and hands the consumers every other tile in a record (post_record),
+     * where a tile with no key to see is answered O = 0, LSE = -inf. */
     const int works = kPersistent ? fa_persistent_works(&p) : 0;
     const int work0 = kPersistent ? fa_persistent_first(&p, blockIdx.x, gridDim.x) : -1;
     auto next_work = [&](int work) { return fa_persistent_next(&p, work, blockIdx.x, gridDim.x); };
