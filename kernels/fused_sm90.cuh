@@ -553,6 +553,9 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     const smem_layout<Tr> sm(smem_u32(smem_raw));
 
     const int tid = threadIdx.x, wg = tid / kWarpgroupThreads, lane = tid % 32;
+    /* Launched as a programmatic dependent of the stream's previous kernel (fused_sm90_launch.cuh,
+     * for the host time it saves): no global memory is read or written before that kernel is done. */
+    wait_prerequisites();
     if (p.num_splits > 1 && tid == 0) launch_dependents(); /* the combine's blocks may start */
     /* A persistent block's work numbers: fa_persistent_first, then fa_persistent_next, below `works` (at
      * most INT32_MAX work numbers; every block has at least one). A dense call's tiles all have keys

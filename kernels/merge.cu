@@ -90,7 +90,9 @@ __device__ __forceinline__ void wait_for_prerequisite() {
 #endif
 }
 
-constexpr int kGroup = 4; /* parts whose loads are in flight together */
+/* Parts whose loads are in flight together: a split decode's 16 parts in one round trip (each
+ * group is one L2 round trip on the critical path; 4 made a batch-1 decode's merge four trips). */
+constexpr int kGroup = 16;
 
 template <int kIn, int kOut, bool kBase2, int kVec>
 __global__ void __launch_bounds__(kMergeThreads) merge_parts(const __grid_constant__ fa_merge_args a) {
@@ -130,10 +132,13 @@ __global__ void __launch_bounds__(kMergeThreads) merge_parts(const __grid_consta
         for (int i0 = 0; i0 < a.num_parts; i0 += kGroup) {
             float l[kGroup], x[kGroup][kVec];
 #pragma unroll
-            for (int u = 0; u < kGroup; ++u) { /* every load of the group first */
-                const int i = min(i0 + u, a.num_parts - 1);
-                l[u] = i0 + u < a.num_parts ? lse_row[i * a.lse_part_stride] : -INFINITY;
-                In::load(o_el + i * a.o_part_stride, x[u]);
+            for (int u = 0; u < kGroup; ++u) { /* every load of the group first (past the last part: none) */
+                const int i = i0 + u;
+                l[u] = -INFINITY;
+                if (i < a.num_parts) {
+                    l[u] = lse_row[i * a.lse_part_stride];
+                    In::load(o_el + i * a.o_part_stride, x[u]);
+                }
             }
 #pragma unroll
             for (int u = 0; u < kGroup; ++u) {

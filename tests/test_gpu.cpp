@@ -787,6 +787,8 @@ TEST_F(Gpu, MergeMatchesOracle) {
         {5, 1, 17, 8, 40, BF16, BF16, 0, true, 0.3},
         {7, 3, 9, 2, 256, F16, F32, 1, false, 0.2},
         {40, 1, 5, 3, 96, F32, F32, 0, true, 0.25},   // more parts than a warp has lanes
+        {16, 1, 1, 32, 128, F32, BF16, 0, false, 0.1}, // a batch-1 split decode's 16 parts: one load group
+        {17, 2, 3, 4, 128, F32, F16, 1, true, 0.2},    // one part past a group
         {3, 2, 11, 2, 1, F32, F16, 1, false, 0.5},     // head dim 1, many empty parts and rows
         {4, 1, 64, 16, 72, BF16, F32, 0, false, 1.0},  // every part empty: O = 0, LSE = -inf
         {6, 2, 13, 5, 30, F16, BF16, 1, false, 0.2},   // head dim 30: one element per thread, not 4

@@ -424,6 +424,9 @@ def _workspace(state, q, dev, stream, nbytes):
     from the graph's pool for every call, and never kept (it lives until the call is captured)."""
     if state[5]():
         return q.new_empty((nbytes,), dtype=state[0].uint8)
+    last = getattr(_tls, "ws_last", None)  # (dev, stream, tensor, bytes) of this thread's last call
+    if last is not None and last[0] == dev and last[1] == stream and last[3] >= nbytes:
+        return last[2]
     try:
         cached = _tls.workspaces
     except AttributeError:
@@ -431,6 +434,7 @@ def _workspace(state, q, dev, stream, nbytes):
     ws = cached.get((dev, stream))
     if ws is None or ws.numel() < nbytes:
         ws = cached[(dev, stream)] = q.new_empty((nbytes,), dtype=state[0].uint8)
+    _tls.ws_last = (dev, stream, ws, ws.numel())
     return ws
 
 
