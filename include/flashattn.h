@@ -485,6 +485,9 @@ FLASHATTN_API flashattn_status flashattn_fwd_plan(const flashattn_handle *handle
  * allocate, does not synchronise, and may be captured into a CUDA graph. Any number of threads may
  * call it at once with the same handle (calls on the REFERENCE backend serialise their enqueue on the
  * handle's cuBLAS handle). The result is deterministic: the same inputs give bit-identical O and LSE.
+ * Stream order holds as for any launch. (FUSED_SM90's kernels are launched as programmatic dependents
+ * of the stream's previous kernel, which costs the host less: they may be scheduled early only when
+ * that kernel signals its dependents, and then wait for it to finish before touching memory.)
  *
  * Returns: SUCCESS; NULL_POINTER (handle, params, a tensor pointer, or workspace when one is needed);
  * MISALIGNED_POINTER; BAD_STRUCT_SIZE; BAD_SHAPE; BAD_STRIDE; INDEX_OVERFLOW; BAD_HEAD_GROUPING;
