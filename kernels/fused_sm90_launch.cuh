@@ -29,10 +29,11 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 }
 
 /* The map of a [batch, seq, heads, head_dim] tensor (head dim contiguous) read in boxes of
- * 64 columns x box_rows positions x box_heads heads, 128-byte swizzled. Extents of 0 become 1 (such a tensor is never read). */
+ * 64 columns x box_rows positions x box_heads heads, 128-byte swizzled, the L2 fetching `promotion`
+ * bytes per missed box row. Extents of 0 become 1 (such a tensor is never read). */
 inline bool encode_map(CUtensorMap *map, int dtype, const void *ptr, int64_t head_dim, int64_t seq, int64_t heads,
                        int64_t batch, int64_t seq_stride, int64_t head_stride, int64_t batch_stride, int box_rows,
-                       int box_heads) {
+                       int box_heads, CUtensorMapL2promotion promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B) {
     const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
     if (encode == nullptr) return false;
     const cuuint64_t dims[4] = {(cuuint64_t)head_dim, (cuuint64_t)(seq > 0 ? seq : 1), (cuuint64_t)heads,
@@ -45,7 +46,7 @@ inline bool encode_map(CUtensorMap *map, int dtype, const void *ptr, int64_t hea
     const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
     const CUresult r = encode(map, dtype == FA_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
                               const_cast<void *>(ptr), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                              CU_TENSOR_MAP_SWIZZLE_128B, promotion,
                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     return r == CUDA_SUCCESS;
 }
@@ -79,12 +80,16 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
         else if (kp->cu_seqlens_k) kv_seq = kp->total_k, kv_batch = 1;
         else if (kp->kv_batch_idx) kv_batch = kp->kv_batch;
     }
+    /* K and V: the L2 fetches what a box row asks for (128 bytes), no more. Promoting each fetch to
+     * 256 bytes (a row's other 64 columns, which the next box reads) cost decode 5.5-7% of its
+     * bandwidth on the H200 and prefill nothing measurable (docs/performance.md v18). */
+    const CUtensorMapL2promotion kv_promo = CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
     if (!encode_map(&tq, kDtype, kp->q, kp->head_dim, q_seq, kp->heads_q, q_batch, kp->q_seq_stride,
                     kp->q_head_stride, kp->q_batch_stride, q_rows, q_heads) ||
         !encode_map(&tk, kDtype, kp->k, kp->head_dim, kv_seq, kp->heads_kv, kv_batch, kp->k_seq_stride,
-                    kp->k_head_stride, kp->k_batch_stride, kv_box, 1) ||
+                    kp->k_head_stride, kp->k_batch_stride, kv_box, 1, kv_promo) ||
         !encode_map(&tv, kDtype, kp->v, kp->head_dim, kv_seq, kp->heads_kv, kv_batch, kp->v_seq_stride,
-                    kp->v_head_stride, kp->v_batch_stride, kv_box, 1))
+                    kp->v_head_stride, kp->v_batch_stride, kv_box, 1, kv_promo))
         return (int)cudaErrorInvalidValue; /* the planner checked the limits; not expected */
     /* A persistent block stores O by TMA, in boxes of 64 rows (a consumer's) where the driver takes
      * O's strides (the map's extents are Q's: O has Q's rows); otherwise with 16-byte writes. */
