@@ -217,6 +217,7 @@ static inline int64_t fa_fused_smem_bytes(const fa_fused_config *c) {
 /*                     head_dim block_n consumers auto_min_head_dim masked_max_seqlen_q unmasked_min_seqlen_k */
 #define FA_SM90_CONFIGS(X)         \
     X(64, 128, 3, 33, 0, 0)        \
+    X(64, 192, 1, 33, 1, 0)        \
     X(64, 128, 2, 33, 1024, 0)     \
     X(128, 128, 2, 65, 0, 0)       \
     X(128, 176, 2, 65, 0, 8192)    \

@@ -755,9 +755,10 @@ TEST(Planning, Sm90DecodePacksQueryGroupsAndSplitsKeys) {
     EXPECT_EQ(0, pre.workspace_bytes);
 }
 
-// FUSED_SM90 decode-shaped calls at head dim 128 with grouped query heads take the single-consumer
-// 64-row tile when it holds a KV group's query rows (seqlen_q x group <= 64, and 2 x seqlen_q <= 64);
-// otherwise (and without groups) the 128-row tile, as every other head dim does.
+// FUSED_SM90 decode-shaped calls at head dims 64 and 128 with grouped query heads take the
+// single-consumer 64-row tile (192 keys at head dim 64, 128 at 128) when it holds a KV group's query
+// rows (seqlen_q x group <= 64, and 2 x seqlen_q <= 64); otherwise (and without groups) the 128-row
+// tile, as every other head dim does.
 TEST(Planning, Sm90DecodeTakesTheSingleConsumerTileWhereTheGroupFits) {
     if (!fa_sm90_compiled(FLASHATTN_DTYPE_BFLOAT16, 128)) GTEST_SKIP() << "no FUSED_SM90 d128 in this build";
     struct Case { int64_t sq, hq, hkv, d; int mask; int64_t block_m; const char *kernel; };
@@ -770,6 +771,9 @@ TEST(Planning, Sm90DecodeTakesTheSingleConsumerTileWhereTheGroupFits) {
         {8, 32, 16, 128, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, 64, nullptr},               // 16 rows, group 2
         {33, 32, 16, 128, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, 128, nullptr},             // not decode-shaped
         {4, 32, 8, 128, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, 64, nullptr},                // 16 rows
+        {1, 32, 8, 64, FLASHATTN_MASK_NONE, 64, "fused_sm90_bf16_d64_m64_n192_w8"},      // head dim 64: 192-key tiles
+        {1, 16, 16, 64, FLASHATTN_MASK_NONE, 128, nullptr},                              //   (MHA: two consumers)
+        {4, 32, 8, 64, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, 64, nullptr},                 //   16 rows
         {1, 32, 8, 256, FLASHATTN_MASK_NONE, 128, nullptr},                              // other head dims:
         {1, 32, 8, 192, FLASHATTN_MASK_NONE, 128, nullptr},                              // two consumers
     };
@@ -1126,11 +1130,13 @@ TEST(Planning, Sm90HeadDim64UsesTwoConsumersForShortMaskedCalls) {
     EXPECT_EQ(192, plan.cfg.block_m);                      // long: three
     EXPECT_EQ(512, plan.threads);
     EXPECT_EQ((2048 + 191) / 192, plan.grid_x);
-    // Decode-shaped, unmasked: the query rows fill less than one consumer's 64, so two consumers.
+    // Decode-shaped, unmasked: a KV group's 4 query rows fill less than one consumer's 64, so one
+    // consumer (with 192-key tiles); more rows than that, two.
     p.window_left = -1, p.seqlen_q = 1, p.heads_q = 32, p.heads_kv = 8;
     flashattn_fwd_params_set_packed_strides(&p);
     plan = plan_ok(p, h200_caps());
-    EXPECT_EQ(128, plan.cfg.block_m);
+    EXPECT_EQ(64, plan.cfg.block_m);
+    EXPECT_EQ(192, plan.cfg.block_n);
     EXPECT_EQ(1, plan.kp.pack_gqa);
     p.seqlen_q = 64;
     flashattn_fwd_params_set_packed_strides(&p);
