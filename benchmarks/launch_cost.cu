@@ -66,6 +66,15 @@ int main() {
         cfg.attrs = at, cfg.numAttrs = 1;
         return cudaLaunchKernelEx(&cfg, k, s);
     };
+    auto pdl_big = [&] {  // the attention kernel's launch: 1 KB of parameters, programmatic attribute
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(128), cfg.blockDim = dim3(384), cfg.stream = st;
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = at, cfg.numAttrs = 1;
+        return cudaLaunchKernelEx(&cfg, big_kernel, b);
+    };
     auto cluster = [&](int n) {
         cudaLaunchConfig_t cfg = {};
         cfg.gridDim = dim3(8 * n), cfg.blockDim = dim3(384), cfg.stream = st;
@@ -116,15 +125,7 @@ int main() {
         {"<<<>>> 64 B parameters", [&] { small_kernel<<<4, 128, 0, st>>>(s); return cudaGetLastError(); }},
         {"<<<>>> 1 KB parameters", [&] { big_kernel<<<128, 384, 0, st>>>(b); return cudaGetLastError(); }},
         {"cudaLaunchKernelEx 64 B, PDL attribute", [&] { return pdl(dependent_kernel, 4); }},
-        {"cudaLaunchKernelEx 1 KB, PDL attribute", [&] {
-             cudaLaunchConfig_t cfg = {};
-             cfg.gridDim = dim3(128), cfg.blockDim = dim3(384), cfg.stream = st;
-             cudaLaunchAttribute at[1];
-             at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-             at[0].val.programmaticStreamSerializationAllowed = 1;
-             cfg.attrs = at, cfg.numAttrs = 1;
-             return cudaLaunchKernelEx(&cfg, big_kernel, b);
-         }},
+        {"cudaLaunchKernelEx 1 KB, PDL attribute", [&] { return pdl_big(); }},
         {"cudaLaunchKernelEx 64 B, no attribute", [&] {
              cudaLaunchConfig_t cfg = {};
              cfg.gridDim = dim3(4), cfg.blockDim = dim3(128), cfg.stream = st;
@@ -140,13 +141,7 @@ int main() {
              return pdl(dependent_kernel, 4);
          }},
         {"1 KB PDL then 64 B PDL: split decode now", [&] {
-             cudaLaunchConfig_t cfg = {};
-             cfg.gridDim = dim3(128), cfg.blockDim = dim3(384), cfg.stream = st;
-             cudaLaunchAttribute at[1];
-             at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-             at[0].val.programmaticStreamSerializationAllowed = 1;
-             cfg.attrs = at, cfg.numAttrs = 1;
-             const cudaError_t e = cudaLaunchKernelEx(&cfg, big_kernel, b);
+             const cudaError_t e = pdl_big();
              return e != cudaSuccess ? e : pdl(dependent_kernel, 4);
          }},
         {"1 KB, cluster of 8", [&] { return cluster(8); }},
