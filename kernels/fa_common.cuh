@@ -58,6 +58,15 @@ template <int kDtype> __device__ __forceinline__ uint32_t pack_pair(float a, flo
 
 __device__ __forceinline__ int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : (x > hi ? hi : x); }
 
+/* Waits until the grids this one depends on programmatically (the previous kernel in the stream,
+ * when this one was launched with programmatic stream serialization) have finished and their memory
+ * is visible; returns at once otherwise, and compiles to nothing before sm_90. */
+__device__ __forceinline__ void wait_prerequisites() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 /* A sequence's bounds: its query and key counts and its visibility offsets. A dense call's are the
  * kernel parameters' own fields (Bounds = fa_kernel_params); a serving call's are one fa_seq per
  * sequence, read from the device arrays. */

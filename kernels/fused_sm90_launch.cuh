@@ -116,7 +116,7 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
     if (err != cudaSuccess) return (int)err;
     /* A programmatic dependent of the stream's previous kernel: the kernel waits for it before
      * touching memory (wait_prerequisites), so the order is the stream's; the launch itself costs
-     * the host less than a plain one (benchmarks/launch_cost.cu: 2.7 against 3.6 us on the H200's host). */
+     * the host less than a plain one (benchmarks/launch_cost.cu: 2.6 against 3.2-3.6 us on the H200's hosts). */
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(l->grid_x, l->grid_y, l->grid_z), cfg.blockDim = dim3(Tr::kThreads);
     cfg.dynamicSmemBytes = (size_t)smem, cfg.stream = (cudaStream_t)stream;

@@ -83,13 +83,6 @@ template <int kDtype> struct vec16_io {
 template <> struct vec_io<FA_DTYPE_F16, 4> : vec16_io<FA_DTYPE_F16> {};
 template <> struct vec_io<FA_DTYPE_BF16, 4> : vec16_io<FA_DTYPE_BF16> {};
 
-/* Waits for the kernel this one depends on programmatically (a no-op when launched without it). */
-__device__ __forceinline__ void wait_for_prerequisite() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
 /* Parts whose loads are in flight together: a split decode's 16 parts in one round trip (each
  * group is one L2 round trip on the critical path; 4 made a batch-1 decode's merge four trips). */
 constexpr int kGroup = 16;
@@ -98,7 +91,7 @@ template <int kIn, int kOut, bool kBase2, int kVec>
 __global__ void __launch_bounds__(kMergeThreads) merge_parts(const __grid_constant__ fa_merge_args a) {
     using In = vec_io<kIn, kVec>;
     using Out = vec_io<kOut, kVec>;
-    wait_for_prerequisite();
+    wait_prerequisites();
     const int chunks = a.head_dim / kVec;
     const int64_t total = (int64_t)a.batch * a.heads * a.seqlen * chunks;
     for (int64_t idx = (int64_t)blockIdx.x * kMergeThreads + threadIdx.x; idx < total;

@@ -41,10 +41,6 @@ template <int kRegs> __device__ __forceinline__ void claim_registers() {
 /* Lets the kernel enqueued after this one as its programmatic dependent (the split combine) be
  * scheduled now; it still waits (griddepcontrol.wait) for this grid to finish before reading. */
 __device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
-/* Waits until the grids this one depends on programmatically (the previous kernel in the stream,
- * when this one was launched with programmatic stream serialization) have finished and their
- * memory is visible; returns at once otherwise. */
-__device__ __forceinline__ void wait_prerequisites() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
 /* wgmma ordering. */
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
