@@ -9,8 +9,10 @@
  * or, as a persistent block (the
  * kPersistent variant: one resident block per SM), such a tile after another (fa_persistent_first /
  * fa_persistent_next; the K/V stages and barrier phases run on across tiles, the producer loads the
- * next tile's first K, and its Q once every consumer warp is done with this one's). It has C + 1
- * warpgroups:
+ * next tile's first K, and its Q into a second buffer as this tile starts (a dense block with the
+ * shared memory for it) or once every consumer warp is done with this one's; a dense block's last
+ * consumer hands the tensor-core turn to the next tile's first as soon as it has issued its last
+ * P V). It has C + 1 warpgroups:
  *   producer (warpgroup 0, one thread): TMA loads of Q once, then of K_j and V_j into two stages
  *     each, as the consumers free them. Each load completes on a "full" mbarrier; each stage is
  *     handed back on an "empty" mbarrier. It keeps 24 registers (setmaxnreg) so that the consumers
@@ -66,8 +68,12 @@
 namespace fa {
 namespace sm90 {
 
-/* One variant of the kernel: a row of FA_SM90_CONFIGS (head dim, key tile, consumer warpgroups). */
-template <int kDtype, int kHeadDim, int kKeyTile, int kNumConsumers, bool kPersistentBlock = false> struct traits {
+/* One variant of the kernel: a row of FA_SM90_CONFIGS (head dim, key tile, consumer warpgroups), as
+ * a block a tile or a persistent block (kPersistentBlock), of a dense or a serving call
+ * (kServingBlock: it decides the persistent block's Q buffers). */
+template <int kDtype, int kHeadDim, int kKeyTile, int kNumConsumers, bool kPersistentBlock = false,
+          bool kServingBlock = false>
+struct traits {
     using T = typename elem<kDtype>::type;
     static constexpr int kConsumers = kNumConsumers;
     static constexpr int kBlockM = 64 * kConsumers, kBlockN = kKeyTile;
@@ -91,33 +97,40 @@ template <int kDtype, int kHeadDim, int kKeyTile, int kNumConsumers, bool kPersi
     static constexpr int kChunks = kHeadDim / 8; /* 16-byte chunks per row */
     static constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2, kKVBytes = kBlockN * kHeadDim * 2;
     /* A persistent block (p.persistent: tile after tile) stages O in a tile of its own where it
-     * fits, so the next tile's Q can load during the epilogue; otherwise O is staged in Q's rows. */
+     * fits, so the next tile's Q can load during the epilogue; otherwise O is staged in Q's rows.
+     * A dense one, where a third tile fits too, has two Q buffers (kTwoQ): tile n's Q in buffer
+     * n % 2, the next tile's loading while this one is computed. */
     static constexpr bool kPersistent = kPersistentBlock;
     static constexpr bool kOwnO = kPersistent && 1024 + 2 * kQBytes + 4 * kKVBytes + 128 <= FA_SM90_SMEM_MAX;
-    static constexpr uint32_t kOBytes = kOwnO ? kQBytes : 0;
-    static constexpr int kSmemBytes = 1024 + (int)(kQBytes + kOBytes + 4 * kKVBytes) + 128;
-    static_assert(kSmemBytes == (int)(1024 + 2 * kHeadDim * (kBlockM + 4 * kBlockN) + 128 + (kOwnO ? 2 * kHeadDim * kBlockM : 0)),
+    static constexpr bool kTwoQ = kOwnO && !kServingBlock && 1024 + 3 * kQBytes + 4 * kKVBytes + 128 <= FA_SM90_SMEM_MAX;
+    static constexpr uint32_t kOBytes = kOwnO ? kQBytes : 0, kQBufBytes = (kTwoQ ? 2 : 1) * kQBytes;
+    static constexpr int kSmemBytes = 1024 + (int)(kQBufBytes + kOBytes + 4 * kKVBytes) + 128;
+    static_assert(kSmemBytes == (int)(1024 + 2 * kHeadDim * (kBlockM + 4 * kBlockN) + 128 +
+                                      (kOwnO ? 2 * kHeadDim * kBlockM : 0) + (kTwoQ ? 2 * kHeadDim * kBlockM : 0)),
                   "see fa_sm90_smem_bytes (the launcher checks the planner's figure against kSmemBytes)");
     static_assert(kHeadDim % 64 == 0 && kBlockN % 16 == 0 && kBlockN <= 256, "tile shape");
     static_assert(kConsumers >= 1 && kConsumers <= 3, "one producer and one to three consumer warpgroups");
 };
 
-/* Shared memory: Q (1024-byte aligned for the swizzle atom), the epilogue's O tile (Tr::kOwnO; else
- * o is Q's), two stages of K, two of V, then the mbarriers (8 bytes each): Q loaded and Q free (every
- * consumer warp is done with it: a persistent block's next Q may load); K and V stage s full (the
- * TMA landed) and empty (every consumer warp is done with it). full_* and empty_* are stage 0's;
- * stage s's is 8 s bytes on. */
+/* Shared memory: Q (1024-byte aligned for the swizzle atom; Tr::kTwoQ: two buffers, tile n's in
+ * q_buf(n)), the epilogue's O tile (Tr::kOwnO; else o is Q's), two stages of K, two of V, then the
+ * mbarriers (8 bytes each): Q loaded and Q free (a persistent block's next Q may load: every
+ * consumer warp is done with the buffer, and with kTwoQ has seen the last Q land); K and V stage s
+ * full (the TMA landed) and empty (every consumer warp is done with it). full_* and empty_* are
+ * stage 0's; stage s's is 8 s bytes on. */
 template <class Tr> struct smem_layout {
     uint32_t q, o, k, v, bar_q, full_k, full_v, empty_k, empty_v, empty_q, rec_full, rec_empty, rec;
     __device__ __forceinline__ explicit smem_layout(uint32_t raw) {
         q = (raw + 1023u) & ~1023u;
-        o = Tr::kOwnO ? q + Tr::kQBytes : q;
-        k = q + Tr::kQBytes + Tr::kOBytes;
+        o = Tr::kOwnO ? q + Tr::kQBufBytes : q;
+        k = q + Tr::kQBufBytes + Tr::kOBytes;
         v = k + 2 * Tr::kKVBytes;
         bar_q = v + 2 * Tr::kKVBytes;
         full_k = bar_q + 8, full_v = bar_q + 24, empty_k = bar_q + 40, empty_v = bar_q + 56, empty_q = bar_q + 72;
         rec_full = bar_q + 80, rec_empty = bar_q + 88, rec = bar_q + 96; /* (rec: 32 bytes, to the end of the 128) */
     }
+    /* The Q buffer of a block's n-th tile. */
+    __device__ __forceinline__ uint32_t q_buf(int n) const { return Tr::kTwoQ ? q + (uint32_t)(n & 1) * Tr::kQBytes : q; }
     /* Thread 0, before the block's first barrier: a load arrives once (with its byte count), a
      * stage or Q is handed back once per consumer warp. */
     /* The K/V stages are filled by `full_arrivals` producer threads: 1 with TMA, the whole producer
@@ -289,14 +302,32 @@ __device__ __forceinline__ uint32_t stage_free(uint32_t empty, int g) {
     return (uint32_t)(g & 1);
 }
 
+/* The TMA loads of a tile's Q (`rows` rows: positions from m0 of heads from h0, of batch entry b)
+ * into the buffer at dst, completing on bar_q. */
+template <class Tr>
+__device__ __forceinline__ void produce_q(int m0, int h0, int b, int rows, uint32_t dst, uint32_t bar_q,
+                                          const CUtensorMap *tm_q) {
+    constexpr int kCB = Tr::kChunks / 8; /* 64-column regions of a tile */
+    mbar_expect_tx(bar_q, (uint32_t)(kCB * 128 * rows));
+#pragma unroll
+    for (int cb = 0; cb < kCB; ++cb) tma_load(dst + cb * Tr::kBlockM * 128, tm_q, cb * 64, m0, h0, b, bar_q);
+}
+template <class Tr>
+__device__ __forceinline__ void produce_q(const tile<Tr> &tl, uint32_t dst, uint32_t bar_q, const CUtensorMap *tm_q) {
+    produce_q<Tr>(tl.m0, tl.h0, tl.b, tl.rows_per_head * tl.heads, dst, bar_q, tm_q);
+}
+
 /* The producer (one thread) of one tile: TMA loads of Q once, then of K_j and V_j into two stages
  * each as the consumers hand the stages back. A persistent block's tiles follow one another: `nth`
- * is the tile's number in the block (its Q waits until every consumer warp is done with the last
- * one's), `kv0` how many K (and V) tiles the block loaded before it (the stages and their phases
- * run on across tiles). */
-template <class Tr>
+ * is the tile's number in the block, `kv0` how many K (and V) tiles the block loaded before it (the
+ * stages and their phases run on across tiles). With one Q buffer, the tile's Q waits until every
+ * consumer warp is done with the last one's; with two (Tr::kTwoQ), the tile's Q was loaded during
+ * the last tile, and `next_q` loads the next tile's, once every consumer warp has begun this one
+ * (after this tile's V_0: the stages this tile starts with come first). */
+template <class Tr, class NextQ>
 __device__ __forceinline__ void produce(const tile<Tr> &tl, const smem_layout<Tr> &sm, const CUtensorMap *tm_q,
-                                        const CUtensorMap *tm_k, const CUtensorMap *tm_v, int nth = 0, int kv0 = 0) {
+                                        const CUtensorMap *tm_k, const CUtensorMap *tm_v, int nth, int kv0,
+                                        NextQ &&next_q) {
     constexpr int kCB = Tr::kChunks / 8; /* 64-column regions of a tile */
     auto load_kv = [&](const CUtensorMap *map, uint32_t dst, uint32_t full, int tile) {
         mbar_expect_tx(full, Tr::kKVBytes);
@@ -304,27 +335,25 @@ __device__ __forceinline__ void produce(const tile<Tr> &tl, const smem_layout<Tr
         for (int cb = 0; cb < kCB; ++cb)
             tma_load(dst + cb * Tr::kBlockN * 128, map, cb * 64, (tl.tile_begin + tile) * Tr::kBlockN, tl.hk, tl.b, full);
     };
-    auto load_q = [&] {
-        mbar_expect_tx(sm.bar_q, (uint32_t)(kCB * 128 * tl.rows_per_head * tl.heads));
-#pragma unroll
-        for (int cb = 0; cb < kCB; ++cb) tma_load(sm.q + cb * Tr::kBlockM * 128, tm_q, cb * 64, tl.m0, tl.h0, tl.b, sm.bar_q);
-    };
-    if (nth == 0) load_q();
+    if (nth == 0) produce_q(tl, sm.q_buf(0), sm.bar_q, tm_q);
     uint32_t st = stage_free(sm.empty_k, kv0);
     load_kv(tm_k, sm.k + st * Tr::kKVBytes, sm.full_k + 8 * st, 0);
-    if (nth > 0) { /* the last tile's K is in flight; Q once the consumers are done with the last one's */
+    if (!Tr::kTwoQ && nth > 0) { /* the last tile's K is in flight; Q once the consumers are done with the last one's */
         mbar_wait(sm.empty_q, (nth - 1) & 1);
-        load_q();
+        produce_q(tl, sm.q, sm.bar_q, tm_q);
     }
-    for (int j = 0; j < tl.n_tiles; ++j) {
-        /* K_{j+1} once S_{j-1} is done with its stage; V_j once P V_{j-2} is done with its. */
+    /* K_{j+1} once S_{j-1} is done with its stage; V_j once P V_{j-2} is done with its. */
+    auto step = [&](int j) {
         if (j + 1 < tl.n_tiles) {
             st = stage_free(sm.empty_k, kv0 + (j + 1));
             load_kv(tm_k, sm.k + st * Tr::kKVBytes, sm.full_k + 8 * st, j + 1);
         }
         st = stage_free(sm.empty_v, kv0 + j);
         load_kv(tm_v, sm.v + st * Tr::kKVBytes, sm.full_v + 8 * st, j);
-    }
+    };
+    step(0); /* (a tile with no key tile never reaches its producer) */
+    if (Tr::kTwoQ) next_q();
+    for (int j = 1; j < tl.n_tiles; ++j) step(j);
 }
 
 /* The producer of a serving call whose page size the tensor-map boxes cannot tile (1, 19, ...): the
@@ -538,7 +567,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                   const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
                   const __grid_constant__ CUtensorMap tm_o) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using Tr = traits<kDtype, kHeadDim, kKeyTile, kConsumers, kPersistent>;
+    using Tr = traits<kDtype, kHeadDim, kKeyTile, kConsumers, kPersistent, kServing>;
     using T = typename Tr::T;
     constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN;
     constexpr int kSN = kBlockN / 2, kON = kHeadDim / 2; /* accumulator floats per thread */
@@ -626,9 +655,21 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             int nth = 0, kv0 = 0;
             for (int work = work0;;) {
                 const tile<Tr> tl = nth == 0 ? tl0 : tile<Tr>(p, sq0.bounds(p), work);
-                produce(tl, sm, &tm_q, &tm_k, &tm_v, nth++, kv0);
-                kv0 += tl.n_tiles;
-                if (!kPersistent || (work = next_work(work)) >= works) break;
+                const int next = kPersistent ? next_work(work) : works;
+                /* (Tr::kTwoQ) the next tile's Q into the other buffer, once every consumer warp has
+                 * seen this tile's land (one phase of bar_q in flight at a time) and so is done with
+                 * the last tile's, the buffer's last user */
+                auto next_q = [&] {
+                    if (next >= works) return;
+                    int32_t m_block, bh;
+                    fa_persistent_tile(&p, next, &m_block, &bh);
+                    const int b = bh / p.heads_q;
+                    mbar_wait(sm.empty_q, nth & 1);
+                    produce_q<Tr>(m_block * Tr::kBlockM, bh - b * p.heads_q, b, Tr::kBlockM, sm.q_buf(nth + 1), sm.bar_q, &tm_q);
+                };
+                produce(tl, sm, &tm_q, &tm_k, &tm_v, nth, kv0, next_q);
+                ++nth, kv0 += tl.n_tiles;
+                if ((work = next) >= works) break;
             }
         }
         return;
@@ -639,7 +680,6 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     const int c = wg - 1; /* consumer index: tile rows 64c..64c+63 */
     const int g = lane / 4, t = lane % 4;
     const int trow = c * 64 + ((tid % kWarpgroupThreads) / 32) * 16 + g; /* this thread's tile rows: trow, trow + 8 */
-    const uint32_t q_wg = sm.q + (uint32_t)c * 64 * 128; /* this consumer's 64 rows of Q */
     /* Turns go round: consumer c waits on its turn barrier and then passes to c + 1 (mod C); the
      * last one starts each tile's round by passing to consumer 0. */
     const int my_turn = turn_barrier(c), next_turn = turn_barrier((c + 1) % kNC);
@@ -693,8 +733,15 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         for (int i = 0; i < kON; ++i) o[i] = 0.0f;
         float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
 
+        const uint32_t q_wg = sm.q_buf(nth) + (uint32_t)c * 64 * 128; /* this consumer's 64 rows of Q */
         mbar_wait(sm.bar_q, nth & 1);
-        if (kNC > 1 && c == kNC - 1) named_arrive(turn_barrier(0), kTurnThreads); /* (one consumer takes no turns) */
+        if (Tr::kTwoQ && lane == 0) mbar_arrive(sm.empty_q); /* this warp saw Q land: the next may load */
+        /* A dense persistent block's next tile, if any: its last consumer then passes the turn on
+         * (to consumer 0, the next tile's first) as soon as it has issued this tile's last P V, so
+         * the next tile's first S overlaps its last P V and epilogue. Otherwise the round starts
+         * here, once the last consumer has seen Q land. (One consumer takes no turns.) */
+        const bool turn_on = kPersistent && !kServing && next_work(work) < works;
+        if (kNC > 1 && c == kNC - 1 && !(kPersistent && !kServing && nth > 0)) named_arrive(turn_barrier(0), kTurnThreads);
 
         /* S = Q K_kv^T for this consumer's rows, issued (not committed) with K from kv's stage. */
         auto issue_s_steps = [&](int kv, auto steps) {
@@ -741,8 +788,9 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                 reg_fence(s);
                 if (lane == 0) {
                     mbar_arrive(sm.empty_k + 8 * st); /* this warp is done with K_it */
-                    /* and with Q, after the last S (O has a tile of its own) */
-                    if (Tr::kPersistent && Tr::kOwnO && it == n_tiles - 1) mbar_arrive(sm.empty_q);
+                    /* and with Q, after the last S (O has a tile of its own; with two Q buffers, the
+                     * next Q's load waits only for this tile's Q to have landed) */
+                    if (Tr::kPersistent && Tr::kOwnO && !Tr::kTwoQ && it == n_tiles - 1) mbar_arrive(sm.empty_q);
                 }
 
                 if constexpr (kTransform) {
@@ -795,7 +843,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             wgmma_fence();
             issue_pv(kv);
             wgmma_commit();
-            if (kNC > 1 && c != kNC - 1) named_arrive(next_turn, kTurnThreads); /* nobody waits for consumer 0 again this tile */
+            if (kNC > 1 && (c != kNC - 1 || turn_on)) named_arrive(next_turn, kTurnThreads); /* (above) */
             wgmma_wait<0>();
             reg_fence(o);
             if (Tr::kPersistent && lane == 0) mbar_arrive(sm.empty_v + 8 * st);

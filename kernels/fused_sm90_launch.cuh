@@ -54,8 +54,9 @@ inline bool encode_map(CUtensorMap *map, int dtype, const void *ptr, int64_t hea
 template <int kDtype, int kHeadDim, int kKeyTile, int kConsumers>
 int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
     using Tr = traits<kDtype, kHeadDim, kKeyTile, kConsumers>;
-    using TrP = traits<kDtype, kHeadDim, kKeyTile, kConsumers, true>;
-    const int smem = kp->persistent ? TrP::kSmemBytes : Tr::kSmemBytes;
+    using TrP = traits<kDtype, kHeadDim, kKeyTile, kConsumers, true>;        /* a persistent dense block */
+    using TrS = traits<kDtype, kHeadDim, kKeyTile, kConsumers, true, true>;  /* a persistent serving block */
+    const int smem = !kp->persistent ? Tr::kSmemBytes : kp->serving ? TrS::kSmemBytes : TrP::kSmemBytes;
     if (l->threads != Tr::kThreads || l->smem_bytes != smem ||
         (kp->pack_gqa && (kp->pack_rows < 1 || kp->pack_rows * kp->head_group > Tr::kBlockM)) ||
         (kp->num_splits > 1 && (kp->o_accum == nullptr || kp->lse_accum == nullptr)) ||

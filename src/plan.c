@@ -285,7 +285,7 @@ static const char *sm90_unsupported_reason(const fa_device_caps *caps, const fla
             return buf;
         }
     const fa_fused_config *cfg = fa_sm90_config_for_call(khd, p);
-    const int64_t smem = fa_sm90_smem_bytes(cfg->head_dim, cfg->block_m, cfg->block_n, 0);
+    const int64_t smem = fa_sm90_smem_bytes(cfg->head_dim, cfg->block_m, cfg->block_n, 0, 0);
     if (smem > caps->smem_per_block_optin) {
         snprintf(buf, n, "the fused_sm90 kernel for head_dim %lld (kernel head dim %d) needs %lld bytes "
                  "of shared memory; device %d allows %lld per block", (ll)p->head_dim, khd, (ll)smem,
@@ -443,7 +443,7 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
          * a block a tile (their producer is the whole warpgroup, for one tile), as do three
          * consumers (160 registers each: with the serving producer's state, ptxas serialises their
          * wgmma). */
-        const int64_t smem = fa_sm90_smem_bytes(plan->cfg.head_dim, plan->cfg.block_m, plan->cfg.block_n, 1);
+        const int64_t smem = fa_sm90_smem_bytes(plan->cfg.head_dim, plan->cfg.block_m, plan->cfg.block_n, 1, serving);
         const int kind = p->window_left >= 0 || p->window_right >= 0 || p->seqlen_k == 0 ? 0
                          : p->mask == FLASHATTN_MASK_NONE                                 ? 1
                          : p->seqlen_q <= p->seqlen_k                                      ? 2
@@ -552,7 +552,7 @@ flashattn_status fa_plan_make(const fa_device_caps *caps, const flashattn_fwd_pa
         plan.cfg = sm90 ? *fa_sm90_config_for_call(fa_sm90_kernel_head_dim(p->head_dim), p)
                         : *fa_fused_config_for(fa_fused_kernel_head_dim(p->head_dim));
         plan.threads = 32 * plan.cfg.warps;
-        plan.smem_bytes = sm90 ? fa_sm90_smem_bytes(plan.cfg.head_dim, plan.cfg.block_m, plan.cfg.block_n, 0)
+        plan.smem_bytes = sm90 ? fa_sm90_smem_bytes(plan.cfg.head_dim, plan.cfg.block_m, plan.cfg.block_n, 0, 0)
                                : fa_fused_smem_bytes(&plan.cfg);
         if (!fused_grid_plan(caps, pk, sm90, (options & FA_PLAN_NO_SPLIT) != 0, &plan))
             return fa_fail(FLASHATTN_STATUS_INDEX_OVERFLOW,

@@ -672,7 +672,7 @@ TEST(Planning, AutoPicksSm90OnHopperWhereTheTableSaysSo) {
     EXPECT_EQ(0, plan.cfg.block_m % 64);  // 64 rows per consumer warpgroup
     EXPECT_EQ(32 * plan.cfg.warps, plan.threads);
     EXPECT_EQ(128 * (plan.cfg.block_m / 64 + 1), plan.threads);  // plus the producer warpgroup
-    EXPECT_EQ(fa_sm90_smem_bytes(128, plan.cfg.block_m, plan.cfg.block_n, 0), plan.smem_bytes);
+    EXPECT_EQ(fa_sm90_smem_bytes(128, plan.cfg.block_m, plan.cfg.block_n, 0, 0), plan.smem_bytes);
     EXPECT_EQ(0, plan.workspace_bytes);
     EXPECT_EQ((100 + 127) / 128, plan.grid_x);
     flashattn_plan_info info;
@@ -825,12 +825,15 @@ TEST(Planning, Sm90UnmaskedCallsWithManyTilesArePersistent) {
     fa_plan_describe(&plan, &info);
     EXPECT_NE(std::string(info.description).find(" persistent"), std::string::npos) << info.description;
     EXPECT_EQ(132, info.grid_x);
-    // The epilogue's own O tile where it fits (head dims 64 and 128), Q's rows otherwise; a block a
-    // tile never has one.
-    EXPECT_EQ(1024 + 2 * 128 * (128 + 4 * 128) + 128 + 2 * 128 * 128, plan.smem_bytes);
+    // The epilogue's own O tile where it fits (head dims 64 and 128), Q's rows otherwise; a dense
+    // call's second Q buffer where that fits too (not a serving call's); a block a tile has neither.
+    EXPECT_EQ(1024 + 2 * 128 * (128 + 4 * 128) + 128 + 2 * (2 * 128 * 128), plan.smem_bytes);
     EXPECT_LE(plan.smem_bytes, FA_SM90_SMEM_MAX);
-    EXPECT_EQ(1024 + 2 * 256 * (128 + 4 * 64) + 128, fa_sm90_smem_bytes(256, 128, 64, 1));
-    EXPECT_EQ(1024 + 2 * 128 * (128 + 4 * 128) + 128, fa_sm90_smem_bytes(128, 128, 128, 0));
+    EXPECT_EQ(1024 + 2 * 128 * (128 + 4 * 128) + 128 + 2 * 128 * 128, fa_sm90_smem_bytes(128, 128, 128, 1, 1));
+    EXPECT_EQ(1024 + 2 * 64 * (192 + 4 * 128) + 128 + 2 * (2 * 64 * 192), fa_sm90_smem_bytes(64, 192, 128, 1, 0));
+    EXPECT_EQ(1024 + 2 * 128 * (128 + 4 * 176) + 128, fa_sm90_smem_bytes(128, 128, 176, 1, 0));
+    EXPECT_EQ(1024 + 2 * 256 * (128 + 4 * 64) + 128, fa_sm90_smem_bytes(256, 128, 64, 1, 0));
+    EXPECT_EQ(1024 + 2 * 128 * (128 + 4 * 128) + 128, fa_sm90_smem_bytes(128, 128, 128, 0, 0));
     auto persistent = [&](const flashattn_fwd_params &q) { return plan_ok(q, caps).kp.persistent; };
     flashattn_fwd_params q = p;
     // A causal mask: a tile's work grows linearly with its position; pairs of tiles of equal work.
@@ -1123,7 +1126,7 @@ TEST(Planning, Sm90HeadDim64UsesTwoConsumersForShortMaskedCalls) {
     EXPECT_EQ(FLASHATTN_BACKEND_FUSED_SM90, plan.backend);
     EXPECT_EQ(128, plan.cfg.block_m);                      // short and causal: two
     EXPECT_EQ(384, plan.threads);
-    EXPECT_EQ(fa_sm90_smem_bytes(64, 128, plan.cfg.block_n, 0), plan.smem_bytes);
+    EXPECT_EQ(fa_sm90_smem_bytes(64, 128, plan.cfg.block_n, 0, 0), plan.smem_bytes);
     p.mask = FLASHATTN_MASK_NONE, p.window_left = 100;
     EXPECT_EQ(128, plan_ok(p, h200_caps()).cfg.block_m);  // windows count as masks
     p.seqlen_q = p.seqlen_k = 2048;
@@ -1636,7 +1639,7 @@ TEST(Planning, Sm90HeadDim128TakesWideKeyTilesForLongUnmaskedCalls) {
     EXPECT_EQ(FLASHATTN_BACKEND_FUSED_SM90, plan.backend);
     EXPECT_EQ(176, plan.cfg.block_n);  // no mask, 8192 keys: the wide tile
     EXPECT_EQ(128, plan.cfg.block_m);
-    EXPECT_EQ(fa_sm90_smem_bytes(128, 128, 176, plan.kp.persistent), plan.smem_bytes);
+    EXPECT_EQ(fa_sm90_smem_bytes(128, 128, 176, plan.kp.persistent != 0, 0), plan.smem_bytes);
     EXPECT_LE(plan.smem_bytes, FA_SM90_SMEM_MAX);
     p.head_dim = 72;  // head dims 65-128 run on the d128 kernel
     flashattn_fwd_params_set_packed_strides(&p);
