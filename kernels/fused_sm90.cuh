@@ -16,7 +16,8 @@
  *   producer (warpgroup 0, one thread): TMA loads of Q once, then of K_j and V_j into two stages
  *     each, as the consumers free them. Each load completes on a "full" mbarrier; each stage is
  *     handed back on an "empty" mbarrier. It keeps 24 registers (setmaxnreg) so that the consumers
- *     can have 240 (C = 1, 2) or 160 (C = 3); 56 in a persistent serving block, whose two
+ *     can have 240 (C = 1, 2), or 32 with C = 3, the consumers' 160 leaving it that many (a
+ *     persistent dense block's producer computes each next tile ahead); 56 in a persistent serving block, whose two
  *     consumers then keep 224, and whose producer reads each tile's sequence once and hands it to
  *     the consumers in a shared-memory record (post_record / take_record).
  *   consumers (warpgroups 1..C): 64 query rows each, for the whole kernel. Per key tile j:
@@ -85,7 +86,7 @@ struct traits {
      * consumer, 168 with two, 128 with three), not the register file's 64K: a consumer's
      * setmaxnreg.inc waits for the registers the producer's .dec released, and waits forever if
      * they fall short, so every split used is checked by fits() where it is chosen. */
-    static constexpr int kProducerRegs = 24;
+    static constexpr int kProducerRegs = kConsumers == 3 ? 32 : 24; /* (3 x 160 + 32 = 4 x 128) */
     static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8 > 240 ? 240 : 65536 / kThreads / 8 * 8;
     static constexpr int consumer_regs(int producer_regs) {
         const int share = ((kConsumers + 1) * kLaunchRegs - producer_regs) / kConsumers / 8 * 8;
@@ -193,11 +194,25 @@ template <class Tr> struct tile {
         m0 = m_block * rows_per_head;
         row_last = min(m0 + rows_per_head, bnd.seqlen_q) - 1;
         partial = p.num_splits > 1;
+        set_key_tiles(bnd, p.num_splits);
+    }
+    /* A persistent dense block's tile as its producer hands it over (take_tile): positions from m0 of
+     * head `head` of batch entry b, one split; nothing divided by a kernel parameter (hk is only the
+     * producer's, and the compiler drops it where nothing reads it). */
+    template <class Bounds>
+    __device__ __forceinline__ tile(const fa_kernel_params &p, const Bounds &bnd, int b_, int head, int m0_) {
+        split = 0, b = b_, heads = 1, rows_per_head = Tr::kBlockM, hk = head / p.head_group, h0 = head, m0 = m0_;
+        row_last = min(m0 + Tr::kBlockM, bnd.seqlen_q) - 1;
+        partial = false;
+        set_key_tiles(bnd, 1);
+    }
+    /* The key tiles any of the tile's rows can see, and split `split`'s share of them. */
+    template <class Bounds> __device__ __forceinline__ void set_key_tiles(const Bounds &bnd, int num_splits) {
         const int key_lo = max(0, m0 + bnd.key_lo_off);
         const int key_hi = min(bnd.seqlen_k, row_last + bnd.key_hi_off + 1);
         const int tile_first = key_lo / Tr::kBlockN;
         const int tiles_all = key_hi > key_lo ? (key_hi + Tr::kBlockN - 1) / Tr::kBlockN - tile_first : 0;
-        const int tiles_per_split = (tiles_all + p.num_splits - 1) / p.num_splits;
+        const int tiles_per_split = (tiles_all + num_splits - 1) / num_splits;
         tile_begin = tile_first + split * tiles_per_split;
         n_tiles = max(0, min(tiles_per_split, tiles_all - split * tiles_per_split));
     }
@@ -272,6 +287,19 @@ __device__ __forceinline__ int take_record(uint32_t rec, fa_seq &s) {
     asm volatile("ld.shared.b64 %0, [%1];\n" : "=l"(s.q_row0) : "r"(rec + 24) : "memory");
     s.k_row0 = 0, s.kv_b = 0, s.kv_valid = true, s.page0 = 0, s.pages = 0;
     return work;
+}
+
+/* A persistent dense block's tile record (Tr::kTwoQ; its tiles are known ahead, unlike a serving
+ * block's): tile n's batch entry, head, first query position and whether the block has another tile
+ * after it, 16 bytes in slot n % 2 of smem_layout::rec. The producer writes it before it issues the
+ * tile's Q, whose barrier (bar_q) publishes it; the consumer threads read it once that Q has landed,
+ * so they divide nothing by kernel parameters per tile. A slot is written again two tiles later,
+ * after every consumer warp has begun the tile in between (empty_q). */
+__device__ __forceinline__ void post_tile(uint32_t slot, int b, int head, int m0, int more) {
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(slot), "r"(b), "r"(head), "r"(m0), "r"(more) : "memory");
+}
+__device__ __forceinline__ void take_tile(uint32_t slot, int &b, int &head, int &m0, int &more) {
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(b), "=r"(head), "=r"(m0), "=r"(more) : "r"(slot) : "memory");
 }
 
 /* No row sees a key in this split: O = 0, LSE = -inf (a split writes only its LSE). Tile rows
@@ -656,16 +684,19 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             for (int work = work0;;) {
                 const tile<Tr> tl = nth == 0 ? tl0 : tile<Tr>(p, sq0.bounds(p), work);
                 const int next = kPersistent ? next_work(work) : works;
-                /* (Tr::kTwoQ) the next tile's Q into the other buffer, once every consumer warp has
-                 * seen this tile's land (one phase of bar_q in flight at a time) and so is done with
-                 * the last tile's, the buffer's last user */
+                if (Tr::kTwoQ && nth == 0) post_tile(sm.rec, tl.b, tl.h0, tl.m0, next < works);
+                /* (Tr::kTwoQ) the next tile's record and Q into the other slot and buffer, once every
+                 * consumer warp has seen this tile's Q land (one phase of bar_q in flight at a time)
+                 * and so is done with the last tile, their last user */
                 auto next_q = [&] {
                     if (next >= works) return;
                     int32_t m_block, bh;
                     fa_persistent_tile(&p, next, &m_block, &bh);
-                    const int b = bh / p.heads_q;
+                    const int b = bh / p.heads_q, head = bh - b * p.heads_q, m0 = m_block * Tr::kBlockM;
+                    const int more = next_work(next) < works;
                     mbar_wait(sm.empty_q, nth & 1);
-                    produce_q<Tr>(m_block * Tr::kBlockM, bh - b * p.heads_q, b, Tr::kBlockM, sm.q_buf(nth + 1), sm.bar_q, &tm_q);
+                    post_tile(sm.rec + 16 * ((nth + 1) & 1), b, head, m0, more);
+                    produce_q<Tr>(m0, head, b, Tr::kBlockM, sm.q_buf(nth + 1), sm.bar_q, &tm_q);
                 };
                 produce(tl, sm, &tm_q, &tm_k, &tm_v, nth, kv0, next_q);
                 ++nth, kv0 += tl.n_tiles;
@@ -705,7 +736,19 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             if (work < 0) break;
         }
         const auto &bnd = sq.bounds(p);
-        const tile<Tr> tl = kServing && kPersistent ? tile<Tr>(p, bnd, work) : nth == 0 ? tl0 : tile<Tr>(p, bnd, work);
+        int more = 0; /* (Tr::kTwoQ) the block has a tile after this one */
+        auto make_tile = [&] {
+            if constexpr (Tr::kTwoQ) { /* the producer's record, with the tile's Q */
+                int tb, th, tm0;
+                mbar_wait(sm.bar_q, nth & 1);
+                take_tile(sm.rec + 16 * (nth & 1), tb, th, tm0, more);
+                if (lane == 0) mbar_arrive(sm.empty_q); /* this warp saw Q land: the next may load */
+                return tile<Tr>(p, bnd, tb, th, tm0);
+            } else {
+                return kServing && kPersistent ? tile<Tr>(p, bnd, work) : nth == 0 ? tl0 : tile<Tr>(p, bnd, work);
+            }
+        };
+        const tile<Tr> tl = make_tile();
         if constexpr (kServing && kPersistent) {
             if (tl.n_tiles == 0) { /* this consumer's rows of a tile with queries but no key: O = 0, LSE = -inf */
                 store_empty(p, tl, sq, tid % kWarpgroupThreads, kWarpgroupThreads, c * 64, 64);
@@ -734,13 +777,12 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
 
         const uint32_t q_wg = sm.q_buf(nth) + (uint32_t)c * 64 * 128; /* this consumer's 64 rows of Q */
-        mbar_wait(sm.bar_q, nth & 1);
-        if (Tr::kTwoQ && lane == 0) mbar_arrive(sm.empty_q); /* this warp saw Q land: the next may load */
+        if (!Tr::kTwoQ) mbar_wait(sm.bar_q, nth & 1); /* (with two Q buffers: in make_tile) */
         /* A dense persistent block's next tile, if any: its last consumer then passes the turn on
          * (to consumer 0, the next tile's first) as soon as it has issued this tile's last P V, so
          * the next tile's first S overlaps its last P V and epilogue. Otherwise the round starts
          * here, once the last consumer has seen Q land. (One consumer takes no turns.) */
-        const bool turn_on = kPersistent && !kServing && next_work(work) < works;
+        const bool turn_on = Tr::kTwoQ ? more != 0 : kPersistent && !kServing && next_work(work) < works;
         if (kNC > 1 && c == kNC - 1 && !(kPersistent && !kServing && nth > 0)) named_arrive(turn_barrier(0), kTurnThreads);
 
         /* S = Q K_kv^T for this consumer's rows, issued (not committed) with K from kv's stage. */
@@ -801,7 +843,9 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                     }
                 }
                 const bool need_mask = FA_TILE_NEEDS_MASK(bnd, n0, kBlockN, m0, row_last);
-                if (need_mask) mask_scores<kBlockN / 8>(s_at, bnd, [&pos_r](int r) { return pos_r[r]; }, n0, t);
+                if (need_mask)
+                    mask_scores<kBlockN / 8>(s_at, bnd, [&pos_r](int r) { return pos_r[r]; }, n0, t,
+                                             FA_TILE_CUTS_LOW(bnd, n0, row_last));
 
                 float corr[2];
 #pragma unroll
@@ -916,7 +960,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         }
         ++nth, kv0 += n_tiles;
         if constexpr (!(kServing && kPersistent))
-            if (!kPersistent || (work = next_work(work)) >= works) break;
+            if (!kPersistent || (Tr::kTwoQ ? !more : (work = next_work(work)) >= works)) break;
     }
     if (Tr::kPersistent && p.o_tma && tid % kWarpgroupThreads == 0) bulk_wait(); /* the last stores */
 #endif

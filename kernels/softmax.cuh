@@ -19,6 +19,8 @@
 
 #include "fa_common.cuh"
 
+#include <type_traits>
+
 namespace fa {
 
 constexpr float kLog2e = (float)FA_LOG2E;
@@ -48,15 +50,35 @@ __device__ __forceinline__ float quad_sum(float x) {
     ((n0) < (row_last) + (p).key_lo_off || (n0) + (block_n) - 1 > (m0) + (p).key_hi_off || (n0) + (block_n) > (p).seqlen_k)
 
 /* Scores of keys that a query row may not see become -inf; row(r) is the query position of this
- * lane's row r (0: g, 1: g + 8). */
+ * lane's row r (0: g, 1: g + 8). Row i sees keys i + key_lo_off .. min(i + key_hi_off, seqlen_k - 1)
+ * (visible()): each bound is taken relative to the lane's first key n0 + 2 t once per row, so that
+ * an element's test is a comparison with its constant offset 8 j + e % 2; the lower bound is tested
+ * only where it cuts the tile (`lower`, the same for the whole tile: a causal mask's diagonal tiles
+ * have none). */
 template <int kN, class At, class Row, class Bounds>
-__device__ __forceinline__ void mask_scores(At at, const Bounds &p, Row row, int n0, int t) {
+__device__ __forceinline__ void mask_scores(At at, const Bounds &p, Row row, int n0, int t, bool lower) {
+    const int c0 = n0 + 2 * t;
+    int hi[2], lo[2];
 #pragma unroll
-    for (int j = 0; j < kN; ++j)
+    for (int r = 0; r < 2; ++r) {
+        const int i = row(r);
+        hi[r] = min(i + p.key_hi_off, p.seqlen_k - 1) - c0;
+        lo[r] = i + p.key_lo_off - c0;
+    }
+    auto apply = [&](auto test_lower) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-            if (!visible(p, row(e / 2), n0 + 8 * j + 2 * t + (e % 2))) at(j, e) = -INFINITY;
+        for (int j = 0; j < kN; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int k = 8 * j + (e % 2);
+                if (k > hi[e / 2] || (decltype(test_lower)::value && k < lo[e / 2])) at(j, e) = -INFINITY;
+            }
+    };
+    if (lower) apply(std::true_type{});
+    else apply(std::false_type{});
 }
+/* Whether mask_scores must test the lower bound of a key tile from n0, for query rows up to row_last. */
+#define FA_TILE_CUTS_LOW(p, n0, row_last) ((n0) < (row_last) + (p).key_lo_off)
 
 /* Row r's new running max (raw units) after this tile; returns the factor exp2((m_old - m_new) mult)
  * that rescales what was accumulated under the old max. m_scaled receives m_new * mult, or 0 for a
