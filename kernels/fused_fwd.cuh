@@ -399,9 +399,8 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
         }
         const bool need_mask = FA_TILE_NEEDS_MASK(bnd, n0, kBlockN, m0, row_last);
         if (need_mask) {
-            const bool lower = FA_TILE_CUTS_LOW(bnd, n0, row_last);
 #pragma unroll
-            for (int mt = 0; mt < kMT; ++mt) mask_scores<Tr::kSTiles>(s_of(mt), bnd, row_of(mt), n0, t, lower);
+            for (int mt = 0; mt < kMT; ++mt) mask_scores_keywise<Tr::kSTiles>(s_of(mt), bnd, row_of(mt), n0, t);
         }
 
         /* Per m16 tile: the online softmax, then O += P V. Tile mt + 1's softmax has no dependence

@@ -77,6 +77,17 @@ __device__ __forceinline__ void mask_scores(At at, const Bounds &p, Row row, int
     if (lower) apply(std::true_type{});
     else apply(std::false_type{});
 }
+/* The same mask, key by key (visible()): the portable kernel's form. That kernel's registers are at
+ * their cap, and with the per-row bounds its serving variant spilled 50 bytes more and ran
+ * 0.69-0.77x on ragged calls (docs/performance.md v19). */
+template <int kN, class At, class Row, class Bounds>
+__device__ __forceinline__ void mask_scores_keywise(At at, const Bounds &p, Row row, int n0, int t) {
+#pragma unroll
+    for (int j = 0; j < kN; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            if (!visible(p, row(e / 2), n0 + 8 * j + 2 * t + (e % 2))) at(j, e) = -INFINITY;
+}
 /* Whether mask_scores must test the lower bound of a key tile from n0, for query rows up to row_last. */
 #define FA_TILE_CUTS_LOW(p, n0, row_last) ((n0) < (row_last) + (p).key_lo_off)
 
