@@ -78,8 +78,8 @@ __device__ __forceinline__ void mask_scores(At at, const Bounds &p, Row row, int
     else apply(std::false_type{});
 }
 /* The same mask, key by key (visible()): the portable kernel's form. That kernel's registers are at
- * their cap, and with the per-row bounds its serving variant spilled 50 bytes more and ran
- * 0.69-0.77x on ragged calls (docs/performance.md v19). */
+ * their cap, and with the per-row bounds its serving variant spilled 52 bytes more and ran
+ * 0.69-0.94x on ragged calls (docs/performance.md v19). */
 template <int kN, class At, class Row, class Bounds>
 __device__ __forceinline__ void mask_scores_keywise(At at, const Bounds &p, Row row, int n0, int t) {
 #pragma unroll

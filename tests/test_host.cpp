@@ -885,6 +885,12 @@ TEST(Planning, Sm90UnmaskedCallsWithManyTilesArePersistent) {
     fa_plan_describe(&served, &info);
     EXPECT_NE(std::string(info.description).find(" persistent"), std::string::npos) << info.description;
     EXPECT_EQ(132, served.grid_x);
+    // A serving block has an O tile but one Q buffer (its next tile is known only as its producer
+    // reaches it); the launcher refuses a plan whose figure differs from the kernel's.
+    EXPECT_EQ(fa_sm90_smem_bytes(served.cfg.head_dim, served.cfg.block_m, served.cfg.block_n, 1, 1), served.smem_bytes);
+    EXPECT_EQ(1024 + 2 * served.cfg.head_dim * (served.cfg.block_m + 4 * served.cfg.block_n) + 128 +
+                  2 * served.cfg.head_dim * served.cfg.block_m,
+              served.smem_bytes);
     v.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
     EXPECT_EQ(2, persistent(v));
     v.page_size = 1, v.pages_per_seq = 2000, v.block_table_batch_stride = 2000, v.num_pages = 6000;
