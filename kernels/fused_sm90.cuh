@@ -10,7 +10,8 @@
  * kPersistent variant: one resident block per SM), such a tile after another (fa_persistent_first /
  * fa_persistent_next; the K/V stages and barrier phases run on across tiles, the producer loads the
  * next tile's first K, and its Q into a second buffer as this tile starts (a dense block with the
- * shared memory for it) or once every consumer warp is done with this one's; a dense block's last
+ * shared memory for it) or once every consumer warp is done with this one's (a dense block staging O
+ * in Q's rows: each consumer's rows once that consumer's warps are); a dense block's last
  * consumer hands the tensor-core turn to the next tile's first as soon as it has issued its last
  * P V). It has C + 1 warpgroups:
  *   producer (warpgroup 0, one thread): TMA loads of Q once, then of K_j and V_j into two stages
@@ -104,6 +105,11 @@ struct traits {
     static constexpr bool kPersistent = kPersistentBlock;
     static constexpr bool kOwnO = kPersistent && 1024 + 2 * kQBytes + 4 * kKVBytes + 128 <= FA_SM90_SMEM_MAX;
     static constexpr bool kTwoQ = kOwnO && !kServingBlock && 1024 + 3 * kQBytes + 4 * kKVBytes + 128 <= FA_SM90_SMEM_MAX;
+    /* A persistent dense block with neither (head dims 192 and 256, the 176-key d128 tiles) stages O
+     * in Q's rows; there each consumer hands its own 64 rows of Q back once its stores have read
+     * them, and the producer refills those rows alone (kSplitQ: a Q barrier pair per consumer, Q
+     * loaded in 64-row boxes), so consumer 0 begins the next tile while the others still store. */
+    static constexpr bool kSplitQ = kPersistent && !kOwnO && !kServingBlock;
     static constexpr uint32_t kOBytes = kOwnO ? kQBytes : 0, kQBufBytes = (kTwoQ ? 2 : 1) * kQBytes;
     static constexpr int kSmemBytes = 1024 + (int)(kQBufBytes + kOBytes + 4 * kKVBytes) + 128;
     static_assert(kSmemBytes == (int)(1024 + 2 * kHeadDim * (kBlockM + 4 * kBlockN) + 128 +
@@ -111,6 +117,7 @@ struct traits {
                   "see fa_sm90_smem_bytes (the launcher checks the planner's figure against kSmemBytes)");
     static_assert(kHeadDim % 64 == 0 && kBlockN % 16 == 0 && kBlockN <= 256, "tile shape");
     static_assert(kConsumers >= 1 && kConsumers <= 3, "one producer and one to three consumer warpgroups");
+    static_assert(!kSplitQ || kConsumers == 2, "kSplitQ: the second consumer's Q barriers in the record area");
 };
 
 /* Shared memory: Q (1024-byte aligned for the swizzle atom; Tr::kTwoQ: two buffers, tile n's in
@@ -130,6 +137,10 @@ template <class Tr> struct smem_layout {
         full_k = bar_q + 8, full_v = bar_q + 24, empty_k = bar_q + 40, empty_v = bar_q + 56, empty_q = bar_q + 72;
         rec_full = bar_q + 80, rec_empty = bar_q + 88, rec = bar_q + 96; /* (rec: 32 bytes, to the end of the 128) */
     }
+    /* Consumer c's Q barriers: Q (its rows, with Tr::kSplitQ) landed, and free to load again. With
+     * kSplitQ, consumers 1 and 2 have theirs in the record area, which such a block does not use. */
+    __device__ __forceinline__ uint32_t q_full(int c) const { return Tr::kSplitQ ? bar_q + 96 * (uint32_t)c : bar_q; }
+    __device__ __forceinline__ uint32_t q_empty(int c) const { return Tr::kSplitQ ? empty_q + 32 * (uint32_t)c : empty_q; }
     /* The Q buffer of a block's n-th tile. */
     __device__ __forceinline__ uint32_t q_buf(int n) const { return Tr::kTwoQ ? q + (uint32_t)(n & 1) * Tr::kQBytes : q; }
     /* Thread 0, before the block's first barrier: a load arrives once (with its byte count), a
@@ -140,7 +151,9 @@ template <class Tr> struct smem_layout {
      * each consumer thread. */
     __device__ __forceinline__ void init_barriers(int full_arrivals = 1, bool records = false) const {
         mbar_init(bar_q, 1);
-        if (Tr::kPersistent) mbar_init(empty_q, 4 * Tr::kConsumers);
+        if (Tr::kPersistent) mbar_init(empty_q, 4 * (Tr::kSplitQ ? 1 : Tr::kConsumers));
+        if (Tr::kSplitQ)
+            for (int c = 1; c < Tr::kConsumers; ++c) mbar_init(q_full(c), 1), mbar_init(q_empty(c), 4);
         if (records) {
             mbar_init(rec_full, 1);
             mbar_init(rec_empty, kWarpgroupThreads * Tr::kConsumers);
@@ -363,12 +376,28 @@ __device__ __forceinline__ void produce(const tile<Tr> &tl, const smem_layout<Tr
         for (int cb = 0; cb < kCB; ++cb)
             tma_load(dst + cb * Tr::kBlockN * 128, map, cb * 64, (tl.tile_begin + tile) * Tr::kBlockN, tl.hk, tl.b, full);
     };
-    if (nth == 0) produce_q(tl, sm.q_buf(0), sm.bar_q, tm_q);
+    /* (Tr::kSplitQ) consumer c's 64 rows of Q, once its warps are done with the last tile's */
+    auto q_rows = [&](int c) {
+        if (nth > 0) mbar_wait(sm.q_empty(c), (nth - 1) & 1);
+        produce_q<Tr>(tl.m0 + 64 * c, tl.h0, tl.b, 64, sm.q + (uint32_t)c * 64 * 128, sm.q_full(c), tm_q);
+    };
+    if (nth == 0) {
+        if (Tr::kSplitQ) {
+#pragma unroll
+            for (int c = 0; c < Tr::kConsumers; ++c) q_rows(c);
+        } else {
+            produce_q(tl, sm.q_buf(0), sm.bar_q, tm_q);
+        }
+    }
     uint32_t st = stage_free(sm.empty_k, kv0);
     load_kv(tm_k, sm.k + st * Tr::kKVBytes, sm.full_k + 8 * st, 0);
     if (!Tr::kTwoQ && nth > 0) { /* the last tile's K is in flight; Q once the consumers are done with the last one's */
-        mbar_wait(sm.empty_q, (nth - 1) & 1);
-        produce_q(tl, sm.q, sm.bar_q, tm_q);
+        if (Tr::kSplitQ) {
+            q_rows(0);
+        } else {
+            mbar_wait(sm.empty_q, (nth - 1) & 1);
+            produce_q(tl, sm.q, sm.bar_q, tm_q);
+        }
     }
     /* K_{j+1} once S_{j-1} is done with its stage; V_j once P V_{j-2} is done with its. */
     auto step = [&](int j) {
@@ -380,6 +409,9 @@ __device__ __forceinline__ void produce(const tile<Tr> &tl, const smem_layout<Tr
         load_kv(tm_v, sm.v + st * Tr::kKVBytes, sm.full_v + 8 * st, j);
     };
     step(0); /* (a tile with no key tile never reaches its producer) */
+    if (Tr::kSplitQ && nth > 0) /* the other consumers' rows after the first's K_1 and V_0: it may run ahead */
+#pragma unroll
+        for (int c = 1; c < Tr::kConsumers; ++c) q_rows(c);
     if (Tr::kTwoQ) next_q();
     for (int j = 1; j < tl.n_tiles; ++j) step(j);
 }
@@ -777,7 +809,11 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
 
         const uint32_t q_wg = sm.q_buf(nth) + (uint32_t)c * 64 * 128; /* this consumer's 64 rows of Q */
-        if (!Tr::kTwoQ) mbar_wait(sm.bar_q, nth & 1); /* (with two Q buffers: in make_tile) */
+        /* (with two Q buffers: in make_tile). The barrier's consumer index comes through a shuffle:
+         * ptxas then knows the address is the same in every lane, and with a per-thread address it
+         * moved the key loop's uniform address arithmetic to ordinary registers (57 more R2UR a key
+         * tile at head dim 256; 0.83-0.92x measured). */
+        if (!Tr::kTwoQ) mbar_wait(sm.q_full(__shfl_sync(0xffffffffu, c, 0)), nth & 1);
         /* A dense persistent block's next tile, if any: its last consumer then passes the turn on
          * (to consumer 0, the next tile's first) as soon as it has issued this tile's last P V, so
          * the next tile's first S overlaps its last P V and epilogue. Otherwise the round starts
@@ -956,7 +992,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         if (Tr::kPersistent && !Tr::kOwnO) { /* Q's rows held O: this warp is done with Q now */
             if (tma_out && tid % kWarpgroupThreads == 0) bulk_wait_read(); /* and the stores have read them */
             __syncwarp();
-            if (lane == 0) mbar_arrive(sm.empty_q);
+            if (lane == 0) mbar_arrive(sm.q_empty(c));
         }
         ++nth, kv0 += n_tiles;
         if constexpr (!(kServing && kPersistent))

@@ -6,7 +6,8 @@
 # beside SDPA's; "launchcost" the host cost of each launch form (benchmarks/launch_cost.cu); "serving" the serving paths' speed beside the dense path and the peers; "abtree" builds the source tree in $AB_OLD too and times both builds on the default
 # suite, alternating, for a refactor's before/after; AB_ARGS adds benchmark options to both, e.g.
 # "--backend fused"). "ab" times FUSED against FUSED_SM90 at every compiled head dim: the measurement
-# behind the AUTO ranges of FA_SM90_CONFIGS.
+# behind the AUTO ranges of FA_SM90_CONFIGS. CTEST_TIMEOUT: seconds a test may take (900), so that a
+# kernel that hangs costs a device call less than its whole limit.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/flashattn_out}
@@ -32,7 +33,7 @@ if [ -z "${SKIP_PTXAS:-}" ]; then
   summary+=("ptxas: $(grep -v 'regs at launch' "$OUT/ptxas.log" | tail -3 | tr '\n' ' ')")
 fi
 if want test; then
-  ctest --test-dir build -j 4 --output-on-failure --timeout 900 > "$OUT/tests.log" 2>&1
+  ctest --test-dir build -j 4 --output-on-failure --timeout "${CTEST_TIMEOUT:-900}" > "$OUT/tests.log" 2>&1
   grep -E '^\[ (reference|fused|fused_sm90|plan|threads|merge|serving) \]' -h build/Testing/Temporary/LastTest.log | sort -u > "$OUT/correctness.txt" || true
   summary+=("tests: $(grep -E 'tests passed|tests failed' "$OUT/tests.log" | tail -1)")
   grep -E 'Failed|\*\*\*' "$OUT/tests.log" | head -20
