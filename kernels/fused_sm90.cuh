@@ -740,11 +740,13 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
 
     /* ---- a consumer warpgroup: its 64 rows of each tile through every key tile (the mainloop) ---- */
     claim_registers<Tr::consumer_regs(kProducerRegs)>();
-    /* The consumer index: tile rows 64c..64c+63. At head dim 256 it comes through a shuffle, which
-     * ptxas knows to be the same in every lane: the key loop's wgmma descriptors are then built in
-     * uniform registers (no R2UR in the loop), measured +2-7% there; the same at head dim 192 read
-     * 0.92-0.97x and at 64 and 128 0.98-1.05x (docs/performance.md v20), so those keep the plain form. */
-    const int c = kHeadDim == 256 ? __shfl_sync(0xffffffffu, wg - 1, 0) : wg - 1;
+    /* The consumer index: tile rows 64c..64c+63. In a dense call's kernel at head dim 256 it comes
+     * through a shuffle, which ptxas knows to be the same in every lane: the key loop's wgmma
+     * descriptors are then built in uniform registers (no R2UR in the loop), measured +2-7% there;
+     * the same read 0.92-0.97x at head dim 192 and 0.98-1.05x at 64 and 128 (docs/performance.md
+     * v20), and made the d256 serving kernels spill more (60 -> 84 bytes, not measured for speed),
+     * so those keep the plain form. */
+    const int c = kHeadDim == 256 && !kServing ? __shfl_sync(0xffffffffu, wg - 1, 0) : wg - 1;
     const int g = lane / 4, t = lane % 4;
     const int trow = c * 64 + ((tid % kWarpgroupThreads) / 32) * 16 + g; /* this thread's tile rows: trow, trow + 8 */
     /* Turns go round: consumer c waits on its turn barrier and then passes to c + 1 (mod C); the
