@@ -138,7 +138,7 @@ template <class Tr> struct smem_layout {
         rec_full = bar_q + 80, rec_empty = bar_q + 88, rec = bar_q + 96; /* (rec: 32 bytes, to the end of the 128) */
     }
     /* Consumer c's Q barriers: Q (its rows, with Tr::kSplitQ) landed, and free to load again. With
-     * kSplitQ, consumers 1 and 2 have theirs in the record area, which such a block does not use. */
+     * kSplitQ (two consumers), consumer 1's are in the record area, which such a block does not use. */
     __device__ __forceinline__ uint32_t q_full(int c) const { return Tr::kSplitQ ? bar_q + 96 * (uint32_t)c : bar_q; }
     __device__ __forceinline__ uint32_t q_empty(int c) const { return Tr::kSplitQ ? empty_q + 32 * (uint32_t)c : empty_q; }
     /* The Q buffer of a block's n-th tile. */
@@ -362,7 +362,9 @@ __device__ __forceinline__ void produce_q(const tile<Tr> &tl, uint32_t dst, uint
  * each as the consumers hand the stages back. A persistent block's tiles follow one another: `nth`
  * is the tile's number in the block, `kv0` how many K (and V) tiles the block loaded before it (the
  * stages and their phases run on across tiles). With one Q buffer, the tile's Q waits until every
- * consumer warp is done with the last one's; with two (Tr::kTwoQ), the tile's Q was loaded during
+ * consumer warp is done with the last one's (Tr::kSplitQ: each consumer's rows until that
+ * consumer's warps are, the first's after K_0, the others' after K_1 and V_0); with two
+ * (Tr::kTwoQ), the tile's Q was loaded during
  * the last tile, and `next_q` loads the next tile's, once every consumer warp has begun this one
  * (after this tile's V_0: the stages this tile starts with come first). */
 template <class Tr, class NextQ>
