@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # One device call: build with all cores, run the whole test suite (GPU tests included), the
 # benchmark's default suite, and the side-by-side comparison with the peers; logs under $OUT, a
-# short table last.   Usage: scripts/gpu_check.sh [all|build|test|sanitize|bench|quick|hostcost|serving|peers|ab|abtree|abserving]...
+# short table last.   Usage: scripts/gpu_check.sh [all|build|test|sanitize|bench|quick|hostcost|serving|peers|ab|abtree|abshapes|abserving]...
 # (default: all; "abserving" is abtree's A/B for benchmarks/serving_speed.py; "quick" is the benchmark's quick suite, "hostcost" the Python host cost per call
 # beside SDPA's; "launchcost" the host cost of each launch form (benchmarks/launch_cost.cu); "serving" the serving paths' speed beside the dense path and the peers; "abtree" builds the source tree in $AB_OLD too and times both builds on the default
 # suite, alternating, for a refactor's before/after; AB_ARGS adds benchmark options to both, e.g.
-# "--backend fused"). "ab" times FUSED against FUSED_SM90 at every compiled head dim: the measurement
+# "--backend fused"; "abshapes" does the same shape by shape, A B B A per shape, on $AB_SHAPES:
+# benchmarks/ab_interleave.py). "ab" times FUSED against FUSED_SM90 at every compiled head dim: the measurement
 # behind the AUTO ranges of FA_SM90_CONFIGS. CTEST_TIMEOUT: seconds a test may take (900), so that a
 # kernel that hangs costs a device call less than its whole limit.
 set -uo pipefail
@@ -105,6 +106,15 @@ if [[ " $steps " == *" abtree "* ]]; then
   python3 benchmarks/ab_compare.py "$OUT/ab_a1.json" "$OUT/ab_b1.json" "$OUT/ab_a2.json" "$OUT/ab_b2.json" > "$OUT/ab_compare.txt"
   summary+=("abtree (A = $AB_OLD, B = this tree): $(tail -1 "$OUT/ab_compare.txt")")
 fi
+if [[ " $steps " == *" abshapes "* ]]; then
+  # abtree's A/B shape by shape (benchmarks/ab_interleave.py: A B B A per shape, each a fresh
+  # process), on the shapes in $AB_SHAPES (space-separated kind:dtype:b:hq:hkv:sq:sk:d:mask).
+  build_ab_old flashattn_bench
+  shape_args=(); for s in ${AB_SHAPES:?AB_SHAPES names the shapes}; do shape_args+=(--shape "$s"); done
+  python3 benchmarks/ab_interleave.py --a "$AB_OLD/build/benchmarks/flashattn_bench" --b build/benchmarks/flashattn_bench \
+    "${shape_args[@]}" --json "$OUT/ab_shapes.json" -- ${AB_ARGS:-} > "$OUT/ab_shapes.txt" 2>&1
+  summary+=("abshapes (A = $AB_OLD, B = this tree): $(tail -1 "$OUT/ab_shapes.txt")")
+fi
 if [[ " $steps " == *" abserving "* ]]; then
   # The serving paths' A/B: serving_speed.py against $AB_OLD's library and this tree's, A B B A.
   build_ab_old flashattn
@@ -129,5 +139,6 @@ fi
 [ -f "$OUT/launchcost.log" ] && cat "$OUT/launchcost.log"
 [ -f "$OUT/serving.log" ] && cat "$OUT/serving.log"
 [ -f "$OUT/ab_compare.txt" ] && cat "$OUT/ab_compare.txt"
+[ -f "$OUT/ab_shapes.txt" ] && cat "$OUT/ab_shapes.txt"
 [ -f "$OUT/serving_ab.txt" ] && cat "$OUT/serving_ab.txt"
 printf '%s\n' "${summary[@]}"

@@ -1,0 +1,84 @@
+"""A/B of two flashattn_bench builds, shape by shape: each shape runs A, B, B, A as four separate
+processes before the next shape starts, and each build's best median counts.
+
+ab_compare.py compares whole runs (all shapes of A, then all of B, ...). There a shape's neighbours
+in the run are the same build's, and when a change makes one shape draw more or less power, the
+shapes after it run at other clocks in that build only (docs/performance.md v14 and v20 saw
+3-8% moves on kernels whose code had not changed). Here every run of a shape starts from the
+same state: a fresh process, after the benchmark's own ceiling measurements.
+
+    python3 benchmarks/ab_interleave.py --a old/build/benchmarks/flashattn_bench \
+        --b build/benchmarks/flashattn_bench --shape prefill:bf16:4:16:16:4096:4096:192:none \
+        [--shape ...] [--json out.json] [-- extra benchmark options, e.g. --backend fused_sm90]
+
+Prints one line per shape (A, B, B/A) and the geometric mean of B/A, as ab_compare.py does.
+Exit status: 0 when every run gave a rate, 1 when a run failed (its output is printed), 2 for bad
+arguments.
+"""
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+
+def run_once(exe, shape, iters, warmup, extra, tmpdir):
+    """The shape's rate (TFLOP/s or GB/s) from one process of `exe`, or raises RuntimeError."""
+    path = os.path.join(tmpdir, "row.json")
+    if os.path.exists(path):
+        os.remove(path)
+    cmd = [exe, "--shape", shape, "--no-check", "--iters", str(iters), "--warmup", str(warmup), "--json", path] + extra
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0 or not os.path.exists(path):
+        raise RuntimeError(f"{' '.join(cmd)} exited {r.returncode}:\n{r.stdout}{r.stderr}")
+    with open(path) as f:
+        rows = json.load(f)["rows"]
+    rate = (rows[0].get("tflops") or rows[0].get("gbps")) if len(rows) == 1 else None
+    if rate is None:
+        raise RuntimeError(f"{' '.join(cmd)}: no rate in {rows}")
+    return float(rate)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--a", required=True, help="the A build's flashattn_bench")
+    ap.add_argument("--b", required=True, help="the B build's flashattn_bench")
+    ap.add_argument("--shape", action="append", required=True, help="kind:dtype:b:hq:hkv:sq:sk:d:mask (repeat)")
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--json", help="write the per-shape results here")
+    ap.add_argument("extra", nargs="*", help="after --: options passed to both builds")
+    args = ap.parse_args()
+    for exe in (args.a, args.b):
+        if not os.access(exe, os.X_OK):
+            ap.error(f"{exe} is not an executable file")
+    if args.iters < 1 or args.warmup < 0:
+        ap.error("--iters must be >= 1 and --warmup >= 0")
+    results, ratios = [], []
+    print(f"{'shape':52} {'A':>9} {'B':>9} {'B/A':>6}")
+    with tempfile.TemporaryDirectory() as tmpdir:
+        for shape in args.shape:
+            best = {"a": 0.0, "b": 0.0}
+            try:
+                for side in ("a", "b", "b", "a"):
+                    exe = args.a if side == "a" else args.b
+                    best[side] = max(best[side], run_once(exe, shape, args.iters, args.warmup, args.extra, tmpdir))
+            except RuntimeError as e:
+                print(e, file=sys.stderr)
+                return 1
+            ratios.append(best["b"] / best["a"])
+            results.append({"shape": shape, "a": best["a"], "b": best["b"], "b_over_a": ratios[-1]})
+            print(f"{shape:52} {best['a']:9.1f} {best['b']:9.1f} {ratios[-1]:6.3f}", flush=True)
+    geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+    print(f"A/B over {len(ratios)} shapes, interleaved per shape: B/A geomean {geo:.4f}, "
+          f"min {min(ratios):.3f}, max {max(ratios):.3f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": results, "geomean": geo}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
