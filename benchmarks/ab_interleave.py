@@ -1,5 +1,6 @@
-"""A/B of two flashattn_bench builds, shape by shape: each shape runs A, B, B, A as four separate
-processes before the next shape starts, and each build's best median counts.
+"""A/B of two flashattn_bench builds (or A/B/C of three), shape by shape: each shape runs A, B, B, A
+(A, B, C, C, B, A) as separate processes before the next shape starts, and each build's best median
+counts.
 
 ab_compare.py compares whole runs (all shapes of A, then all of B, ...). There a shape's neighbours
 in the run are the same build's, and when a change makes one shape draw more or less power, the
@@ -8,10 +9,11 @@ shapes after it run at other clocks in that build only (docs/performance.md v14 
 same state: a fresh process, after the benchmark's own ceiling measurements.
 
     python3 benchmarks/ab_interleave.py --a old/build/benchmarks/flashattn_bench \
-        --b build/benchmarks/flashattn_bench --shape prefill:bf16:4:16:16:4096:4096:192:none \
-        [--shape ...] [--json out.json] [-- extra benchmark options, e.g. --backend fused_sm90]
+        --b build/benchmarks/flashattn_bench [--c other/build/benchmarks/flashattn_bench] \
+        --shape prefill:bf16:4:16:16:4096:4096:192:none [--shape ...] [--json out.json] \
+        [-- extra benchmark options, e.g. --backend fused_sm90]
 
-Prints one line per shape (A, B, B/A) and the geometric mean of B/A, as ab_compare.py does.
+Prints one line per shape (A, B, B/A, and with --c: C, C/A) and the geometric means of the ratios.
 Exit status: 0 when every run gave a rate, 1 when a run failed (its output is printed), 2 for bad
 arguments.
 """
@@ -45,38 +47,50 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--a", required=True, help="the A build's flashattn_bench")
     ap.add_argument("--b", required=True, help="the B build's flashattn_bench")
+    ap.add_argument("--c", help="a third build's flashattn_bench (optional)")
     ap.add_argument("--shape", action="append", required=True, help="kind:dtype:b:hq:hkv:sq:sk:d:mask (repeat)")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--json", help="write the per-shape results here")
-    ap.add_argument("extra", nargs="*", help="after --: options passed to both builds")
+    ap.add_argument("extra", nargs="*", help="after --: options passed to every build")
     args = ap.parse_args()
-    for exe in (args.a, args.b):
+    exes = {"a": args.a, "b": args.b}
+    if args.c:
+        exes["c"] = args.c
+    for exe in exes.values():
         if not os.access(exe, os.X_OK):
             ap.error(f"{exe} is not an executable file")
     if args.iters < 1 or args.warmup < 0:
         ap.error("--iters must be >= 1 and --warmup >= 0")
-    results, ratios = [], []
-    print(f"{'shape':52} {'A':>9} {'B':>9} {'B/A':>6}")
+    sides = sorted(exes)
+    order = sides + sides[::-1]  # A B B A, or A B C C B A
+    results, ratios = [], {x: [] for x in sides[1:]}
+    head = f"{'shape':52} {'A':>9} {'B':>9} {'B/A':>6}"
+    print(head + (f" {'C':>9} {'C/A':>6}" if "c" in exes else ""))
     with tempfile.TemporaryDirectory() as tmpdir:
         for shape in args.shape:
-            best = {"a": 0.0, "b": 0.0}
+            best = {x: 0.0 for x in sides}
             try:
-                for side in ("a", "b", "b", "a"):
-                    exe = args.a if side == "a" else args.b
-                    best[side] = max(best[side], run_once(exe, shape, args.iters, args.warmup, args.extra, tmpdir))
+                for side in order:
+                    best[side] = max(best[side], run_once(exes[side], shape, args.iters, args.warmup, args.extra, tmpdir))
             except RuntimeError as e:
                 print(e, file=sys.stderr)
                 return 1
-            ratios.append(best["b"] / best["a"])
-            results.append({"shape": shape, "a": best["a"], "b": best["b"], "b_over_a": ratios[-1]})
-            print(f"{shape:52} {best['a']:9.1f} {best['b']:9.1f} {ratios[-1]:6.3f}", flush=True)
-    geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
-    print(f"A/B over {len(ratios)} shapes, interleaved per shape: B/A geomean {geo:.4f}, "
-          f"min {min(ratios):.3f}, max {max(ratios):.3f}")
+            row = {"shape": shape, **best}  # (keys a, b, c: each build's best rate)
+            line = f"{shape:52} {best['a']:9.1f}"
+            for x in sides[1:]:
+                ratios[x].append(best[x] / best["a"])
+                row[f"{x}_over_a"] = ratios[x][-1]
+                line += f" {best[x]:9.1f} {ratios[x][-1]:6.3f}"
+            results.append(row)
+            print(line, flush=True)
+    geos = {x: math.exp(sum(math.log(r) for r in ratios[x]) / len(ratios[x])) for x in sides[1:]}
+    print(f"A/B over {len(args.shape)} shapes, interleaved per shape: " +
+          ", ".join(f"{x.upper()}/A geomean {geos[x]:.4f}, min {min(ratios[x]):.3f}, max {max(ratios[x]):.3f}"
+                    for x in sides[1:]))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": results, "geomean": geo}, f, indent=1)
+            json.dump({"rows": results, "geomean": geos["b"], "geomeans": geos}, f, indent=1)
     return 0
 
 

@@ -742,7 +742,13 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
 
     /* ---- a consumer warpgroup: its 64 rows of each tile through every key tile (the mainloop) ---- */
     claim_registers<Tr::consumer_regs(kProducerRegs)>();
-    const int c = wg - 1; /* consumer index: tile rows 64c..64c+63 */
+    /* The consumer index: tile rows 64c..64c+63. It comes through a shuffle, which ptxas knows to
+     * be the same in every lane: the key loop's wgmma descriptors are then built in uniform
+     * registers (no R2UR in the loop). The serving kernels and the three-consumer ones keep the
+     * plain form: with the shuffle the d256 serving kernels spilled 60 -> 84 bytes and the
+     * persistent d64 three-consumer one 20 -> 44. docs/performance.md v20 and v21 have the
+     * measurements. */
+    const int c = kServing || kNC == 3 ? wg - 1 : __shfl_sync(0xffffffffu, wg - 1, 0);
     const int g = lane / 4, t = lane % 4;
     const int trow = c * 64 + ((tid % kWarpgroupThreads) / 32) * 16 + g; /* this thread's tile rows: trow, trow + 8 */
     /* Turns go round: consumer c waits on its turn barrier and then passes to c + 1 (mod C); the
@@ -811,11 +817,11 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
 
         const uint32_t q_wg = sm.q_buf(nth) + (uint32_t)c * 64 * 128; /* this consumer's 64 rows of Q */
-        /* (with two Q buffers: in make_tile). The barrier's consumer index comes through a shuffle:
-         * ptxas then knows the address is the same in every lane, and with a per-thread address it
+        /* (with two Q buffers: in make_tile). A kSplitQ block (never a serving one) waits on its
+         * consumer's own barrier, its index the shuffled c: with a per-thread barrier address ptxas
          * moved the key loop's uniform address arithmetic to ordinary registers (57 more R2UR a key
          * tile at head dim 256; 0.83-0.92x measured). */
-        if (!Tr::kTwoQ) mbar_wait(sm.q_full(__shfl_sync(0xffffffffu, c, 0)), nth & 1);
+        if (!Tr::kTwoQ) mbar_wait(sm.q_full(Tr::kSplitQ ? c : 0), nth & 1);
         /* A dense persistent block's next tile, if any: its last consumer then passes the turn on
          * (to consumer 0, the next tile's first) as soon as it has issued this tile's last P V, so
          * the next tile's first S overlaps its last P V and epilogue. Otherwise the round starts

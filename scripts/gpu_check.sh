@@ -15,10 +15,12 @@ OUT=${OUT:-/tmp/flashattn_out}
 mkdir -p "$OUT"
 steps=${*:-all}
 want() { [[ " $steps " == *" all "* || " $steps " == *" $1 "* ]]; }
-# The A side of an A/B: one target of the source tree in $AB_OLD, built in $AB_OLD/build.
+# A side of an A/B (or the C side of an A/B/C): one target of the source tree in $2 (default
+# $AB_OLD), built in its build/.
 build_ab_old() {
-  cmake -S "$AB_OLD" -B "$AB_OLD/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_BUILD_TESTS=OFF >/dev/null &&
-    cmake --build "$AB_OLD/build" -j "$(nproc)" --target "$1" > /tmp/flashattn_ab_build.log 2>&1 ||
+  local tree=${2:-$AB_OLD}
+  cmake -S "$tree" -B "$tree/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_BUILD_TESTS=OFF >/dev/null &&
+    cmake --build "$tree/build" -j "$(nproc)" --target "$1" > /tmp/flashattn_ab_build.log 2>&1 ||
     { tail -20 /tmp/flashattn_ab_build.log; exit 1; }
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
@@ -110,10 +112,12 @@ if [[ " $steps " == *" abshapes "* ]]; then
   # abtree's A/B shape by shape (benchmarks/ab_interleave.py: A B B A per shape, each a fresh
   # process), on the shapes in $AB_SHAPES (space-separated kind:dtype:b:hq:hkv:sq:sk:d:mask).
   build_ab_old flashattn_bench
+  c_args=()
+  if [ -n "${AB_C:-}" ]; then build_ab_old flashattn_bench "$AB_C"; c_args=(--c "$AB_C/build/benchmarks/flashattn_bench"); fi
   shape_args=(); for s in ${AB_SHAPES:?AB_SHAPES names the shapes}; do shape_args+=(--shape "$s"); done
   python3 benchmarks/ab_interleave.py --a "$AB_OLD/build/benchmarks/flashattn_bench" --b build/benchmarks/flashattn_bench \
-    "${shape_args[@]}" --json "$OUT/ab_shapes.json" -- ${AB_ARGS:-} > "$OUT/ab_shapes.txt" 2>&1
-  summary+=("abshapes (A = $AB_OLD, B = this tree): $(tail -1 "$OUT/ab_shapes.txt")")
+    "${c_args[@]}" "${shape_args[@]}" --json "$OUT/ab_shapes.json" -- ${AB_ARGS:-} > "$OUT/ab_shapes.txt" 2>&1
+  summary+=("abshapes (A = $AB_OLD, B = this tree${AB_C:+, C = $AB_C}): $(tail -1 "$OUT/ab_shapes.txt")")
 fi
 if [[ " $steps " == *" abserving "* ]]; then
   # The serving paths' A/B: serving_speed.py against $AB_OLD's library and this tree's, A B B A.
