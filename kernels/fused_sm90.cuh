@@ -744,11 +744,11 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     claim_registers<Tr::consumer_regs(kProducerRegs)>();
     /* The consumer index: tile rows 64c..64c+63. It comes through a shuffle, which ptxas knows to
      * be the same in every lane: the key loop's wgmma descriptors are then built in uniform
-     * registers (no R2UR in the loop). The serving kernels and the three-consumer ones keep the
-     * plain form: with the shuffle the d256 serving kernels spilled 60 -> 84 bytes and the
+     * registers (no R2UR in the loop). The d256 serving kernels and the three-consumer ones keep
+     * the plain form: with the shuffle the d256 serving kernels spilled 60 -> 84 bytes and the
      * persistent d64 three-consumer one 20 -> 44. docs/performance.md v20 and v21 have the
      * measurements. */
-    const int c = kServing || kNC == 3 ? wg - 1 : __shfl_sync(0xffffffffu, wg - 1, 0);
+    const int c = (kServing && kHeadDim == 256) || kNC == 3 ? wg - 1 : __shfl_sync(0xffffffffu, wg - 1, 0);
     const int g = lane / 4, t = lane % 4;
     const int trow = c * 64 + ((tid % kWarpgroupThreads) / 32) * 16 + g; /* this thread's tile rows: trow, trow + 8 */
     /* Turns go round: consumer c waits on its turn barrier and then passes to c + 1 (mod C); the
