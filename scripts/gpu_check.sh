@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: build with all cores, run the whole test suite (GPU tests included), the
 # benchmark's default suite, and the side-by-side comparison with the peers; logs under $OUT, a
-# short table last.   Usage: scripts/gpu_check.sh [all|build|test|sanitize|bench|quick|hostcost|serving|peers|ab|abtree|abshapes|abserving]...
+# short table last.   Usage: scripts/gpu_check.sh [all|build|test|sanitize|bench|quick|hostcost|serving|peers|ab|abtree|abshapes|abserving|ncuserving]...
 # (default: all; "abserving" is abtree's A/B for benchmarks/serving_speed.py; "quick" is the benchmark's quick suite, "hostcost" the Python host cost per call
 # beside SDPA's; "launchcost" the host cost of each launch form (benchmarks/launch_cost.cu); "serving" the serving paths' speed beside the dense path and the peers; "abtree" builds the source tree in $AB_OLD too and times both builds on the default
 # suite, alternating, for a refactor's before/after; AB_ARGS adds benchmark options to both, e.g.
@@ -129,6 +129,20 @@ if [[ " $steps " == *" abserving "* ]]; then
   done
   python3 benchmarks/serving_ab_compare.py "$OUT"/serving_{a1,b1,b2,a2}.json > "$OUT/serving_ab.txt"
   summary+=("abserving (A = $AB_OLD, B = this tree): $(tail -1 "$OUT/serving_ab.txt")")
+fi
+if [[ " $steps " == *" ncuserving "* ]]; then
+  # The dense call beside the ragged one on the same tokens, under ncu (docs/performance.md v21):
+  # stall reasons and the source lines they fall on (the build carries -lineinfo).
+  for kind in dense varlen; do
+    for shape in "--batch 16 --keys 512 --heads 16 16 --head-dim 64" "--batch 8 --keys 2048 --heads 16 16 --head-dim 128"; do
+      tag=${kind}_$(echo "$shape" | awk '{print $2 "x" $4 "_d" $9}')
+      FLASHATTN_LIBRARY=$PWD/build/libflashattn.so PYTHONPATH=$PWD/python:$PWD/benchmarks \
+        timeout 120 ncu --clock-control none -k regex:fused_sm90 -c 1 --section SpeedOfLight --section WarpStateStats \
+        --section SchedulerStats --section SourceCounters --section InstructionStats \
+        python3 benchmarks/ncu_serving.py --prefill $kind --causal $shape > "$OUT/ncu_$tag.txt" 2>&1
+      summary+=("ncu $tag: rc=$? $(grep -E '^ *Duration' "$OUT/ncu_$tag.txt" | head -1 | tr -s ' ')")
+    done
+  done
 fi
 if want peers && [ -f benchmarks/compare_peers.py ]; then
   FLASHATTN_LIBRARY=$PWD/build/libflashattn.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 \
