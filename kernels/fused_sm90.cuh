@@ -17,10 +17,10 @@
  *   producer (warpgroup 0, one thread): TMA loads of Q once, then of K_j and V_j into two stages
  *     each, as the consumers free them. Each load completes on a "full" mbarrier; each stage is
  *     handed back on an "empty" mbarrier. It keeps 24 registers (setmaxnreg) so that the consumers
- *     can have 240 (C = 1, 2), or 32 with C = 3, the consumers' 160 leaving it that many (a
- *     persistent dense block's producer computes each next tile ahead); 56 in a persistent serving block, whose two
- *     consumers then keep 224, and whose producer reads each tile's sequence once and hands it to
- *     the consumers in a shared-memory record (post_record / take_record).
+ *     can have 240 (C = 1, 2); with C = 3 the consumers' 160 leave it 32 (a persistent dense
+ *     block's producer computes each next tile ahead); 56 in a persistent serving block, whose
+ *     two consumers then keep 224, and whose producer reads each tile's sequence once and hands it
+ *     to the consumers in a shared-memory record (post_record / take_record).
  *   consumers (warpgroups 1..C): 64 query rows each, for the whole kernel. Per key tile j:
  *
  *     wait until K_j (and V_{j-1}) are in shared memory
@@ -364,9 +364,9 @@ __device__ __forceinline__ void produce_q(const tile<Tr> &tl, uint32_t dst, uint
  * stages and their phases run on across tiles). With one Q buffer, the tile's Q waits until every
  * consumer warp is done with the last one's (Tr::kSplitQ: each consumer's rows until that
  * consumer's warps are, the first's after K_0, the others' after K_1 and V_0); with two
- * (Tr::kTwoQ), the tile's Q was loaded during
- * the last tile, and `next_q` loads the next tile's, once every consumer warp has begun this one
- * (after this tile's V_0: the stages this tile starts with come first). */
+ * (Tr::kTwoQ), the tile's Q was loaded during the last tile, and `next_q` loads the next tile's,
+ * once every consumer warp has begun this one (after this tile's V_0: the stages this tile starts
+ * with come first). */
 template <class Tr, class NextQ>
 __device__ __forceinline__ void produce(const tile<Tr> &tl, const smem_layout<Tr> &sm, const CUtensorMap *tm_q,
                                         const CUtensorMap *tm_k, const CUtensorMap *tm_v, int nth, int kv0,
