@@ -248,14 +248,13 @@ static inline FA_HOST_DEVICE int fa_sm90_page_box(int page_size, int block_n) {
 static inline int64_t fa_sm90_smem_bytes(int head_dim, int block_m, int block_n, int persistent, int serving) {
     /* Q, two stages of K, two of V, 128 bytes of barriers, plus 1 KB to align the base to the
      * 1024-byte swizzle atom; and for a persistent block, where it fits, a tile of O of Q's size for
-     * the epilogue, so that the next tile's Q can load while this one's O is stored; and for a
-     * persistent dense block, where that fits too, a second tile of Q, so that the next tile's Q
-     * loads while this one is computed (a serving block's next tile is known only as its producer
-     * reaches it: one Q). */
+     * the epilogue, so that the next tile's Q can load while this one's O is stored; and where that
+     * fits too, a second tile of Q, so that the next tile's Q loads while this one is computed (a
+     * serving block's with 128 bytes more of barriers: two 64-byte tile records). */
     const int64_t base = 1024 + 2 * (int64_t)head_dim * (block_m + 4 * (int64_t)block_n) + 128;
-    const int64_t q = 2 * (int64_t)head_dim * block_m;
+    const int64_t q = 2 * (int64_t)head_dim * block_m, two_q = 2 * q + (serving ? 128 : 0);
     if (!persistent || base + q > FA_SM90_SMEM_MAX) return base;
-    return !serving && base + 2 * q <= FA_SM90_SMEM_MAX ? base + 2 * q : base + q;
+    return base + two_q <= FA_SM90_SMEM_MAX ? base + two_q : base + q;
 }
 
 /* Kernel launchers (the .cu files under kernels/). Each returns a cudaError_t value (0 = cudaSuccess) and enqueues

@@ -9,18 +9,20 @@
  * or, as a persistent block (the
  * kPersistent variant: one resident block per SM), such a tile after another (fa_persistent_first /
  * fa_persistent_next; the K/V stages and barrier phases run on across tiles, the producer loads the
- * next tile's first K, and its Q into a second buffer as this tile starts (a dense block with the
- * shared memory for it) or once every consumer warp is done with this one's (a dense block staging O
- * in Q's rows: each consumer's rows once that consumer's warps are); a dense block's last
- * consumer hands the tensor-core turn to the next tile's first as soon as it has issued its last
- * P V). It has C + 1 warpgroups:
+ * next tile's first K, and its Q into a second buffer as this tile starts (a block with the shared
+ * memory for it) or once every consumer warp is done with this one's (a dense block staging O in
+ * Q's rows: each consumer's rows once that consumer's warps are); the last consumer of a block with
+ * two Q buffers or of a dense one hands the tensor-core turn to the next tile's first as soon as it
+ * has issued its last P V). It has C + 1 warpgroups:
  *   producer (warpgroup 0, one thread): TMA loads of Q once, then of K_j and V_j into two stages
  *     each, as the consumers free them. Each load completes on a "full" mbarrier; each stage is
  *     handed back on an "empty" mbarrier. It keeps 24 registers (setmaxnreg) so that the consumers
  *     can have 240 (C = 1, 2); with C = 3 the consumers' 160 leave it 32 (a persistent dense
  *     block's producer computes each next tile ahead); 56 in a persistent serving block, whose
  *     two consumers then keep 224, and whose producer reads each tile's sequence once and hands it
- *     to the consumers in a shared-memory record (post_record / take_record).
+ *     to the consumers in a shared-memory record (post_record / take_record; with two Q buffers,
+ *     one warp reads the sequences, posts the records up to two tiles ahead and loads each tile's
+ *     Q, another loads K and V from the records: post_tile_record / take_tile_record).
  *   consumers (warpgroups 1..C): 64 query rows each, for the whole kernel. Per key tile j:
  *
  *     wait until K_j (and V_{j-1}) are in shared memory
@@ -100,20 +102,26 @@ struct traits {
     static constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2, kKVBytes = kBlockN * kHeadDim * 2;
     /* A persistent block (p.persistent: tile after tile) stages O in a tile of its own where it
      * fits, so the next tile's Q can load during the epilogue; otherwise O is staged in Q's rows.
-     * A dense one, where a third tile fits too, has two Q buffers (kTwoQ): tile n's Q in buffer
-     * n % 2, the next tile's loading while this one is computed. */
+     * Where a third tile fits too, it has two Q buffers (kTwoQ): tile n's Q in buffer n % 2, the
+     * next tile's loading while this one is computed. A serving block's barrier area then holds
+     * two 64-byte tile records (kTwoRecords, kBarBytes 256: a warp of its own posts the next
+     * tile's while this one runs). */
     static constexpr bool kPersistent = kPersistentBlock;
     static constexpr bool kOwnO = kPersistent && 1024 + 2 * kQBytes + 4 * kKVBytes + 128 <= FA_SM90_SMEM_MAX;
-    static constexpr bool kTwoQ = kOwnO && !kServingBlock && 1024 + 3 * kQBytes + 4 * kKVBytes + 128 <= FA_SM90_SMEM_MAX;
+    static constexpr bool kTwoQ =
+        kOwnO && 1024 + 3 * kQBytes + 4 * kKVBytes + (kServingBlock ? 256 : 128) <= FA_SM90_SMEM_MAX;
+    static constexpr bool kTwoRecords = kTwoQ && kServingBlock;
+    static constexpr int kBarBytes = kTwoRecords ? 256 : 128;
     /* A persistent dense block with neither (head dims 192 and 256, the 176-key d128 tiles) stages O
      * in Q's rows; there each consumer hands its own 64 rows of Q back once its stores have read
      * them, and the producer refills those rows alone (kSplitQ: a Q barrier pair per consumer, Q
      * loaded in 64-row boxes), so consumer 0 begins the next tile while the others still store. */
     static constexpr bool kSplitQ = kPersistent && !kOwnO && !kServingBlock;
     static constexpr uint32_t kOBytes = kOwnO ? kQBytes : 0, kQBufBytes = (kTwoQ ? 2 : 1) * kQBytes;
-    static constexpr int kSmemBytes = 1024 + (int)(kQBufBytes + kOBytes + 4 * kKVBytes) + 128;
+    static constexpr int kSmemBytes = 1024 + (int)(kQBufBytes + kOBytes + 4 * kKVBytes) + kBarBytes;
     static_assert(kSmemBytes == (int)(1024 + 2 * kHeadDim * (kBlockM + 4 * kBlockN) + 128 +
-                                      (kOwnO ? 2 * kHeadDim * kBlockM : 0) + (kTwoQ ? 2 * kHeadDim * kBlockM : 0)),
+                                      (kOwnO ? 2 * kHeadDim * kBlockM : 0) + (kTwoQ ? 2 * kHeadDim * kBlockM : 0) +
+                                      (kTwoRecords ? 128 : 0)),
                   "see fa_sm90_smem_bytes (the launcher checks the planner's figure against kSmemBytes)");
     static_assert(kHeadDim % 64 == 0 && kBlockN % 16 == 0 && kBlockN <= 256, "tile shape");
     static_assert(kConsumers >= 1 && kConsumers <= 3, "one producer and one to three consumer warpgroups");
@@ -125,7 +133,9 @@ struct traits {
  * mbarriers (8 bytes each): Q loaded and Q free (a persistent block's next Q may load: every
  * consumer warp is done with the buffer, and with kTwoQ has seen the last Q land); K and V stage s
  * full (the TMA landed) and empty (every consumer warp is done with it). full_* and empty_* are
- * stage 0's; stage s's is 8 s bytes on. */
+ * stage 0's; stage s's is 8 s bytes on. Then a persistent block's tile records: a serving block's
+ * record barriers and a 32-byte record (Tr::kTwoRecords: two of each, 64-byte records, record n in
+ * slot n % 2), or a dense kTwoQ block's two 16-byte records. */
 template <class Tr> struct smem_layout {
     uint32_t q, o, k, v, bar_q, full_k, full_v, empty_k, empty_v, empty_q, rec_full, rec_empty, rec;
     __device__ __forceinline__ explicit smem_layout(uint32_t raw) {
@@ -135,8 +145,16 @@ template <class Tr> struct smem_layout {
         v = k + 2 * Tr::kKVBytes;
         bar_q = v + 2 * Tr::kKVBytes;
         full_k = bar_q + 8, full_v = bar_q + 24, empty_k = bar_q + 40, empty_v = bar_q + 56, empty_q = bar_q + 72;
-        rec_full = bar_q + 80, rec_empty = bar_q + 88, rec = bar_q + 96; /* (rec: 32 bytes, to the end of the 128) */
+        /* (rec: 32 bytes to the end of the 128; with two records, 2 x 64 from bar_q + 128, to the end of the 256) */
+        rec_full = bar_q + 80, rec_empty = bar_q + (Tr::kTwoRecords ? 96 : 88), rec = bar_q + (Tr::kTwoRecords ? 128 : 96);
     }
+    /* A serving block's n-th tile record: its slot, and the slot's barriers (posted; taken by every
+     * consumer thread, and with two records by every thread of the K/V warp). */
+    __device__ __forceinline__ uint32_t rec_slot(int n) const { return Tr::kTwoRecords ? rec + 64 * (uint32_t)(n & 1) : rec; }
+    __device__ __forceinline__ uint32_t rec_full_slot(int n) const { return Tr::kTwoRecords ? rec_full + 8 * (uint32_t)(n & 1) : rec_full; }
+    __device__ __forceinline__ uint32_t rec_empty_slot(int n) const { return Tr::kTwoRecords ? rec_empty + 8 * (uint32_t)(n & 1) : rec_empty; }
+    /* The parity of the slot barriers' phase that record n completes. */
+    static __device__ __forceinline__ uint32_t rec_parity(int n) { return (uint32_t)(Tr::kTwoRecords ? n >> 1 : n) & 1u; }
     /* Consumer c's Q barriers: Q (its rows, with Tr::kSplitQ) landed, and free to load again. With
      * kSplitQ (two consumers), consumer 1's are in the record area, which such a block does not use. */
     __device__ __forceinline__ uint32_t q_full(int c) const { return Tr::kSplitQ ? bar_q + 96 * (uint32_t)c : bar_q; }
@@ -147,17 +165,18 @@ template <class Tr> struct smem_layout {
      * stage or Q is handed back once per consumer warp. */
     /* The K/V stages are filled by `full_arrivals` producer threads: 1 with TMA, the whole producer
      * warpgroup when a serving call gathers its pages with cp.async. `records`: a persistent
-     * serving block's tile records (post_record), posted once by the producer and taken once by
-     * each consumer thread. */
+     * serving block's tile records (post_record, post_tile_record), posted once by the producer and
+     * taken once by each consumer thread (and by each thread of the K/V warp: Tr::kTwoRecords). */
     __device__ __forceinline__ void init_barriers(int full_arrivals = 1, bool records = false) const {
         mbar_init(bar_q, 1);
         if (Tr::kPersistent) mbar_init(empty_q, 4 * (Tr::kSplitQ ? 1 : Tr::kConsumers));
         if (Tr::kSplitQ)
             for (int c = 1; c < Tr::kConsumers; ++c) mbar_init(q_full(c), 1), mbar_init(q_empty(c), 4);
-        if (records) {
-            mbar_init(rec_full, 1);
-            mbar_init(rec_empty, kWarpgroupThreads * Tr::kConsumers);
-        }
+        if (records)
+            for (int n = 0; n < (Tr::kTwoRecords ? 2 : 1); ++n) {
+                mbar_init(rec_full_slot(n), 1);
+                mbar_init(rec_empty_slot(n), kWarpgroupThreads * Tr::kConsumers + (Tr::kTwoRecords ? 32 : 0));
+            }
 #pragma unroll
         for (int st = 0; st < 2; ++st) {
             mbar_init(full_k + 8 * st, full_arrivals);
@@ -209,9 +228,9 @@ template <class Tr> struct tile {
         partial = p.num_splits > 1;
         set_key_tiles(bnd, p.num_splits);
     }
-    /* A persistent dense block's tile as its producer hands it over (take_tile): positions from m0 of
-     * head `head` of batch entry b, one split; nothing divided by a kernel parameter (hk is only the
-     * producer's, and the compiler drops it where nothing reads it). */
+    /* A persistent block's tile as its producer hands it over (take_tile, take_tile_record):
+     * positions from m0 of head `head` of batch entry b, one split; nothing divided by a kernel
+     * parameter (hk is only the producer's, and the compiler drops it where nothing reads it). */
     template <class Bounds>
     __device__ __forceinline__ tile(const fa_kernel_params &p, const Bounds &bnd, int b_, int head, int m0_) {
         split = 0, b = b_, heads = 1, rows_per_head = Tr::kBlockM, hk = head / p.head_group, h0 = head, m0 = m0_;
@@ -274,13 +293,14 @@ template <> struct seq_view<true> {
     __device__ __forceinline__ int map_batch(int b) const { return packed_q ? 0 : b; }
 };
 
-/* A persistent serving block's tile record, 32 bytes of shared memory at smem_layout::rec: the
+/* A persistent serving block's tile record, 32 bytes of shared memory (smem_layout::rec_slot): the
  * producer reads each tile's sequence from the device arrays (serving_seq: two or three dependent
  * global loads) and hands the consumers the tile's work number with the sequence's counts,
  * visibility offsets and first query row (what the consumers read of a fa_seq); work -1: no tile
  * left. One record at a time: the producer posts (rec_full) once every consumer thread has taken the
  * last one (rec_empty), which a consumer does as its tile starts, so the next record is usually
- * waiting when the tile ends. Tiles past their sequence's queries get no record. */
+ * waiting when the tile ends. Tiles past their sequence's queries get no record. (A block with two
+ * Q buffers has two records of another form: post_tile_record.) */
 __device__ __forceinline__ void post_record(uint32_t rec, uint32_t rec_full, int work, const fa_seq &s) {
     asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(rec), "r"(work), "r"(s.seqlen_q), "r"(s.seqlen_k),
                  "r"(s.key_lo_off)
@@ -300,6 +320,45 @@ __device__ __forceinline__ int take_record(uint32_t rec, fa_seq &s) {
     asm volatile("ld.shared.b64 %0, [%1];\n" : "=l"(s.q_row0) : "r"(rec + 24) : "memory");
     s.k_row0 = 0, s.kv_b = 0, s.kv_valid = true, s.page0 = 0, s.pages = 0;
     return work;
+}
+
+/* The 64-byte tile record of a serving block with two (Tr::kTwoRecords), posted by its record warp
+ * for the consumers and for the warp that loads K and V: the tile's batch entry, head and first
+ * query position (b -1: no tile left), worked out from its work number by the record warp, so the
+ * others divide nothing per tile; the sequence's counts, visibility offsets and first query row
+ * (the consumers read these, the first 40 bytes), then what the K/V loads read of it. */
+__device__ __forceinline__ void post_tile_record(uint32_t rec, uint32_t rec_full, int b, int head, int m0, const fa_seq &s) {
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(rec), "r"(b), "r"(head), "r"(m0), "r"(s.seqlen_q)
+                 : "memory");
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(rec + 16), "r"(s.seqlen_k), "r"(s.key_lo_off),
+                 "r"(s.key_hi_off), "r"(s.kv_b)
+                 : "memory");
+    asm volatile("st.shared.v2.b64 [%0], {%1, %2};\n" ::"r"(rec + 32), "l"(s.q_row0), "l"(s.k_row0) : "memory");
+    asm volatile("st.shared.b64 [%0], %1;\n" ::"r"(rec + 48), "l"(s.page0) : "memory");
+    asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(rec + 56), "r"(s.pages), "r"((int)s.kv_valid) : "memory");
+    mbar_arrive(rec_full); /* (release: the readers' wait acquires the record) */
+}
+/* The record's tile (returns b) and sequence; kv: the fields the K/V loads read too (else zero). */
+__device__ __forceinline__ int take_tile_record(uint32_t rec, fa_seq &s, int &head, int &m0, bool kv) {
+    int b;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(b), "=r"(head), "=r"(m0), "=r"(s.seqlen_q)
+                 : "r"(rec)
+                 : "memory");
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(s.seqlen_k), "=r"(s.key_lo_off), "=r"(s.key_hi_off), "=r"(s.kv_b)
+                 : "r"(rec + 16)
+                 : "memory");
+    asm volatile("ld.shared.b64 %0, [%1];\n" : "=l"(s.q_row0) : "r"(rec + 32) : "memory");
+    s.k_row0 = 0, s.kv_valid = true, s.page0 = 0, s.pages = 0;
+    if (kv) {
+        int valid;
+        asm volatile("ld.shared.b64 %0, [%1];\n" : "=l"(s.k_row0) : "r"(rec + 40) : "memory");
+        asm volatile("ld.shared.b64 %0, [%1];\n" : "=l"(s.page0) : "r"(rec + 48) : "memory");
+        asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(s.pages), "=r"(valid) : "r"(rec + 56) : "memory");
+        s.kv_valid = valid != 0;
+    }
+    return b;
 }
 
 /* A persistent dense block's tile record (Tr::kTwoQ; its tiles are known ahead, unlike a serving
@@ -533,6 +592,19 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
  * number one tile ahead (so each tile costs the table's latency once, hidden behind the wait for
  * a free stage) and issues box i. A box past the sequence's keys, or a page outside the pool, reads
  * zeros (an out-of-bounds coordinate); the mask hides those keys. */
+/* A serving tile's Q: the sequence's rows from its first (a packed Q: one batch entry in the map). */
+template <class Tr>
+__device__ __forceinline__ void produce_serving_q(const seq_view<true> &sq, const tile<Tr> &tl, uint32_t dst,
+                                                  uint32_t bar_q, const CUtensorMap *tm_q) {
+    constexpr int kCB = Tr::kChunks / 8;
+    mbar_expect_tx(bar_q, (uint32_t)(kCB * 128 * tl.rows_per_head * tl.heads));
+    const int qb = sq.packed_q ? 0 : tl.b, q0 = (int)sq.s.q_row0 + tl.m0;
+#pragma unroll
+    for (int cb = 0; cb < kCB; ++cb) tma_load(dst + cb * Tr::kBlockM * 128, tm_q, cb * 64, q0, tl.h0, qb, bar_q);
+}
+/* A persistent block's tiles follow one another (nth, kv0: as in produce). With one Q buffer, the
+ * tile's Q loads after its first K, once every consumer warp is done with the last one's; with two
+ * (Tr::kTwoQ), the block's record warp loads it (below). */
 template <class Tr>
 __device__ __forceinline__ void produce_serving(const fa_kernel_params &p, const seq_view<true> &sq, const tile<Tr> &tl,
                                                 const smem_layout<Tr> &sm, const CUtensorMap *tm_q,
@@ -545,13 +617,9 @@ __device__ __forceinline__ void produce_serving(const fa_kernel_params &p, const
         return;
     }
     auto load_q = [&] {
-        if (!leader) return;
-        mbar_expect_tx(sm.bar_q, (uint32_t)(kCB * 128 * tl.rows_per_head * tl.heads));
-        const int qb = sq.packed_q ? 0 : tl.b, q0 = (int)sq.s.q_row0 + tl.m0;
-#pragma unroll
-        for (int cb = 0; cb < kCB; ++cb) tma_load(sm.q + cb * Tr::kBlockM * 128, tm_q, cb * 64, q0, tl.h0, qb, sm.bar_q);
+        if (leader) produce_serving_q(sq, tl, sm.q, sm.bar_q, tm_q);
     };
-    if (nth == 0) load_q();
+    if (!Tr::kTwoQ && nth == 0) load_q();
     const bool paged = p.block_table != nullptr;
     const int box = paged ? fa_sm90_page_box(p.page_size, Tr::kBlockN) : Tr::kBlockN, boxes = Tr::kBlockN / box;
     const int32_t *table = paged ? p.block_table + sq.s.page0 : nullptr;
@@ -585,7 +653,7 @@ __device__ __forceinline__ void produce_serving(const fa_kernel_params &p, const
     int page_j = page_of(0), page_next = page_of(1); /* tile j's pages (for V_j), tile j + 1's (for K_{j+1}) */
     uint32_t st = stage_free(sm.empty_k, kv0);
     load_kv(tm_k, sm.k + st * Tr::kKVBytes, sm.full_k + 8 * st, 0, page_j);
-    if (nth > 0) { /* a persistent block: the last tile's K is in flight; Q once the consumers are done with the last one's */
+    if (!Tr::kTwoQ && nth > 0) { /* the last tile's K is in flight; Q once the consumers are done with the last one's */
         mbar_wait(sm.empty_q, (nth - 1) & 1);
         load_q();
     }
@@ -693,7 +761,45 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     if (wg == 0) { /* the producer warpgroup */
         release_registers<kProducerRegs>();
         if constexpr (kServing && kPersistent) {
-            if (tid < 32) {
+            if constexpr (Tr::kTwoRecords) {
+                if (tid < 32) { /* warp 0: K and V, tile after tile, from the records */
+                    int nth = 0, kv0 = 0; /* tiles loaded, their K/V tiles */
+                    for (int n = 0;; ++n) {
+                        fa_seq s;
+                        int head, m0;
+                        mbar_wait(sm.rec_full_slot(n), sm.rec_parity(n));
+                        const int b = take_tile_record(sm.rec_slot(n), s, head, m0, true);
+                        mbar_arrive(sm.rec_empty_slot(n));
+                        if (b < 0) break;
+                        const seq_view<kServing> sq(p, s);
+                        const tile<Tr> tl(p, sq.bounds(p), b, head, m0);
+                        if (tl.n_tiles == 0) continue; /* no key: the consumers write O = 0, LSE = -inf */
+                        produce_serving(p, sq, tl, sm, &tm_q, &tm_k, &tm_v, tid, nth++, kv0);
+                        kv0 += tl.n_tiles;
+                    }
+                } else if (tid < 64) { /* warp 1: the tiles' sequences, their records and Q */
+                    /* Record n in slot n % 2 once every consumer thread and every thread of warp 0
+                     * has taken the slot's last; tile nq's Q into buffer nq % 2, once every consumer
+                     * warp has seen the last Q land (and so is done with the buffer's last tile). */
+                    int nrec = 0, nq = 0;
+                    auto post = [&](int b, int head, int m0, const fa_seq &s) {
+                        if (nrec >= 2) mbar_wait(sm.rec_empty_slot(nrec), sm.rec_parity(nrec) ^ 1u);
+                        if (tid == 32) post_tile_record(sm.rec_slot(nrec), sm.rec_full_slot(nrec), b, head, m0, s);
+                        ++nrec;
+                    };
+                    for (int work = work0; work < works; work = next_work(work)) {
+                        const seq_view<kServing> sq = seq_of(work);
+                        const tile<Tr> tl(p, sq.bounds(p), work);
+                        if (tl.m0 >= sq.s.seqlen_q) continue; /* no query: nothing for anyone to do */
+                        post(tl.b, tl.h0, tl.m0, sq.s);
+                        if (tl.n_tiles == 0) continue;
+                        if (nq > 0) mbar_wait(sm.empty_q, (nq - 1) & 1);
+                        if (tid == 32) produce_serving_q(sq, tl, sm.q_buf(nq), sm.bar_q, &tm_q);
+                        ++nq;
+                    }
+                    post(-1, 0, 0, sq0.s);
+                }
+            } else if (tid < 32) { /* one warp: each tile's record as it reaches the tile, then its loads */
                 int nth = 0, kv0 = 0, nrec = 0; /* tiles loaded, their K/V tiles, records posted */
                 auto post = [&](int work, const fa_seq &s) {
                     if (nrec > 0) mbar_wait(sm.rec_empty, (nrec - 1) & 1); /* every consumer thread took the last */
@@ -767,25 +873,37 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     if constexpr (kServing) gathered = gathers_pages<Tr>(p);
     int nth = 0, kv0 = 0; /* tiles done by this block, and their K/V tiles (the stages' running count) */
     int nrec = 0;         /* a persistent serving block: tile records taken */
+    int rec_b = 0, rec_head = 0, rec_m0 = 0; /* (Tr::kTwoRecords) the record's tile */
+    /* A persistent block whose last consumer hands the tensor-core turn on across tiles (below). */
+    constexpr bool kTurnAcross = kPersistent && (!kServing || Tr::kTwoQ);
     for (int work = work0;;) {
         seq_view<kServing> sq = sq0;
         if constexpr (kServing && kPersistent) { /* the producer's record of the next tile */
-            mbar_wait(sm.rec_full, nrec++ & 1);
-            work = take_record(sm.rec, sq.s);
-            mbar_arrive(sm.rec_empty); /* (every consumer thread: each releases its own reads) */
-            if (work < 0) break;
+            const int n = nrec++;
+            mbar_wait(sm.rec_full_slot(n), sm.rec_parity(n));
+            if constexpr (Tr::kTwoRecords) work = rec_b = take_tile_record(sm.rec_slot(n), sq.s, rec_head, rec_m0, false);
+            else work = take_record(sm.rec_slot(n), sq.s);
+            mbar_arrive(sm.rec_empty_slot(n)); /* (every consumer thread: each releases its own reads) */
+            if (work < 0) {
+                /* (a turn passed on across tiles) the last consumer's pass after the block's last tile */
+                if (kTurnAcross && kNC > 1 && c == 0 && nth > 0) named_sync(my_turn, kTurnThreads);
+                break;
+            }
         }
         const auto &bnd = sq.bounds(p);
-        int more = 0; /* (Tr::kTwoQ) the block has a tile after this one */
+        int more = 0; /* (Tr::kTwoQ, dense) the block has a tile after this one */
         auto make_tile = [&] {
-            if constexpr (Tr::kTwoQ) { /* the producer's record, with the tile's Q */
+            if constexpr (Tr::kTwoQ && !kServing) { /* the producer's record, with the tile's Q */
                 int tb, th, tm0;
                 mbar_wait(sm.bar_q, nth & 1);
                 take_tile(sm.rec + 16 * (nth & 1), tb, th, tm0, more);
                 if (lane == 0) mbar_arrive(sm.empty_q); /* this warp saw Q land: the next may load */
                 return tile<Tr>(p, bnd, tb, th, tm0);
             } else {
-                return kServing && kPersistent ? tile<Tr>(p, bnd, work) : nth == 0 ? tl0 : tile<Tr>(p, bnd, work);
+                if constexpr (kServing && kPersistent)
+                    return Tr::kTwoRecords ? tile<Tr>(p, bnd, rec_b, rec_head, rec_m0) : tile<Tr>(p, bnd, work);
+                else
+                    return nth == 0 ? tl0 : tile<Tr>(p, bnd, work);
             }
         };
         const tile<Tr> tl = make_tile();
@@ -794,6 +912,10 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                 store_empty(p, tl, sq, tid % kWarpgroupThreads, kWarpgroupThreads, c * 64, 64);
                 __syncwarp(); /* reconverged before the next tile (else ptxas serialises every wgmma: C7520) */
                 continue;
+            }
+            if constexpr (Tr::kTwoQ) { /* the tile's Q, loaded ahead */
+                mbar_wait(sm.bar_q, nth & 1);
+                if (lane == 0) mbar_arrive(sm.empty_q); /* this warp saw Q land: the next may load */
             }
         }
         const int b = tl.b, m0 = tl.m0, row_last = tl.row_last, tile_begin = tl.tile_begin, n_tiles = tl.n_tiles;
@@ -822,12 +944,16 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
          * moved the key loop's uniform address arithmetic to ordinary registers (57 more R2UR a key
          * tile at head dim 256; 0.83-0.92x measured). */
         if (!Tr::kTwoQ) mbar_wait(sm.q_full(Tr::kSplitQ ? c : 0), nth & 1);
-        /* A dense persistent block's next tile, if any: its last consumer then passes the turn on
-         * (to consumer 0, the next tile's first) as soon as it has issued this tile's last P V, so
-         * the next tile's first S overlaps its last P V and epilogue. Otherwise the round starts
-         * here, once the last consumer has seen Q land. (One consumer takes no turns.) */
-        const bool turn_on = Tr::kTwoQ ? more != 0 : kPersistent && !kServing && next_work(work) < works;
-        if (kNC > 1 && c == kNC - 1 && !(kPersistent && !kServing && nth > 0)) named_arrive(turn_barrier(0), kTurnThreads);
+        /* A persistent block's next tile, if any (kTurnAcross): its last consumer then passes the
+         * turn on (to consumer 0, the next tile's first) as soon as it has issued this tile's last
+         * P V, so the next tile's first S overlaps its last P V and epilogue. A serving block does
+         * not know yet whether one follows: it always passes, and after the block's last tile
+         * consumer 0 takes that pass (above). Otherwise the round starts here, once the last
+         * consumer has seen Q land. (One consumer takes no turns.) */
+        const bool turn_on = kServing ? kTurnAcross
+                             : Tr::kTwoQ ? more != 0
+                                         : kPersistent && next_work(work) < works;
+        if (kNC > 1 && c == kNC - 1 && !(kTurnAcross && nth > 0)) named_arrive(turn_barrier(0), kTurnThreads);
 
         /* S = Q K_kv^T for this consumer's rows, issued (not committed) with K from kv's stage. */
         auto issue_s_steps = [&](int kv, auto steps) {

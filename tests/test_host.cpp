@@ -825,11 +825,15 @@ TEST(Planning, Sm90UnmaskedCallsWithManyTilesArePersistent) {
     fa_plan_describe(&plan, &info);
     EXPECT_NE(std::string(info.description).find(" persistent"), std::string::npos) << info.description;
     EXPECT_EQ(132, info.grid_x);
-    // The epilogue's own O tile where it fits (head dims 64 and 128), Q's rows otherwise; a dense
-    // call's second Q buffer where that fits too (not a serving call's); a block a tile has neither.
+    // The epilogue's own O tile where it fits (head dims 64 and 128), Q's rows otherwise; a second
+    // Q buffer where that fits too (a serving call's with 128 bytes more for two 64-byte tile
+    // records and their barriers); a block a tile has neither.
     EXPECT_EQ(1024 + 2 * 128 * (128 + 4 * 128) + 128 + 2 * (2 * 128 * 128), plan.smem_bytes);
     EXPECT_LE(plan.smem_bytes, FA_SM90_SMEM_MAX);
-    EXPECT_EQ(1024 + 2 * 128 * (128 + 4 * 128) + 128 + 2 * 128 * 128, fa_sm90_smem_bytes(128, 128, 128, 1, 1));
+    EXPECT_EQ(1024 + 2 * 128 * (128 + 4 * 128) + 128 + 2 * (2 * 128 * 128) + 128, fa_sm90_smem_bytes(128, 128, 128, 1, 1));
+    EXPECT_LE(fa_sm90_smem_bytes(128, 128, 128, 1, 1), FA_SM90_SMEM_MAX);
+    EXPECT_EQ(1024 + 2 * 64 * (128 + 4 * 128) + 128 + 2 * (2 * 64 * 128) + 128, fa_sm90_smem_bytes(64, 128, 128, 1, 1));
+    EXPECT_EQ(1024 + 2 * 256 * (128 + 4 * 80) + 128, fa_sm90_smem_bytes(256, 128, 80, 1, 1));
     EXPECT_EQ(1024 + 2 * 64 * (192 + 4 * 128) + 128 + 2 * (2 * 64 * 192), fa_sm90_smem_bytes(64, 192, 128, 1, 0));
     EXPECT_EQ(1024 + 2 * 128 * (128 + 4 * 176) + 128, fa_sm90_smem_bytes(128, 128, 176, 1, 0));
     EXPECT_EQ(1024 + 2 * 256 * (128 + 4 * 64) + 128, fa_sm90_smem_bytes(256, 128, 64, 1, 0));
@@ -885,11 +889,11 @@ TEST(Planning, Sm90UnmaskedCallsWithManyTilesArePersistent) {
     fa_plan_describe(&served, &info);
     EXPECT_NE(std::string(info.description).find(" persistent"), std::string::npos) << info.description;
     EXPECT_EQ(132, served.grid_x);
-    // A serving block has an O tile but one Q buffer (its next tile is known only as its producer
-    // reaches it); the launcher refuses a plan whose figure differs from the kernel's.
+    // A serving block has an O tile and two Q buffers, and 128 bytes more of barriers for its two
+    // 64-byte tile records; the launcher refuses a plan whose figure differs from the kernel's.
     EXPECT_EQ(fa_sm90_smem_bytes(served.cfg.head_dim, served.cfg.block_m, served.cfg.block_n, 1, 1), served.smem_bytes);
     EXPECT_EQ(1024 + 2 * served.cfg.head_dim * (served.cfg.block_m + 4 * served.cfg.block_n) + 128 +
-                  2 * served.cfg.head_dim * served.cfg.block_m,
+                  2 * (2 * served.cfg.head_dim * served.cfg.block_m) + 128,
               served.smem_bytes);
     v.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
     EXPECT_EQ(2, persistent(v));
@@ -1693,6 +1697,7 @@ TEST(Serving, Sm90PageBoxesAreTheGcdOfPageAndKeyTile) {
     const flashattn_handle h = fake_handle(h200_caps());
     for (int64_t hd : {128, 256}) {
         flashattn_fwd_params p = valid_varlen_paged();
+        if (!fa_sm90_compiled(p.dtype, (int)hd)) continue;  // (a build restricted to other head dims)
         p.head_dim = hd, p.page_size = 24, p.pages_per_seq = 9, p.block_table_batch_stride = 9;
         p.q_seq_stride = p.o_seq_stride = hd * p.heads_q, p.q_head_stride = p.o_head_stride = hd;
         p.k_seq_stride = p.v_seq_stride = hd * p.heads_kv, p.k_head_stride = p.v_head_stride = hd;

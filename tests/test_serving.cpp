@@ -464,6 +464,29 @@ TEST_F(Serving, PersistentBlocksSkipWhatTheirSequencesLack) {
     print_stats("persistent serving blocks (ragged, 256 capacity tiles; packed, paged, cached K/V; head dims 64, 128, 256)", st);
 }
 
+TEST_F(Serving, PersistentBlocksTakeManyTilesEach) {
+    // 1024 capacity tiles (4 of 128 rows x 16 heads x 16 sequences) over the SMs' resident blocks:
+    // some eight tiles a block, so that a block's two Q buffers and two tile records (head dims 64
+    // and 128) go round several times, through runs of tiles with no query (skipped), with no key
+    // (answered without a load) and with both, and a block's last tile may be any of them.
+    const std::vector<int> backends = serving_backends();
+    if (std::find(backends.begin(), backends.end(), FLASHATTN_BACKEND_FUSED_SM90) == backends.end())
+        GTEST_SKIP() << "FUSED_SM90 needs an sm_90 GPU and a build with its kernels";
+    Stats st;
+    for (int64_t d : {64, 128})
+        for (int mask : {FLASHATTN_MASK_NONE, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT})
+            for (KvMode kv : {kPackedKv, kPagedSeqused}) {
+                if (d == 64 && mask == FLASHATTN_MASK_NONE) continue;  // three consumers: a block a tile
+                Spec s;
+                s.d = d, s.mask = mask, s.kv = kv, s.page_size = 64, s.hq = 16, s.hkv = 4;
+                s.dtype = d == 64 ? FLASHATTN_DTYPE_FLOAT16 : FLASHATTN_DTYPE_BFLOAT16;
+                s.sq = {400, 0, 130, 5, 0, 0, 256, 1, 390, 77, 0, 129, 400, 3, 0, 200};
+                s.sk = {400, 9, 130, 0, 0, 12, 300, 1, 390, 0, 0, 500, 450, 3, 7, 250};
+                run_and_check(h, s, st, FLASHATTN_BACKEND_FUSED_SM90, " persistent");
+            }
+    print_stats("persistent serving blocks, many tiles each (1024 capacity tiles; packed and paged K/V; head dims 64, 128)", st);
+}
+
 TEST_F(Serving, DecodeOverCaches) {
     // Dense Q [B, 1] (one new token per sequence) over a paged, an indexed and a plain dense cache,
     // with capacities above every length.
