@@ -81,6 +81,12 @@ if want sanitize; then
   compute-sanitizer --tool memcheck --error-exitcode 1 ./build/tests/test_serving \
     --gtest_filter='Serving.OutOfRangeContentsStayInsideTheTensors:Serving.PagedKvAnyPageSize:Serving.AppendWithRotary*:Serving.DecodeOverCaches' >> "$OUT/sanitizer.log" 2>&1
   summary+=("sanitizer memcheck (serving): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1)")
+  # The persistent serving blocks' tile records, Q buffers and turns passed across tiles.
+  for tool in racecheck memcheck; do
+    compute-sanitizer --tool $tool --error-exitcode 1 ./build/tests/test_serving --gtest_filter='Serving.PersistentBlocks*' \
+      >> "$OUT/sanitizer.log" 2>&1
+    summary+=("sanitizer $tool (persistent serving): rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.log" | tail -1)")
+  done
 fi
 if want bench; then
   ./build/benchmarks/flashattn_bench --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
