@@ -582,16 +582,6 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
      * until the consumers have seen them. */
 }
 
-/* The producer of a serving call (the producer warpgroup's first warp; lane 0 issues): the same
- * schedule as produce, with the sequence's rows. Packed Q or K/V: the tensor map has one batch entry
- * and the rows start at the sequence's first (rows past the sequence belong to the next one: masked,
- * never stored; past the tensor: zeros). A cache: entry kv_b (outside the cache: -1, zeros). Pages:
- * a tile is kBlockN / R boxes of R = gcd(page_size, kBlockN) keys (the planner allows the page
- * sizes for which R is a multiple of the 8-row swizzle atom); box i holds keys n0 + i R onwards, of
- * page table[(n0 + i R) / page_size] from row (n0 + i R) % page_size. Lane i reads box i's page
- * number one tile ahead (so each tile costs the table's latency once, hidden behind the wait for
- * a free stage) and issues box i. A box past the sequence's keys, or a page outside the pool, reads
- * zeros (an out-of-bounds coordinate); the mask hides those keys. */
 /* A serving tile's Q: the sequence's rows from its first (a packed Q: one batch entry in the map). */
 template <class Tr>
 __device__ __forceinline__ void produce_serving_q(const seq_view<true> &sq, const tile<Tr> &tl, uint32_t dst,
@@ -602,9 +592,20 @@ __device__ __forceinline__ void produce_serving_q(const seq_view<true> &sq, cons
 #pragma unroll
     for (int cb = 0; cb < kCB; ++cb) tma_load(dst + cb * Tr::kBlockM * 128, tm_q, cb * 64, q0, tl.h0, qb, bar_q);
 }
-/* A persistent block's tiles follow one another (nth, kv0: as in produce). With one Q buffer, the
- * tile's Q loads after its first K, once every consumer warp is done with the last one's; with two
- * (Tr::kTwoQ), the block's record warp loads it (below). */
+
+/* The producer of a serving call (the producer warpgroup's first warp; lane 0 issues): the same
+ * schedule as produce, with the sequence's rows. Packed Q or K/V: the tensor map has one batch entry
+ * and the rows start at the sequence's first (rows past the sequence belong to the next one: masked,
+ * never stored; past the tensor: zeros). A cache: entry kv_b (outside the cache: -1, zeros). Pages:
+ * a tile is kBlockN / R boxes of R = gcd(page_size, kBlockN) keys (the planner allows the page
+ * sizes for which R is a multiple of the 8-row swizzle atom); box i holds keys n0 + i R onwards, of
+ * page table[(n0 + i R) / page_size] from row (n0 + i R) % page_size. Lane i reads box i's page
+ * number one tile ahead (so each tile costs the table's latency once, hidden behind the wait for
+ * a free stage) and issues box i. A box past the sequence's keys, or a page outside the pool, reads
+ * zeros (an out-of-bounds coordinate); the mask hides those keys. A persistent block's tiles follow
+ * one another (nth, kv0: as in produce). With one Q buffer, the tile's Q loads after its first K,
+ * once every consumer warp is done with the last one's; with two (Tr::kTwoQ), the block's record
+ * warp loads it (produce_serving_q, in the kernel). */
 template <class Tr>
 __device__ __forceinline__ void produce_serving(const fa_kernel_params &p, const seq_view<true> &sq, const tile<Tr> &tl,
                                                 const smem_layout<Tr> &sm, const CUtensorMap *tm_q,
