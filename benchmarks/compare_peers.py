@@ -6,6 +6,10 @@ dims 96, 160 and 192 (summarised apart, so the peer table's lines keep their sha
 
     FLASHATTN_LIBRARY=build/libflashattn.so PYTHONPATH=python python3 benchmarks/compare_peers.py --json out.json
 
+--backend fused forces the portable FUSED kernel (what A100/L40-class GPUs run) instead of AUTO's
+choice: FA2 runs its sm80 code on Hopper too, so that comparison is same-hardware. --kinds keeps only
+some kinds of rows (prefill, prefill-gqa, decode, prefill-hd), --head-dims some head dims.
+
 Timing: CUDA events around each call, median of 30 after 5 warm-ups (the peer table's protocol):
 end to end, what a Python caller sees (a call whose host time exceeds its GPU time is timed at its
 host time). With --flush-l2, every row is also timed in GPU time with a cold L2: before each timed
@@ -72,10 +76,11 @@ def shapes():
     return out
 
 
-def ours_fn(q, k, v, o, causal):
+def ours_fn(q, k, v, o, causal, backend):
     """The library's forward with everything prepared once, as a server would call it."""
     h = flashattn.get_handle(q.device.index)
     p = flashattn.FwdParams.new()
+    p.backend = backend
     p.dtype = flashattn.Dtype.BFLOAT16 if q.dtype == torch.bfloat16 else flashattn.Dtype.FLOAT16
     p.batch, p.seqlen_q, p.heads_q, p.head_dim = q.shape
     p.seqlen_k, p.heads_kv = k.shape[1], k.shape[2]
@@ -98,15 +103,28 @@ def main():
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--flush-l2", action="store_true",
                     help="also time every row in GPU time with the L2 flushed before each call")
+    ap.add_argument("--backend", choices=("auto", "fused", "fused_sm90"), default="auto",
+                    help="the library's backend (default: AUTO's choice)")
+    ap.add_argument("--kinds", default="prefill,prefill-gqa,decode,prefill-hd",
+                    help="comma-separated kinds of rows to run")
+    ap.add_argument("--head-dims", help="comma-separated head dims to keep (default: all)")
     args = ap.parse_args()
+    head_dims = {int(x) for x in args.head_dims.split(",")} if args.head_dims else None
+    backend = getattr(flashattn.Backend, args.backend.upper())
+    kinds = set(args.kinds.split(","))
+    unknown = kinds - {"prefill", "prefill-gqa", "decode", "prefill-hd"}
+    if unknown:
+        ap.error(f"--kinds: unknown kind(s) {', '.join(sorted(unknown))}")
     flush = torch.empty(512 << 20, dtype=torch.uint8, device="cuda") if args.flush_l2 else None
     props = torch.cuda.get_device_properties(0)
     print(f"# {props.name}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, "
-          f"libflashattn {flashattn.library_version()}", flush=True)
+          f"libflashattn {flashattn.library_version()}, backend {args.backend}", flush=True)
     rows = []
     hdr = f"{'kind':<11} {'dtype':<5} {'b x hq/hkv':<10} {'sq':>5} {'sk':>6} {'d':>3} {'mask':<6} {'ours':>7} {'FA2':>7} {'cuDNN':>7} {'vs FA2':>7} {'vs cuDNN':>8} unit     check"
     print(hdr, flush=True)
     for kind, dt, b, hq, hkv, s, sk, d, causal in shapes():
+        if kind not in kinds or (head_dims is not None and d not in head_dims):
+            continue
         torch.manual_seed(len(rows))
         q = torch.randn(b, s, hq, d, device="cuda", dtype=dt)
         k = torch.randn(b, sk, hkv, d, device="cuda", dtype=dt)
@@ -118,7 +136,7 @@ def main():
         unit, key, per_ms = ("GB/s", "_gbps", 1e6) if decode else ("TFLOP/s", "_tflops", 1e9)
         row = dict(kind=kind, dtype=str(dt).split(".")[-1], b=b, hq=hq, hkv=hkv, sq=s, sk=sk, d=d, causal=causal,
                    unit=unit)
-        fn, kernel = ours_fn(q, k, v, o, causal)
+        fn, kernel = ours_fn(q, k, v, o, causal, backend)
         row["kernel"] = kernel
         row["ours_ms"] = bench(fn, args.iters)
         if flush is not None:
@@ -177,7 +195,7 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(gpu=props.name, torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
-                           library=flashattn.library_version(), rows=rows), f, indent=1)
+                           library=flashattn.library_version(), backend=args.backend, rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":

@@ -175,30 +175,34 @@ typedef struct fa_launch {
 
 /* Tile configuration of the fused kernel for one compiled head dim. A warp owns
  * block_m / warps query rows: 32 (two m16 tiles, so each K/V fragment read from shared memory feeds
- * two MMAs) where the O accumulator fits in registers, else 16. Shared memory holds Q and two
- * stages of K and V, each row padded by 8 elements (16 bytes) so ldmatrix is bank-conflict free. */
+ * two MMAs) where the O accumulator fits in registers, else 16. Shared memory holds Q and `stages`
+ * stages of K and of V, each row padded by 8 elements (16 bytes) so ldmatrix is bank-conflict free.
+ * Two stages: tile j + 2 loads while tile j is computed. One stage: V of tile j loads during S = Q K^T
+ * and K of tile j + 1 during the softmax and P V, so the block needs half the K/V space and two
+ * blocks fit on an SM at the large head dims. (FUSED_SM90's rows leave `stages` 0: its layout is
+ * fa_sm90_smem_bytes's.) */
 typedef struct fa_fused_config {
-    int32_t head_dim, block_m, block_n, warps;
+    int32_t head_dim, block_m, block_n, warps, stages;
 } fa_fused_config;
 
 #define FA_SMEM_PAD 8
 
-/* X(head_dim, block_m, block_n, warps): the one table of tile choices; the planner expands it, and
- * CMake generates one kernel instance per row from it (cmake/variants.cmake), so they cannot
- * disagree. docs/performance.md records why. */
-/*                     head_dim block_m block_n warps */
+/* X(head_dim, block_m, block_n, warps, stages): the one table of tile choices; the planner expands
+ * it, and CMake generates one kernel instance per row from it (cmake/variants.cmake), so they
+ * cannot disagree. docs/performance.md records why. */
+/*                     head_dim block_m block_n warps stages */
 #define FA_FUSED_CONFIGS(X) \
-    X(32, 128, 128, 4)   \
-    X(64, 128, 128, 4)   \
-    X(96, 128, 64, 4)    \
-    X(128, 128, 64, 4)   \
-    X(160, 128, 64, 8)   \
-    X(192, 128, 64, 8)   \
-    X(256, 128, 64, 8)
+    X(32, 128, 128, 4, 2)   \
+    X(64, 128, 128, 4, 2)   \
+    X(96, 128, 64, 4, 2)    \
+    X(128, 128, 64, 4, 2)   \
+    X(160, 64, 64, 4, 1)    \
+    X(192, 64, 64, 4, 1)    \
+    X(256, 64, 64, 4, 1)
 
 static inline int64_t fa_fused_smem_bytes(const fa_fused_config *c) {
     const int64_t row_bytes = (int64_t)(c->head_dim + FA_SMEM_PAD) * 2;
-    return row_bytes * (c->block_m + 2 * 2 * (int64_t)c->block_n);
+    return row_bytes * (c->block_m + 2 * (int64_t)c->stages * c->block_n);
 }
 
 /* The Hopper-native backend (FUSED_SM90, sm_90a only): a producer warpgroup loads Q, K and V with

@@ -36,9 +36,9 @@
 namespace fa {
 
 template <int kHeadDim> struct fused_cfg;
-#define FA_CFG_SPEC(hd, bm, bn, w)                                                     \
+#define FA_CFG_SPEC(hd, bm, bn, w, st)                                                 \
     template <> struct fused_cfg<hd> {                                                     \
-        static constexpr int block_m = bm, block_n = bn, warps = w;                        \
+        static constexpr int block_m = bm, block_n = bn, warps = w, stages = st;           \
     };
 FA_FUSED_CONFIGS(FA_CFG_SPEC)
 #undef FA_CFG_SPEC
@@ -92,6 +92,7 @@ struct fused_traits {
     using cfg = fused_cfg<kHeadDim>;
     using T = typename elem<kDtype>::type;
     static constexpr int kBlockM = cfg::block_m, kBlockN = cfg::block_n, kWarps = cfg::warps;
+    static constexpr int kStages = cfg::stages; /* K/V stages: 2 (double-buffered) or 1 */
     static constexpr int kThreads = 32 * kWarps;
     static constexpr int kMTiles = kBlockM / (16 * kWarps); /* m16 tiles (query rows / 16) per warp */
     static constexpr int kStride = kHeadDim + FA_SMEM_PAD; /* elements per shared-memory row */
@@ -100,12 +101,13 @@ struct fused_traits {
     static constexpr int kSTiles = kBlockN / 8;           /* n8 tiles of S per m16 tile */
     static constexpr int kOTiles = kHeadDim / 8;          /* n8 tiles of O per m16 tile */
     static constexpr int kPSteps = kBlockN / 16;          /* k16 steps of P V */
-    static constexpr int kSmemBytes = (kBlockM + 4 * kBlockN) * kStride * 2;
+    static constexpr int kSmemBytes = (kBlockM + 2 * kStages * kBlockN) * kStride * 2;
     /* Two resident blocks when they fit (4-warp configurations), so one block's softmax overlaps
      * the other's matrix products on each SM sub-partition. */
     static constexpr int kMinBlocks = kWarps == 4 ? 2 : 1;
     static_assert(kMTiles >= 1 && kBlockM == 16 * kMTiles * kWarps, "a warp owns 16 * kMTiles rows");
     static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0, "tile shapes must be multiples of 16");
+    static_assert(kStages == 1 || kStages == 2, "one or two K/V stages");
 };
 
 /* Async copy of rows [row0, row0 + kRows) of a [seq, head_dim] slice into shared memory; rows past
@@ -114,21 +116,31 @@ template <typename Tr, int kRows>
 __device__ __forceinline__ void load_tile(typename Tr::T *dst, const typename Tr::T *src,
                                           int64_t row_stride, int row0, int rows_valid,
                                           int head_dim) {
-    /* Unrolled with a compile-time trip count: each thread's (row, chunk) pairs are constants
-     * relative to row0, so only the row base moves from tile to tile. */
-    constexpr int kTotal = kRows * Tr::kChunks;
-    constexpr int kIters = (kTotal + Tr::kThreads - 1) / Tr::kThreads;
-    const uint32_t base = smem_u32(dst);
-    const typename Tr::T *src_row0 = src + (int64_t)row0 * row_stride;
+    /* kTpr threads share a row (the largest power of two dividing its chunks), each taking every
+     * kTpr-th chunk; a pass covers kRowsPerPass rows. A thread's (row, chunk) pairs are constants
+     * relative to row0: one global address per call, then fixed steps, and no per-row multiply. */
+    constexpr int kChunks = Tr::kChunks;
+    constexpr int kTpr = (kChunks & -kChunks) < 32 ? (kChunks & -kChunks) : 32;
+    constexpr int kCpt = kChunks / kTpr; /* chunks per thread per row */
+    constexpr int kRowsPerPass = Tr::kThreads / kTpr;
+    constexpr int kPasses = (kRows + kRowsPerPass - 1) / kRowsPerPass;
+    static_assert(Tr::kThreads % kTpr == 0 && kChunks % kTpr == 0, "threads per row");
+    const int r0 = (int)threadIdx.x / kTpr, c0 = (int)threadIdx.x % kTpr;
+    const typename Tr::T *g = src + (int64_t)(row0 + r0) * row_stride + c0 * 8;
+    const int64_t step = (int64_t)kRowsPerPass * row_stride;
+    const uint32_t s0 = smem_u32(dst) + (uint32_t)((r0 * Tr::kStride + c0 * 8) * 2);
 #pragma unroll
-    for (int i = 0; i < kIters; ++i) {
-        const int c = (int)threadIdx.x + i * Tr::kThreads;
-        if (kTotal % Tr::kThreads == 0 || c < kTotal) {
-            const int r = c / Tr::kChunks, ch = c % Tr::kChunks;
-            const bool valid = (row0 + r < rows_valid) && (ch * 8 < head_dim);
-            const typename Tr::T *g = valid ? src_row0 + (int64_t)r * row_stride + ch * 8 : src;
-            cp_async_16(base + (uint32_t)((r * Tr::kStride + ch * 8) * 2), g, valid);
+    for (int i = 0; i < kPasses; ++i) {
+        if (kRows % kRowsPerPass == 0 || r0 + i * kRowsPerPass < kRows) {
+            const bool row_ok = row0 + r0 + i * kRowsPerPass < rows_valid;
+#pragma unroll
+            for (int j = 0; j < kCpt; ++j) {
+                const bool valid = row_ok && (c0 + j * kTpr) * 8 < head_dim;
+                cp_async_16(s0 + (uint32_t)((i * kRowsPerPass * Tr::kStride + j * kTpr * 8) * 2),
+                            valid ? g + j * kTpr * 8 : src, valid);
+            }
         }
+        g += step;
     }
 }
 
@@ -139,9 +151,15 @@ __device__ __forceinline__ void load_tile(typename Tr::T *dst, const typename Tr
 template <typename Tr> struct dense_kv {
     const fa_kernel_params &p;
     const typename Tr::T *k, *v;
-    __device__ __forceinline__ void load(typename Tr::T *sk, typename Tr::T *sv, int row0) const {
+    __device__ __forceinline__ void load_k(typename Tr::T *sk, int row0) const {
         load_tile<Tr, Tr::kBlockN>(sk, k, p.k_seq_stride, row0, p.seqlen_k, p.head_dim);
+    }
+    __device__ __forceinline__ void load_v(typename Tr::T *sv, int row0) const {
         load_tile<Tr, Tr::kBlockN>(sv, v, p.v_seq_stride, row0, p.seqlen_k, p.head_dim);
+    }
+    __device__ __forceinline__ void load(typename Tr::T *sk, typename Tr::T *sv, int row0) const {
+        load_k(sk, row0);
+        load_v(sv, row0);
     }
 };
 
@@ -152,7 +170,14 @@ template <typename Tr> struct serving_kv {
     const int32_t *table;         /* the sequence's page list (block-table row); NULL: not paged */
     int pages;                    /* entries of that list that belong to the sequence */
     int page_size, num_pages, rows_valid, head_dim;
-    __device__ __forceinline__ void load(typename Tr::T *sk, typename Tr::T *sv, int row0) const {
+    /* K's rows into sk, V's into sv (kK, kV: which of the two), sharing the page lookups. */
+    template <bool kK, bool kV>
+    __device__ __forceinline__ void load_rows(typename Tr::T *sk, typename Tr::T *sv, int row0) const {
+        if (table == nullptr) { /* packed or indexed rows: a strided slice, as in a dense call */
+            if (kK) load_tile<Tr, Tr::kBlockN>(sk, k, k_stride, row0, rows_valid, head_dim);
+            if (kV) load_tile<Tr, Tr::kBlockN>(sv, v, v_stride, row0, rows_valid, head_dim);
+            return;
+        }
         constexpr int kTotal = Tr::kBlockN * Tr::kChunks;
         constexpr int kIters = (kTotal + Tr::kThreads - 1) / Tr::kThreads;
         const uint32_t kb = smem_u32(sk), vb = smem_u32(sv);
@@ -163,7 +188,7 @@ template <typename Tr> struct serving_kv {
                 const int r = c / Tr::kChunks, ch = c % Tr::kChunks, j = row0 + r;
                 bool valid = j < rows_valid && ch * 8 < head_dim;
                 int64_t page = 0, in_page = j;
-                if (valid && table != nullptr) {
+                if (valid) {
                     const int pi = j / page_size;
                     page = pi < pages ? table[pi] : -1;
                     in_page = j - pi * page_size;
@@ -172,10 +197,15 @@ template <typename Tr> struct serving_kv {
                 const uint32_t soff = (uint32_t)((r * Tr::kStride + ch * 8) * 2);
                 const typename Tr::T *gk = valid ? k + page * k_page + in_page * k_stride + ch * 8 : k;
                 const typename Tr::T *gv = valid ? v + page * v_page + in_page * v_stride + ch * 8 : v;
-                cp_async_16(kb + soff, gk, valid);
-                cp_async_16(vb + soff, gv, valid);
+                if (kK) cp_async_16(kb + soff, gk, valid);
+                if (kV) cp_async_16(vb + soff, gv, valid);
             }
         }
+    }
+    __device__ __forceinline__ void load_k(typename Tr::T *sk, int row0) const { load_rows<true, false>(sk, sk, row0); }
+    __device__ __forceinline__ void load_v(typename Tr::T *sv, int row0) const { load_rows<false, true>(sv, sv, row0); }
+    __device__ __forceinline__ void load(typename Tr::T *sk, typename Tr::T *sv, int row0) const {
+        load_rows<true, true>(sk, sv, row0);
     }
 };
 
@@ -258,8 +288,8 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T *sQ = reinterpret_cast<T *>(smem_raw);
-    T *sK = sQ + kBlockM * kStride;     /* 2 stages */
-    T *sV = sK + 2 * kBlockN * kStride; /* 2 stages */
+    T *sK = sQ + kBlockM * kStride;               /* kStages stages */
+    T *sV = sK + Tr::kStages * kBlockN * kStride; /* kStages stages */
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
@@ -318,12 +348,18 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
         tile_begin = key_lo / kBlockN;
         n_tiles = (key_hi + kBlockN - 1) / kBlockN - tile_begin;
     }
-    /* Prologue: Q and the first key tile in group 0, the second key tile in group 1. */
+    /* Prologue. Two stages: Q and the first key tile in group 0, the second key tile in group 1.
+     * One stage: Q and the first tile's K (its V loads at the top of the loop). */
     load_tile<Tr, kBlockM>(sQ, qg, p.q_seq_stride, m0, bnd.seqlen_q, p.head_dim);
-    kv.load(sK, sV, tile_begin * kBlockN);
-    cp_async_commit();
-    if (n_tiles > 1) kv.load(sK + kBlockN * kStride, sV + kBlockN * kStride, (tile_begin + 1) * kBlockN);
-    cp_async_commit();
+    if constexpr (Tr::kStages == 2) {
+        kv.load(sK, sV, tile_begin * kBlockN);
+        cp_async_commit();
+        if (n_tiles > 1) kv.load(sK + kBlockN * kStride, sV + kBlockN * kStride, (tile_begin + 1) * kBlockN);
+        cp_async_commit();
+    } else {
+        kv.load_k(sK, tile_begin * kBlockN);
+        cp_async_commit();
+    }
 
     /* Softcap and ALiBi need the score in natural units; without them the scale is folded into
      * the exp2 argument (one FFMA per element). */
@@ -348,10 +384,17 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
     const uint32_t sQ_warp = smem_u32(sQ) + (uint32_t)(warp * 16 * kMT * kStride * 2) + a_off;
 
     for (int it = 0; it < n_tiles; ++it) {
-        cp_async_wait<1>(); /* tile `it` (and Q) have landed for this thread ... */
-        __syncthreads();    /* ... and for every thread */
-        const int stage = it & 1;
+        const int stage = Tr::kStages == 2 ? (it & 1) : 0;
         const int n0 = (tile_begin + it) * kBlockN;
+        if constexpr (Tr::kStages == 2) {
+            cp_async_wait<1>(); /* tile `it` (and Q) have landed for this thread ... */
+            __syncthreads();    /* ... and for every thread */
+        } else {
+            cp_async_wait<0>(); /* K of tile `it` (and Q) have landed for this thread ... */
+            __syncthreads();    /* ... and for every thread, and every warp is done with V of tile it - 1 */
+            kv.load_v(sV, n0);
+            cp_async_commit();
+        }
         const uint32_t sK_st = smem_u32(sK + stage * kBlockN * kStride) + kb_off;
         const uint32_t sV_st = smem_u32(sV + stage * kBlockN * kStride) + vb_off;
 
@@ -403,6 +446,13 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
             for (int mt = 0; mt < kMT; ++mt) mask_scores_keywise<Tr::kSTiles>(s_of(mt), bnd, row_of(mt), n0, t);
         }
 
+        if constexpr (Tr::kStages == 1) {
+            cp_async_wait<0>(); /* V of tile `it` has landed for this thread ... */
+            __syncthreads();    /* ... and for every thread, and every warp is done with K of tile it */
+            if (it + 1 < n_tiles) kv.load_k(sK, n0 + kBlockN);
+            cp_async_commit(); /* possibly empty: keeps the wait_group count uniform */
+        }
+
         /* Per m16 tile: the online softmax, then O += P V. Tile mt + 1's softmax has no dependence
          * on tile mt's MMAs, so the scheduler can overlap them (at the cost of reading V fragments
          * once per m16 tile). */
@@ -430,12 +480,14 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
                 }
             }
         }
-        __syncthreads(); /* every warp is done with this stage; refill it with tile it + 2 */
-        if (it + 2 < n_tiles) {
-            const int n2 = (tile_begin + it + 2) * kBlockN;
-            kv.load(sK + stage * kBlockN * kStride, sV + stage * kBlockN * kStride, n2);
+        if constexpr (Tr::kStages == 2) {
+            __syncthreads(); /* every warp is done with this stage; refill it with tile it + 2 */
+            if (it + 2 < n_tiles) {
+                const int n2 = (tile_begin + it + 2) * kBlockN;
+                kv.load(sK + stage * kBlockN * kStride, sV + stage * kBlockN * kStride, n2);
+            }
+            cp_async_commit(); /* possibly empty: keeps the wait_group count uniform */
         }
-        cp_async_commit(); /* possibly empty: keeps the wait_group count uniform */
     }
     cp_async_wait<0>();
 
@@ -461,7 +513,8 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
         return;
     }
 
-    /* Epilogue: normalise, stage O through sQ (free now: the loop ended on a barrier), store. */
+    /* Epilogue: normalise, stage O through sQ (free now: every warp read its Q last before the
+     * loop's last barrier), store. */
     T *sO = sQ;
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)

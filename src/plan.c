@@ -12,7 +12,7 @@
 typedef long long ll;
 
 static const fa_fused_config fa_fused_configs[] = {
-#define FA_CFG_ROW(hd, bm, bn, w) {hd, bm, bn, w},
+#define FA_CFG_ROW(hd, bm, bn, w, st) {hd, bm, bn, w, st},
     FA_FUSED_CONFIGS(FA_CFG_ROW)
 #undef FA_CFG_ROW
 };
@@ -32,7 +32,7 @@ const fa_fused_config *fa_fused_config_for(int kernel_head_dim) {
 
 static const struct { fa_fused_config cfg; int32_t auto_min, masked_max_sq, unmasked_min_sk; } fa_sm90_configs[] = {
 #define FA_SM90_ROW(hd, bn, consumers, auto_min, masked_max_sq, unmasked_min_sk) \
-    {{hd, 64 * (consumers), bn, 4 * ((consumers) + 1)}, auto_min, masked_max_sq, unmasked_min_sk},
+    {{hd, 64 * (consumers), bn, 4 * ((consumers) + 1), 0}, auto_min, masked_max_sq, unmasked_min_sk},
     FA_SM90_CONFIGS(FA_SM90_ROW)
 #undef FA_SM90_ROW
 };
