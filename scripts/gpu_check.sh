@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One device call: build with all cores, run the whole test suite (GPU tests included), the
 # benchmark's default suite, and the side-by-side comparison with the peers; logs under $OUT, a
-# short table last.   Usage: scripts/gpu_check.sh [all|build|test|sanitize|bench|quick|hostcost|serving|peers|ab|abtree|abshapes|abserving|ncuserving]...
+# short table last.   Usage: scripts/gpu_check.sh [all|build|test|sanitize|bench|quick|hostcost|serving|peers|fusedpeers|ab|abtree|abshapes|abserving|ncuserving]...
 # (default: all; "abserving" is abtree's A/B for benchmarks/serving_speed.py; "quick" is the benchmark's quick suite, "hostcost" the Python host cost per call
-# beside SDPA's; "launchcost" the host cost of each launch form (benchmarks/launch_cost.cu); "serving" the serving paths' speed beside the dense path and the peers; "abtree" builds the source tree in $AB_OLD too and times both builds on the default
+# beside SDPA's; "fusedpeers" the portable FUSED kernel forced, beside FA2 (which runs its sm80 code on Hopper too); "launchcost" the host cost of each launch form (benchmarks/launch_cost.cu); "serving" the serving paths' speed beside the dense path and the peers; "abtree" builds the source tree in $AB_OLD too and times both builds on the default
 # suite, alternating, for a refactor's before/after; AB_ARGS adds benchmark options to both, e.g.
 # "--backend fused"; "abshapes" does the same shape by shape, A B B A per shape, on $AB_SHAPES:
 # benchmarks/ab_interleave.py). "ab" times FUSED against FUSED_SM90 at every compiled head dim: the measurement
@@ -154,6 +154,11 @@ if want peers && [ -f benchmarks/compare_peers.py ]; then
   FLASHATTN_LIBRARY=$PWD/build/libflashattn.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 \
     python3 benchmarks/compare_peers.py --flush-l2 --json "$OUT/peers.json" > "$OUT/peers.log" 2>&1
   summary+=("peers: see peers.log")
+fi
+if [[ " $steps " == *" fusedpeers "* ]]; then
+  FLASHATTN_LIBRARY=$PWD/build/libflashattn.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 \
+    python3 benchmarks/compare_peers.py --backend fused --json "$OUT/fused_peers.json" > "$OUT/fused_peers.log" 2>&1
+  summary+=("fused peers: $(grep -E '^prefill \(' "$OUT/fused_peers.log" | tr '\n' ' ')")
 fi
 [ -f "$OUT/correctness.txt" ] && cat "$OUT/correctness.txt"
 [ -f "$OUT/pytest.log" ] && grep -E "FAILED|Error|assert" "$OUT/pytest.log" | head -20
