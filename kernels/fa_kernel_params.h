@@ -205,6 +205,11 @@ static inline int64_t fa_fused_smem_bytes(const fa_fused_config *c) {
     return row_bytes * (c->block_m + 2 * (int64_t)c->stages * c->block_n);
 }
 
+/* The FUSED kernel's blocks an SM keeps resident as far as registers go (its __launch_bounds__
+ * minimum): two of 4 warps (255 registers a thread), so one block's softmax overlaps the other's
+ * matrix products on each SM sub-partition; one of 8 warps. */
+#define FA_FUSED_MIN_BLOCKS(warps) ((warps) == 4 ? 2 : 1)
+
 /* The Hopper-native backend (FUSED_SM90, sm_90a only): a producer warpgroup loads Q, K and V with
  * the tensor memory accelerator (TMA) into 128-byte-swizzled shared memory (two stages of K and of
  * V); `consumers` warpgroups of 64 query rows each (block_m = 64 x consumers) run wgmma and the

@@ -6,7 +6,8 @@
  * those rows (one or two m16 tiles) for the whole kernel. Per block:
  *
  *   load Q tile                                   cp.async, once; fragments re-read per key tile
- *   for each visible key tile (kBlockN keys), K and V double-buffered in shared memory:
+ *   for each visible key tile (kBlockN keys), K and V in one or two stages of shared memory
+ *   (one: V loads during S = Q K^T, the next K during the softmax and P V):
  *       S = Q K^T                                 mma.sync, fp32, in registers (never in DRAM)
  *       S = softcap / ALiBi (if asked)            in log2 units afterwards
  *       S = mask(S)                               only on tiles that cross a mask boundary
@@ -104,7 +105,7 @@ struct fused_traits {
     static constexpr int kSmemBytes = (kBlockM + 2 * kStages * kBlockN) * kStride * 2;
     /* Two resident blocks when they fit (4-warp configurations), so one block's softmax overlaps
      * the other's matrix products on each SM sub-partition. */
-    static constexpr int kMinBlocks = kWarps == 4 ? 2 : 1;
+    static constexpr int kMinBlocks = FA_FUSED_MIN_BLOCKS(kWarps);
     static_assert(kMTiles >= 1 && kBlockM == 16 * kMTiles * kWarps, "a warp owns 16 * kMTiles rows");
     static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0, "tile shapes must be multiples of 16");
     static_assert(kStages == 1 || kStages == 2, "one or two K/V stages");

@@ -122,7 +122,8 @@ FA_HIDDEN const fa_fused_config *fa_sm90_config_for_call(int kernel_head_dim, co
  * into one tile; both split the key range when the tiles cannot fill the GPU. */
 #define FA_MAX_SPLITS 64
 FA_HIDDEN int fa_should_pack_gqa(int sm90, int64_t group, int64_t block_m, int64_t seqlen_q);
-FA_HIDDEN int64_t fa_num_splits(int64_t sm_count, int64_t ctas, int64_t key_tiles);
+FA_HIDDEN int64_t fa_num_splits(int64_t slots, int64_t ctas, int64_t key_tiles);
+FA_HIDDEN int64_t fa_fused_blocks_per_sm(const fa_device_caps *caps, const fa_fused_config *cfg);
 /* Query tiles a head from which FUSED_SM90's causal calls take their tiles heaviest first across heads. */
 #define FA_SCHED_MIN_M_BLOCKS 32
 FA_HIDDEN int64_t fa_sched_heads(const fa_device_caps *caps, const flashattn_fwd_params *p, int64_t m_blocks);

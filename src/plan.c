@@ -372,12 +372,21 @@ int fa_should_pack_gqa(int sm90, int64_t group, int64_t block_m, int64_t seqlen_
 }
 
 /* How many ways a fused kernel splits each tile's key range: when the tiles (ctas) are too few to
- * fill the GPU, as many as fit in one wave of one block per SM (rounded down), at least 2 key tiles
- * per split and at most FA_MAX_SPLITS; 1 (no split) otherwise. */
-int64_t fa_num_splits(int64_t sm_count, int64_t ctas, int64_t key_tiles) {
-    if (ctas <= 0 || ctas >= sm_count) return 1;
-    const int64_t splits = min64(sm_count / ctas, min64(key_tiles / 2, FA_MAX_SPLITS));
+ * fill the GPU's `slots` (resident blocks: SMs x blocks an SM holds at once), as many as fit in one
+ * wave of them (rounded down), at least 2 key tiles per split and at most FA_MAX_SPLITS; 1 (no
+ * split) otherwise. */
+int64_t fa_num_splits(int64_t slots, int64_t ctas, int64_t key_tiles) {
+    if (ctas <= 0 || ctas >= slots) return 1;
+    const int64_t splits = min64(slots / ctas, min64(key_tiles / 2, FA_MAX_SPLITS));
     return splits < 2 ? 1 : splits;
+}
+
+/* The FUSED blocks an SM of this device holds at once: its registers' limit (FA_FUSED_MIN_BLOCKS),
+ * or fewer where the shared memory holds fewer (an SM has 1 KB more than a block may opt in to, and
+ * each block takes 1 KB of it for the system). FUSED_SM90 runs one block an SM. */
+int64_t fa_fused_blocks_per_sm(const fa_device_caps *caps, const fa_fused_config *cfg) {
+    const int64_t by_smem = (caps->smem_per_block_optin + 1024) / (fa_fused_smem_bytes(cfg) + 1024);
+    return max64(1, min64(FA_FUSED_MIN_BLOCKS(cfg->warps), by_smem));
 }
 
 /* FUSED_SM90's section of (batch, head) pairs for a dense call of at least FA_SCHED_MIN_M_BLOCKS
@@ -428,7 +437,8 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
     const int64_t key_tiles = (p->seqlen_k + plan->cfg.block_n - 1) / plan->cfg.block_n;
     /* A ragged Q splits as a dense one of its capacities: the partial results are [batch,
      * seqlen_q] by capacity, and the combine writes each sequence's packed rows. */
-    const int64_t splits = no_split ? 1 : fa_num_splits(caps->sm_count, ctas, key_tiles);
+    const int64_t slots = sm90 ? caps->sm_count : caps->sm_count * fa_fused_blocks_per_sm(caps, &plan->cfg);
+    const int64_t splits = no_split ? 1 : fa_num_splits(slots, ctas, key_tiles);
     plan->kp.num_splits = (int32_t)splits;
     plan->grid_x = (int32_t)(mblocks * splits);
     const int serving = fa_is_serving(p);

@@ -634,24 +634,25 @@ TEST(Planning, AutoPicksFusedWithTheTableTiles) {
 }
 
 TEST(Planning, FusedSplitsTheKeysOfCallsWithTooFewTiles) {
-    // 2 x 8 heads x 1 query tile = 16 blocks for 108 SMs: the keys split as FUSED_SM90's do (at
-    // least 2 key tiles each), with a workspace for the partial results, merged after.
+    // 2 x 8 heads x 1 query tile = 16 blocks for 108 SMs of two resident blocks each: the keys split
+    // as FUSED_SM90's do (at least 2 key tiles each), with a workspace for the partial results,
+    // merged after.
     flashattn_fwd_params p = valid_params();
     p.seqlen_k = 4096;
     flashattn_fwd_params_set_packed_strides(&p);
     const fa_plan plan = plan_ok(p, a100_caps());
     if (!fa_fused_compiled(FLASHATTN_DTYPE_BFLOAT16, 128)) GTEST_SKIP() << "d128 not compiled in";
     ASSERT_EQ(FLASHATTN_BACKEND_FUSED, plan.backend);
-    EXPECT_EQ(6, plan.kp.num_splits);  // 108 / 16 blocks
-    EXPECT_EQ(6, plan.grid_x);
-    EXPECT_GE(plan.workspace_bytes, 6LL * 2 * 8 * 100 * (128 + 1) * 4);
-    EXPECT_GE(plan.lse_accum_off, plan.o_accum_off + 6LL * 2 * 8 * 100 * 128 * 4);
+    EXPECT_EQ(13, plan.kp.num_splits);  // 2 x 108 / 16 blocks, rounded down
+    EXPECT_EQ(13, plan.grid_x);
+    EXPECT_GE(plan.workspace_bytes, 13LL * 2 * 8 * 100 * (128 + 1) * 4);
+    EXPECT_GE(plan.lse_accum_off, plan.o_accum_off + 13LL * 2 * 8 * 100 * 128 * 4);
     // A packed (ragged) Q of the same capacities splits the same way: the partial results are
     // [batch, seqlen_q] by capacity, and the combine writes each sequence's packed rows.
     flashattn_fwd_params r = valid_varlen_packed();
     r.seqlen_k = 4096, r.total_k = 8192;
     const fa_plan rp = plan_ok(r, a100_caps());
-    EXPECT_EQ(6, rp.kp.num_splits);
+    EXPECT_EQ(13, rp.kp.num_splits);
     EXPECT_EQ(plan.workspace_bytes, rp.workspace_bytes);
     EXPECT_EQ(plan.lse_accum_off, rp.lse_accum_off);
     // The plan flashattn_fwd falls back to when a caller gives FUSED no workspace (as before 0.4.0).
@@ -1049,8 +1050,8 @@ TEST(Planning, FusedDecodeRunsAGroupsQueryHeadsAsTheRowsOfOneTile) {
     EXPECT_EQ(1, plan.gqa_rows);
     EXPECT_EQ(8, plan.grid_y);
     EXPECT_EQ(3, plan.grid_z);
-    EXPECT_EQ(4, plan.kp.num_splits);  // 24 blocks for 108 SMs: the keys split 4 ways
-    EXPECT_EQ(4, plan.grid_x);
+    EXPECT_EQ(9, plan.kp.num_splits);  // 24 blocks for 2 x 108 resident: the keys split 9 ways
+    EXPECT_EQ(9, plan.grid_x);
     EXPECT_EQ(4, plan.kp.seqlen_q);
     EXPECT_EQ(1, plan.kp.head_group);
     EXPECT_EQ(128, plan.kp.q_seq_stride);
@@ -1123,6 +1124,14 @@ TEST(Planning, NumSplitsFillsOneWave) {
     EXPECT_EQ(1, fa_num_splits(132, 132, 1024)); // the tiles fill the GPU already
     EXPECT_EQ(1, fa_num_splits(132, 67, 1024)); // 132 / 67 = 1: no room for a second split
     EXPECT_EQ(1, fa_num_splits(132, 0, 1024));  // nothing to run (Sq = 0)
+    // FUSED's slots: SMs x the blocks an SM holds (registers: two of 4 warps; then shared memory).
+    const fa_device_caps h200 = h200_caps(), a100 = a100_caps(), ada = {0, 8, 9, 142, 101376, 0};
+    const fa_fused_config d128 = *fa_fused_config_for(128), d256 = *fa_fused_config_for(256);
+    EXPECT_EQ(2, fa_fused_blocks_per_sm(&h200, &d128));
+    EXPECT_EQ(2, fa_fused_blocks_per_sm(&a100, &d128));
+    EXPECT_EQ(1, fa_fused_blocks_per_sm(&ada, &d128));  // 99 KB an SM: one 68 KB block
+    EXPECT_EQ(2, fa_fused_blocks_per_sm(&h200, &d256));
+    EXPECT_EQ(1, fa_fused_blocks_per_sm(&a100, &d256));
 }
 
 TEST(Planning, Sm90HeadDim64UsesTwoConsumersForShortMaskedCalls) {
@@ -1593,6 +1602,28 @@ TEST(Planning, SharedMemoryRefusalNamesTheHeadDim) {
     if (!fa_fused_compiled(FLASHATTN_DTYPE_BFLOAT16, 256)) GTEST_SKIP() << "d256 not compiled in";
     EXPECT_EQ(FLASHATTN_STATUS_UNSUPPORTED, fa_plan_make(&small, &p, 0, &plan));
     EXPECT_NE(std::string(flashattn_last_error()).find("head_dim 256"), std::string::npos) << flashattn_last_error();
+}
+
+// Every FUSED tile fits the shared memory of the sm_80-sm_89 GPUs (A100: 163 KB per block; A10, L4,
+// L40, RTX 30/40: 99 KB), so AUTO runs FUSED there at every compiled head dim, not REFERENCE.
+TEST(Planning, FusedFitsEverySm8xGpuAtEveryHeadDim) {
+    const fa_device_caps ada = {0, 8, 9, 142, 101376, 0};
+    int planned = 0;
+    for (const fa_device_caps &caps : {a100_caps(), ada})
+        for (int64_t d : {32, 64, 80, 96, 128, 160, 192, 256}) {
+            const int khd = fa_fused_kernel_head_dim(d);
+            ASSERT_NE(0, khd);
+            EXPECT_LE(fa_fused_smem_bytes(fa_fused_config_for(khd)), 101376) << "kernel head dim " << khd;
+            if (!fa_fused_compiled(FLASHATTN_DTYPE_BFLOAT16, khd)) continue;
+            flashattn_fwd_params p = valid_params();
+            p.head_dim = d;
+            flashattn_fwd_params_set_packed_strides(&p);
+            const fa_plan plan = plan_ok(p, caps);
+            EXPECT_EQ(FLASHATTN_BACKEND_FUSED, plan.backend) << "head dim " << d << ", sm_" << caps.cc_major << caps.cc_minor;
+            EXPECT_EQ(fa_fused_smem_bytes(&plan.cfg), plan.smem_bytes);
+            ++planned;
+        }
+    if (planned == 0) GTEST_SKIP() << "no FUSED head dim compiled in";
 }
 
 TEST(Version, BuildInfoNamesTheCompiledVariants) {
