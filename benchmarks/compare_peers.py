@@ -105,14 +105,15 @@ def main():
                     help="also time every row in GPU time with the L2 flushed before each call")
     ap.add_argument("--backend", choices=("auto", "fused", "fused_sm90"), default="auto",
                     help="the library's backend (default: AUTO's choice)")
-    ap.add_argument("--kinds", default="prefill,prefill-gqa,decode,prefill-hd",
-                    help="comma-separated kinds of rows to run")
+    all_kinds = sorted({shape[0] for shape in shapes()})
+    ap.add_argument("--kinds", default=",".join(all_kinds),
+                    help=f"comma-separated kinds of rows to run (of {', '.join(all_kinds)})")
     ap.add_argument("--head-dims", help="comma-separated head dims to keep (default: all)")
     args = ap.parse_args()
     head_dims = {int(x) for x in args.head_dims.split(",")} if args.head_dims else None
     backend = getattr(flashattn.Backend, args.backend.upper())
     kinds = set(args.kinds.split(","))
-    unknown = kinds - {"prefill", "prefill-gqa", "decode", "prefill-hd"}
+    unknown = kinds - set(all_kinds)
     if unknown:
         ap.error(f"--kinds: unknown kind(s) {', '.join(sorted(unknown))}")
     flush = torch.empty(512 << 20, dtype=torch.uint8, device="cuda") if args.flush_l2 else None

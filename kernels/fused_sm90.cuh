@@ -586,11 +586,7 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
 template <class Tr>
 __device__ __forceinline__ void produce_serving_q(const seq_view<true> &sq, const tile<Tr> &tl, uint32_t dst,
                                                   uint32_t bar_q, const CUtensorMap *tm_q) {
-    constexpr int kCB = Tr::kChunks / 8;
-    mbar_expect_tx(bar_q, (uint32_t)(kCB * 128 * tl.rows_per_head * tl.heads));
-    const int qb = sq.packed_q ? 0 : tl.b, q0 = (int)sq.s.q_row0 + tl.m0;
-#pragma unroll
-    for (int cb = 0; cb < kCB; ++cb) tma_load(dst + cb * Tr::kBlockM * 128, tm_q, cb * 64, q0, tl.h0, qb, bar_q);
+    produce_q<Tr>((int)sq.s.q_row0 + tl.m0, tl.h0, sq.packed_q ? 0 : tl.b, tl.rows_per_head * tl.heads, dst, bar_q, tm_q);
 }
 
 /* The producer of a serving call (the producer warpgroup's first warp; lane 0 issues): the same
