@@ -16,8 +16,9 @@
  * has issued its last P V). It has C + 1 warpgroups:
  *   producer (warpgroup 0, one thread): TMA loads of Q once, then of K_j and V_j into two stages
  *     each, as the consumers free them. Each load completes on a "full" mbarrier; each stage is
- *     handed back on an "empty" mbarrier. It keeps 24 registers (setmaxnreg) so that the consumers
- *     can have 240 (C = 1, 2); with C = 3 the consumers' 160 leave it 32 (a persistent dense
+ *     handed back on an "empty" mbarrier. It keeps 24 registers (setmaxnreg) so that two
+ *     consumers can have 240 (a single consumer has 240 and leaves it 232, for the gathered
+ *     copies of produce_gathered); with C = 3 the consumers' 160 leave it 32 (a persistent dense
  *     block's producer computes each next tile ahead); 56 in a persistent serving block, whose
  *     two consumers then keep 224, and whose producer reads each tile's sequence once and hands it
  *     to the consumers in a shared-memory record (post_record / take_record; with two Q buffers,
@@ -89,8 +90,10 @@ struct traits {
      * consumer, 168 with two, 128 with three), not the register file's 64K: a consumer's
      * setmaxnreg.inc waits for the registers the producer's .dec released, and waits forever if
      * they fall short, so every split used is checked by fits() where it is chosen. */
-    static constexpr int kProducerRegs = kConsumers == 3 ? 32 : 24; /* (3 x 160 + 32 = 4 x 128) */
     static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8 > 240 ? 240 : 65536 / kThreads / 8 * 8;
+    /* (3 x 160 + 32 = 4 x 128; a single consumer takes 240 whatever the producer keeps, so there
+     * the producer keeps nearly all it was launched with, for a gathering warpgroup's copies) */
+    static constexpr int kProducerRegs = kConsumers == 1 ? kLaunchRegs - 8 : kConsumers == 3 ? 32 : 24;
     static constexpr int consumer_regs(int producer_regs) {
         const int share = ((kConsumers + 1) * kLaunchRegs - producer_regs) / kConsumers / 8 * 8;
         return share > 240 ? 240 : share;
@@ -544,22 +547,27 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
             off[l] = page >= 0 && page < p.num_pages ? (int64_t)page * page_stride + (int64_t)(j % p.page_size) * row_stride
                                                      : -1;
         }
-        /* swz_off(w kRowsW + i kRPI + q, ch), stepped: row r's byte row r * 128, its chunk at
-         * (ch % 8 ^ r % 8) * 16 of the 64-column region ch / 8. */
-        uint32_t d = dst + (uint32_t)((ch / 8) * (Tr::kBlockN * 128) + (w * kRowsW + q) * 128);
-        uint32_t r8 = (uint32_t)(w * kRowsW + q) % 8;
-        int from = q;
+        /* swz_off(w kRowsW + i kRPI + q, ch): row r's byte row r * 128, its chunk at
+         * (ch % 8 ^ r % 8) * 16 of the 64-column region ch / 8; the row's offset from lane
+         * (i kRPI) % 32 + q. With a producer that has the registers (a single consumer), the loop
+         * is unrolled, its lanes and places constants but for q: a few instructions a copy, where
+         * the rolled loop's thirty bounded how fast a tile was gathered. */
+        const uint32_t d = dst + (uint32_t)((ch / 8) * (Tr::kBlockN * 128) + (w * kRowsW + q) * 128);
+        const uint32_t r8 = (uint32_t)(w * kRowsW + q), c8 = (uint32_t)ch % 8;
         const T *src = base + ch * 8;
-#pragma unroll 1 /* cp.async does not wait: a rolled loop costs nothing, and spares the producer's registers */
+        constexpr bool kUnroll = Tr::kProducerRegs >= 128;
+#pragma unroll(kUnroll ? kIters : 1)
         for (int i = 0; i < kIters; ++i) {
-            int64_t o = __shfl_sync(0xffffffffu, off[0], from % 32);
+            const int from = (i * kRPI) % 32 + q;
+            int64_t o = __shfl_sync(0xffffffffu, off[0], from);
             if (kLook > 1) {
-                const int64_t o_hi = __shfl_sync(0xffffffffu, off[kLook - 1], from % 32);
-                if (from >= 32) o = o_hi;
+                const int64_t o_hi = __shfl_sync(0xffffffffu, off[kLook - 1], from);
+                if (i * kRPI >= 32) o = o_hi;
             }
             const bool v = o >= 0 && ch_valid;
-            if (copier) cp_async_16(d + ((((uint32_t)ch % 8) ^ r8) << 4), v ? src + o : base, v);
-            d += kRPI * 128, r8 = (r8 + kRPI) % 8, from += kRPI;
+            if (copier)
+                cp_async_16(d + (uint32_t)(i * kRPI * 128) + ((c8 ^ ((r8 + (uint32_t)(i * kRPI)) & 7u)) << 4),
+                            v ? src + o : base, v);
         }
         cp_async_mbar_arrive(full);
     };
