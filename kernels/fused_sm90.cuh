@@ -16,8 +16,8 @@
  * has issued its last P V). It has C + 1 warpgroups:
  *   producer (warpgroup 0, one thread): TMA loads of Q once, then of K_j and V_j into two stages
  *     each, as the consumers free them. Each load completes on a "full" mbarrier; each stage is
- *     handed back on an "empty" mbarrier. It keeps 24 registers (setmaxnreg) so that two
- *     consumers can have 240 (a single consumer has 240 and leaves it 232, for the gathered
+ *     handed back on an "empty" mbarrier. It keeps 24 registers (setmaxnreg) so that the consumers
+ *     can have 240 (C = 1, 2; in a serving block beside a single consumer, 232, for the gathered
  *     copies of produce_gathered); with C = 3 the consumers' 160 leave it 32 (a persistent dense
  *     block's producer computes each next tile ahead); 56 in a persistent serving block, whose
  *     two consumers then keep 224, and whose producer reads each tile's sequence once and hands it
@@ -91,9 +91,11 @@ struct traits {
      * setmaxnreg.inc waits for the registers the producer's .dec released, and waits forever if
      * they fall short, so every split used is checked by fits() where it is chosen. */
     static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8 > 240 ? 240 : 65536 / kThreads / 8 * 8;
-    /* (3 x 160 + 32 = 4 x 128; a single consumer takes 240 whatever the producer keeps, so there
-     * the producer keeps nearly all it was launched with, for a gathering warpgroup's copies) */
-    static constexpr int kProducerRegs = kConsumers == 1 ? kLaunchRegs - 8 : kConsumers == 3 ? 32 : 24;
+    static constexpr int kProducerRegs = kConsumers == 3 ? 32 : 24; /* (3 x 160 + 32 = 4 x 128) */
+    /* A serving block a tile's producer, whose whole warpgroup may gather pages (produce_gathered):
+     * beside a single consumer, which takes 240 whatever the producer keeps, it keeps nearly all it
+     * was launched with. */
+    static constexpr int kServingProducerRegs = kConsumers == 1 ? kLaunchRegs - 8 : kProducerRegs;
     static constexpr int consumer_regs(int producer_regs) {
         const int share = ((kConsumers + 1) * kLaunchRegs - producer_regs) / kConsumers / 8 * 8;
         return share > 240 ? 240 : share;
@@ -550,12 +552,13 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
         /* swz_off(w kRowsW + i kRPI + q, ch): row r's byte row r * 128, its chunk at
          * (ch % 8 ^ r % 8) * 16 of the 64-column region ch / 8; the row's offset from lane
          * (i kRPI) % 32 + q. With a producer that has the registers (a single consumer), the loop
-         * is unrolled, its lanes and places constants but for q: a few instructions a copy, where
-         * the rolled loop's thirty bounded how fast a tile was gathered. */
+         * is unrolled, its lanes and places constants but for q: about 12 instructions a copy,
+         * where the rolled loop's 25, one dependent on the next, bounded how fast a tile was
+         * gathered. */
         const uint32_t d = dst + (uint32_t)((ch / 8) * (Tr::kBlockN * 128) + (w * kRowsW + q) * 128);
         const uint32_t r8 = (uint32_t)(w * kRowsW + q), c8 = (uint32_t)ch % 8;
         const T *src = base + ch * 8;
-        constexpr bool kUnroll = Tr::kProducerRegs >= 128;
+        constexpr bool kUnroll = Tr::kServingProducerRegs >= 128;
 #pragma unroll(kUnroll ? kIters : 1)
         for (int i = 0; i < kIters; ++i) {
             const int from = (i * kRPI) % 32 + q;
@@ -709,7 +712,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     constexpr int kNC = Tr::kConsumers;
     /* A persistent serving block's producer holds a sequence's counts and offsets besides its tile:
      * 56 registers (two consumers then keep 224 each: 56 + 2 x 224 = 3 x 168, the launch allocation). */
-    constexpr int kProducerRegs = kServing && kPersistent ? 56 : Tr::kProducerRegs;
+    constexpr int kProducerRegs = kServing ? (kPersistent ? 56 : Tr::kServingProducerRegs) : Tr::kProducerRegs;
     static_assert(Tr::fits(kProducerRegs, Tr::consumer_regs(kProducerRegs)),
                   "setmaxnreg: the warpgroups' registers must fit in the block's launch allocation");
 
