@@ -86,13 +86,15 @@ typedef struct fa_kernel_params {
      * one head's heaviest tiles started late, and the K/V of the heads a section runs at once stay
      * in the L2. 0: the grid order (blockIdx.x the query tile, heaviest first within each head). */
     int32_t sched_heads;
-    /* FUSED_SM90 calls with more query tiles than SMs, no window, no split, no pack_gqa (dense
-     * calls, and serving calls on their capacities with two consumers and pages read by TMA):
+    /* FUSED_SM90 calls with more query tiles than SMs, every tile with keys, no split, no pack_gqa
+     * (dense calls, and serving calls on their capacities with two consumers and pages read by TMA):
      * grid_x blocks stay resident and each takes tile after tile (fa_persistent_first, then
      * fa_persistent_next), its producer loading the next tile's Q and K while the consumers finish
-     * this one. 1: no mask, every tile the same work; 2: a causal mask with seqlen_q <= seqlen_k, a
-     * tile's work growing linearly with its query position, taken in pairs of equal work. 0: one
-     * tile a block. */
+     * this one. 1: tiles in the grid's order, for calls with no mask (every tile the same work) or
+     * a window under which every row sees a key, with too few query tiles a head for sched_heads'
+     * order (the same work but for the tiles nearest the sequence's start); 2: a causal mask with
+     * seqlen_q <= seqlen_k, a tile's work growing linearly with its query position, taken in pairs
+     * of equal work. 0: one tile a block. */
     int32_t persistent;
     /* Set by the FUSED_SM90 launcher for a persistent block: O leaves shared memory by TMA stores
      * (its tensor map encoded). */

@@ -445,19 +445,31 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
     const int gathered = FA_SM90_GATHERS_PAGES(p->block_table, p->page_size, plan->cfg.block_n);
     if (sm90 && splits == 1 && !pack && !(serving && (gathered || plan->cfg.block_m != 128))) {
         /* More tiles than SMs, every tile with keys to see, and work that is the same for every tile
-         * (no mask) or grows linearly with its query position (a causal mask, seqlen_q <= seqlen_k;
-         * taken in pairs of equal work): one resident block per SM takes tile after tile
-         * (kp.persistent, fa_persistent_first / fa_persistent_next). Windows keep a block a tile. A
+         * (no mask), or grows linearly with its query position (a causal mask, seqlen_q <= seqlen_k;
+         * taken in pairs of equal work), or is bounded by a window (the same for every tile but the
+         * first few, those nearer the sequence's start; in the grid's order): one resident
+         * block per SM takes tile after tile (kp.persistent, fa_persistent_first /
+         * fa_persistent_next). A window under which some row sees no key keeps a block a tile. A
          * serving call is planned on its capacities: its blocks skip the tiles past a sequence's
          * queries, and write the answer of tiles that see no key; pages gathered with cp.async keep
          * a block a tile (their producer is the whole warpgroup, for one tile), as do three
          * consumers (160 registers each: with the serving producer's state, ptxas serialises their
          * wgmma). */
         const int64_t smem = fa_sm90_smem_bytes(plan->cfg.head_dim, plan->cfg.block_m, plan->cfg.block_n, 1, serving);
-        const int kind = p->window_left >= 0 || p->window_right >= 0 || p->seqlen_k == 0 ? 0
-                         : p->mask == FLASHATTN_MASK_NONE                                 ? 1
-                         : p->seqlen_q <= p->seqlen_k                                      ? 2
-                                                                                           : 0;
+        /* Every row i sees keys [i + lo, i + hi] of [0, seqlen_k): some, for every i, exactly when
+         * lo <= hi, hi >= 0 (the first row) and lo <= seqlen_k - seqlen_q (the last). */
+        const int32_t lo = plan->kp.key_lo_off, hi = plan->kp.key_hi_off;
+        const int every_row_sees_keys = p->seqlen_k > 0 && lo <= hi && hi >= 0 && lo <= p->seqlen_k - p->seqlen_q;
+        const int windowed = p->window_left >= 0 || p->window_right >= 0;
+        /* A window with enough query tiles a head for sched_heads' order keeps a block a tile: its
+         * blocks then take the heaviest tiles first across sections of heads (the grid order cost
+         * head dim 256 12% at 8192 tokens and a window of 4096; docs/performance.md v24). */
+        const int window_in_grid_order = serving || fa_sched_heads(caps, p, mblocks) == 0;
+        const int kind = !every_row_sees_keys             ? 0
+                         : windowed                       ? window_in_grid_order
+                         : p->mask == FLASHATTN_MASK_NONE ? 1
+                         : p->seqlen_q <= p->seqlen_k     ? 2
+                                                          : 0;
         /* Pairs: m / 2 units a head, and with m odd its middle tile alone (fa_persistent_tile):
          * no more blocks than units and middle tiles, so that every block has work. */
         const int64_t takers = kind == 2 ? (mblocks / 2 + mblocks % 2) * plan->grid_y * p->batch : ctas;

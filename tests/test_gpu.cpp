@@ -330,15 +330,15 @@ TEST_F(GpuSm90, DecodePackedAndSplit) {
     EXPECT_GT(split, 20);
 }
 
-// Calls without a window and more query tiles than SMs run on resident blocks that take tile after
-// tile (the next tile's Q and K loading while this one's O is stored; causal calls in pairs of
-// tiles): every head dim, a tile count that does not divide evenly, GQA, softcap and ALiBi, padded
-// layouts, both dtypes, both causal masks.
+// Calls with more query tiles than SMs, every row seeing a key, run on resident blocks that take
+// tile after tile (the next tile's Q and K loading while this one's O is stored; causal calls in
+// pairs of tiles): every head dim, a tile count that does not divide evenly, GQA, softcap and
+// ALiBi, padded layouts, both dtypes, both causal masks, a sliding window and a two-sided one.
 TEST_F(GpuSm90, PersistentBlocksTakeTileAfterTile) {
     RuleStats st;
     int persistent = 0, cases = 0;
     for (int64_t d : {64, 96, 128, 160, 192, 256})
-        for (int variant = 0; variant < 6; ++variant) {
+        for (int variant = 0; variant < 8; ++variant) {
             Case c;
             c.dtype = variant == 1 ? FLASHATTN_DTYPE_FLOAT16 : FLASHATTN_DTYPE_BFLOAT16;
             c.d = d, c.b = 3, c.hq = 8, c.hkv = variant == 2 ? 2 : 8, c.sq = 1000 + 37 * variant, c.sk = 777 + 211 * variant;
@@ -348,12 +348,15 @@ TEST_F(GpuSm90, PersistentBlocksTakeTileAfterTile) {
             // odd count of query tiles (the middle one alone) and GQA.
             if (variant == 4) c.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, c.sq = 1000, c.sk = 1300;
             if (variant == 5) c.mask = FLASHATTN_MASK_CAUSAL_TOP_LEFT, c.sq = c.sk = 1150, c.hkv = 4;
+            // Windows (tiles in the grid's order): causal sliding, and two-sided with no mask.
+            if (variant == 6) c.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, c.wl = 200, c.sq = 1000, c.sk = 1100;
+            if (variant == 7) c.wl = 300, c.wr = 90, c.sq = c.sk = 1200, c.hkv = 2;
             const flashattn_plan_info info = plan_for(h, Inputs(c), FLASHATTN_BACKEND_FUSED_SM90);
             persistent += std::string(info.description).find(" persistent") != std::string::npos;
             ++cases;
             check_fa_rule(h, c, st, FLASHATTN_BACKEND_FUSED_SM90);
         }
-    print_rule("persistent blocks (no mask or causal, more tiles than SMs)", st, FLASHATTN_BACKEND_FUSED_SM90);
+    print_rule("persistent blocks (no mask, causal or windows; more tiles than SMs)", st, FLASHATTN_BACKEND_FUSED_SM90);
     EXPECT_EQ(cases, persistent) << "every case must take the persistent path";
 }
 

@@ -862,9 +862,32 @@ TEST(Planning, Sm90UnmaskedCallsWithManyTilesArePersistent) {
     flashattn_fwd_params_set_packed_strides(&q);
     EXPECT_EQ(2, persistent(q));
     EXPECT_EQ(80, plan_ok(q, caps).grid_x);
+    // A window under which every row sees a key: tiles in the grid's order (the same work but for
+    // the first few); one under which some row sees none keeps a block a tile.
     q = p, q.window_left = 1000;
-    EXPECT_EQ(0, persistent(q));
+    EXPECT_EQ(1, persistent(q));
     q = p, q.window_right = 1000;
+    EXPECT_EQ(1, persistent(q));
+    q = p, q.window_left = 64, q.window_right = 0, q.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+    EXPECT_EQ(1, persistent(q));
+    EXPECT_EQ(0, plan_ok(q, caps).kp.sched_heads);  // 4 query tiles a head: the grid order
+    {
+        // Enough query tiles a head for the heaviest-first order across sections of heads (32 or
+        // more): a block a tile, taking them in that order.
+        flashattn_fwd_params r = q;
+        r.batch = 2, r.seqlen_q = r.seqlen_k = 8192, r.window_left = 4096;
+        flashattn_fwd_params_set_packed_strides(&r);
+        fa_device_caps l2 = caps;
+        l2.l2_bytes = 50LL << 20;
+        const fa_plan windowed = plan_ok(r, l2);
+        EXPECT_EQ(0, windowed.kp.persistent);
+        EXPECT_EQ(8, windowed.kp.sched_heads);  // 4 MiB of K and V per head; 33.3 MB / 4 MiB
+        r.seqlen_q = r.seqlen_k = 31 * 128;     // fewer: resident blocks
+        flashattn_fwd_params_set_packed_strides(&r);
+        EXPECT_EQ(1, plan_ok(r, l2).kp.persistent);
+    }
+    q.seqlen_q = 600;  // more queries than keys: rows 0-87 see no key under a window of (64, 0)
+    flashattn_fwd_params_set_packed_strides(&q);
     EXPECT_EQ(0, persistent(q));
     q = p, q.batch = 2;  // 128 tiles: no more than the SMs
     flashattn_fwd_params_set_packed_strides(&q);
@@ -906,7 +929,7 @@ TEST(Planning, Sm90UnmaskedCallsWithManyTilesArePersistent) {
     w.backend = FLASHATTN_BACKEND_FUSED_SM90, w.seqlen_q = w.seqlen_k = 2000, w.total_q = w.total_k = 6000;
     EXPECT_EQ(1, persistent(w));
     w.window_left = 100;
-    EXPECT_EQ(0, persistent(w));
+    EXPECT_EQ(1, persistent(w));
 }
 
 // The work numbers of persistent blocks: every tile exactly once across the blocks, every block
@@ -957,8 +980,9 @@ TEST(Planning, PersistentWorkCoversEveryTileOnce) {
 TEST(Planning, Sm90CausalCallsRunHeaviestTilesFirstAcrossHeads) {
     if (!fa_sm90_compiled(FLASHATTN_DTYPE_BFLOAT16, 128)) GTEST_SKIP() << "no FUSED_SM90 d128 in this build";
     flashattn_fwd_params p = valid_params();
-    p.batch = 2, p.seqlen_q = p.seqlen_k = 8192, p.heads_q = p.heads_kv = 16, p.head_dim = 128;
-    p.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, p.window_left = 4096;  // a window: a block a tile (not persistent)
+    // One query tile more than keys: its rows see no key, so a block a tile (not persistent).
+    p.batch = 2, p.seqlen_q = 8192 + 128, p.seqlen_k = 8192, p.heads_q = p.heads_kv = 16, p.head_dim = 128;
+    p.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
     flashattn_fwd_params_set_packed_strides(&p);
     fa_device_caps caps = h200_caps();
     caps.l2_bytes = 50LL << 20;
@@ -974,15 +998,15 @@ TEST(Planning, Sm90CausalCallsRunHeaviestTilesFirstAcrossHeads) {
     EXPECT_EQ(32, plan_ok(p, caps).kp.sched_heads);
     caps.l2_bytes = 0;  // unknown: 50 MB assumed
     EXPECT_EQ(32, plan_ok(p, caps).kp.sched_heads);
-    p.seqlen_q = p.seqlen_k = 32 * 128;  // 32 query tiles a head: the least that takes the order
+    p.seqlen_q = 32 * 128, p.seqlen_k = 31 * 128;  // 32 query tiles a head: the least that takes the order
     flashattn_fwd_params_set_packed_strides(&p);
     EXPECT_EQ(32, plan_ok(p, caps).kp.sched_heads);
-    p.seqlen_q = p.seqlen_k = 31 * 128;  // fewer: the grid order (its blocks share a few heads' K and V)
+    p.seqlen_q = 31 * 128, p.seqlen_k = 30 * 128;  // fewer: the grid order (its blocks share a few heads' K and V)
     flashattn_fwd_params_set_packed_strides(&p);
     EXPECT_EQ(0, plan_ok(p, caps).kp.sched_heads);
     p.batch = 1, p.seqlen_q = 4096, p.seqlen_k = 1 << 20, p.heads_kv = p.heads_q;  // 512 MiB a head: sections of one
     flashattn_fwd_params_set_packed_strides(&p);
-    EXPECT_EQ(1, plan_ok(p, caps).kp.sched_heads);
+    EXPECT_EQ(1, fa_sched_heads(&caps, &p, 32));
     p.window_left = 256, p.window_right = 0, p.mask = FLASHATTN_MASK_NONE;  // a right window: tiles differ too
     EXPECT_EQ(1, plan_ok(p, caps).kp.sched_heads);
     p.window_left = -1, p.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;  // sq > sk: rows that see no key
@@ -1153,7 +1177,9 @@ TEST(Planning, Sm90HeadDim64UsesTwoConsumersForShortMaskedCalls) {
     plan = plan_ok(p, h200_caps());
     EXPECT_EQ(192, plan.cfg.block_m);                      // long: three
     EXPECT_EQ(512, plan.threads);
-    EXPECT_EQ((2048 + 191) / 192, plan.grid_x);
+    EXPECT_EQ(11, plan.kp.num_m_blocks);
+    EXPECT_EQ(1, plan.kp.persistent);  // 176 tiles (11 a head) under a window every row sees keys in
+    EXPECT_EQ(132, plan.grid_x);
     // Decode-shaped, unmasked: a KV group's 4 query rows fill less than one consumer's 64, so one
     // consumer (with 192-key tiles); more rows than that, two.
     p.window_left = -1, p.seqlen_q = 1, p.heads_q = 32, p.heads_kv = 8;

@@ -460,24 +460,26 @@ TEST_F(Serving, PersistentBlocksSkipWhatTheirSequencesLack) {
     // the device. Tiles past a sequence's queries are skipped; tiles whose rows see no key (a
     // sequence with no keys; the first rows of a bottom-right mask with more queries than keys)
     // write O = 0 and LSE = -inf; the rest match the oracle. Packed K/V, pages TMA reads (64 keys)
-    // and a dense cache with per-sequence counts; no mask and causal; head dims 64 (causal: two
-    // consumers), 128 and 256. (Head dim 64 without a mask has three consumers: a block a tile.)
+    // and a dense cache with per-sequence counts; no mask, causal, and (head dim 128) a sliding
+    // window; head dims 64 (causal: two consumers), 128 and 256. (Head dim 64 without a mask has
+    // three consumers: a block a tile.)
     const std::vector<int> backends = serving_backends();
     if (std::find(backends.begin(), backends.end(), FLASHATTN_BACKEND_FUSED_SM90) == backends.end())
         GTEST_SKIP() << "FUSED_SM90 needs an sm_90 GPU and a build with its kernels";
     Stats st;
     for (int64_t d : {64, 128, 256})
-        for (int mask : {FLASHATTN_MASK_NONE, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT})
+        for (int mask : {(int)FLASHATTN_MASK_NONE, (int)FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, -1})
             for (KvMode kv : {kPackedKv, kPagedSeqused, kDenseSeqused}) {
-                if (d != 128 && mask == FLASHATTN_MASK_NONE) continue;
+                if (d != 128 && mask != FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT) continue;
                 Spec s;
                 s.d = d, s.mask = mask, s.kv = kv, s.page_size = 64, s.hq = 8, s.hkv = 2;
+                if (mask == -1) s.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, s.wl = 100;  // a sliding window
                 s.dtype = d == 64 ? FLASHATTN_DTYPE_FLOAT16 : FLASHATTN_DTYPE_BFLOAT16;
                 s.sq = {37, 0, 1, 129, 5, 400, 300, 260};
                 s.sk = {300, 50, 1, 129, 0, 450, 250, 400};
                 run_and_check(h, s, st, FLASHATTN_BACKEND_FUSED_SM90, " persistent");
             }
-    print_stats("persistent serving blocks (ragged, 256 capacity tiles; packed, paged, cached K/V; head dims 64, 128, 256)", st);
+    print_stats("persistent serving blocks (ragged, 256 capacity tiles; packed, paged, cached K/V; causal, no mask, a window; head dims 64, 128, 256)", st);
 }
 
 TEST_F(Serving, PersistentBlocksTakeManyTilesEach) {

@@ -187,9 +187,10 @@ static void check_plan(const fa_device_caps *caps, const flashattn_fwd_params *p
         CHECK(plan.kp.seqlen_q == full.seqlen_q && plan.kp.heads_q == full.heads_q && plan.kp.q_group_rows == 0,
               "int32 kernel dims");
     CHECK(plan.kp.seqlen_k == full.seqlen_k && plan.kp.batch == full.batch, "int32 kernel dims");
-    if (plan.kp.persistent) { /* resident blocks: FUSED_SM90's unsplit, unpacked calls: dense (every tile with
-                               * keys), or serving (planned on the capacities; two consumers, K/V not gathered) */
+    if (plan.kp.persistent) { /* resident blocks: FUSED_SM90's unsplit, unpacked calls whose every row sees a key
+                               * (at the capacities for serving ones: two consumers, K/V not gathered) */
         const int64_t tiles = (int64_t)plan.kp.num_m_blocks * plan.kp.batch * plan.kp.heads_q;
+        const int windowed = full.window_left >= 0 || full.window_right >= 0;
         const int64_t units =
             plan.kp.persistent == 2 ? (int64_t)((plan.kp.num_m_blocks + 1) / 2) * plan.kp.batch * plan.kp.heads_q : tiles;
         /* every block has work: its first work number is a tile */
@@ -201,11 +202,16 @@ static void check_plan(const fa_device_caps *caps, const flashattn_fwd_params *p
                   (!plan.kp.serving ||
                    (plan.cfg.block_m == 128 &&
                     !FA_SM90_GATHERS_PAGES(full.block_table, (int)full.page_size, (int)plan.cfg.block_n))) &&
-                  plan.kp.num_splits == 1 && !plan.kp.pack_gqa && plan.kp.sched_heads == 0 && full.window_left < 0 && full.window_right < 0 &&
-                  full.seqlen_k > 0 && plan.grid_y == 1 && plan.grid_z == 1 && tiles > caps->sm_count &&
-                  tiles + caps->sm_count <= INT32_MAX && plan.grid_x == (units < caps->sm_count ? units : caps->sm_count) &&
-                  (plan.kp.persistent == 1 ? full.mask == FLASHATTN_MASK_NONE
-                                           : plan.kp.persistent == 2 && full.mask != FLASHATTN_MASK_NONE &&
+                  plan.kp.num_splits == 1 && !plan.kp.pack_gqa && plan.kp.sched_heads == 0 && full.seqlen_k > 0 &&
+                  /* a window: too few query tiles a head for the heaviest-first order (or serving) */
+                  (!windowed || plan.kp.serving || fa_sched_heads(caps, &full, plan.kp.num_m_blocks) == 0) &&
+                  /* every row i sees keys [i + lo, i + hi] of [0, seqlen_k): some, for every i */
+                  plan.kp.key_lo_off <= plan.kp.key_hi_off && plan.kp.key_hi_off >= 0 &&
+                  plan.kp.key_lo_off <= full.seqlen_k - full.seqlen_q && plan.grid_y == 1 && plan.grid_z == 1 &&
+                  tiles > caps->sm_count && tiles + caps->sm_count <= INT32_MAX &&
+                  plan.grid_x == (units < caps->sm_count ? units : caps->sm_count) &&
+                  (plan.kp.persistent == 1 ? full.mask == FLASHATTN_MASK_NONE || windowed
+                                           : plan.kp.persistent == 2 && full.mask != FLASHATTN_MASK_NONE && !windowed &&
                                                  full.seqlen_q <= full.seqlen_k),
               "persistent plan");
     }
