@@ -374,7 +374,8 @@ typedef struct flashattn_fwd_params {
  *    FUSED_SM90 reads pages with the tensor memory accelerator when the page size is a multiple
  *    of 8 (in boxes of gcd(page size, block_n) keys; flashattn_fwd_plan's block_n: 128 at head
  *    dims up to 128, or 176 there for calls with no mask or window over 8192 keys or more, 112 up
- *    to 192, 80 above), and gathers rows with cp.async otherwise (slower).
+ *    to 192, 80 above), and gathers rows with cp.async otherwise (in decode about as fast; in
+ *    prefill slower, about half the dense call's speed on the H200).
  *    Both fused kernels split the keys of decode-shaped calls (few query tiles at the
  *    capacities), packed Q or not, as for dense calls.
  *    REFERENCE runs them too, as the oracle: it gathers each sequence's Q, K and V into dense copies
