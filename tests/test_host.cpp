@@ -1178,7 +1178,7 @@ TEST(Planning, Sm90HeadDim64UsesTwoConsumersForShortMaskedCalls) {
     EXPECT_EQ(192, plan.cfg.block_m);                      // long: three
     EXPECT_EQ(512, plan.threads);
     EXPECT_EQ(11, plan.kp.num_m_blocks);
-    EXPECT_EQ(1, plan.kp.persistent);  // 176 tiles (11 a head) under a window every row sees keys in
+    EXPECT_EQ(1, plan.kp.persistent);  // 176 tiles, 11 a head, each row seeing keys: resident blocks
     EXPECT_EQ(132, plan.grid_x);
     // Decode-shaped, unmasked: a KV group's 4 query rows fill less than one consumer's 64, so one
     // consumer (with 192-key tiles); more rows than that, two.
