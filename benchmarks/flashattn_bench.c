@@ -6,13 +6,16 @@
  *   flashattn_bench --suite quick         a few shapes, for a smoke test
  *   flashattn_bench --shape prefill:bf16:4:16:16:4096:4096:128:causal     one shape (repeatable)
  *                   (kind:dtype:batch:heads_q:heads_kv:seqlen_q:seqlen_k:head_dim:mask, kind prefill,
- *                    prefill-gqa or decode, dtype fp16 or bf16, mask none or causal)
+ *                    prefill-gqa or decode, dtype fp16 or bf16, mask none, causal, window=L,R or
+ *                    causal,window=L,R: a sliding window of L keys left and R right of the
+ *                    bottom-right diagonal, -1 unbounded; prefill kinds only)
  *   --backend auto|fused|fused_sm90|reference   --iters N (30)   --warmup N (5)   --seed S (1)
  *   --json FILE   --csv FILE   --no-check   --help        (--opt VALUE and --opt=VALUE both work)
  *
  * Each shape is first checked against the REFERENCE backend (max |O - O_ref|); then it is timed
  * with CUDA events around each call, the L2 cache flushed before every timed call, and reported as
- * median and p99 milliseconds. FLOPs = 4*B*Hq*Sq*Sk*D, halved for causal when Sq == Sk; decode rows
+ * median and p99 milliseconds. FLOPs = 4*B*Hq*Sq*Sk*D, halved for causal when Sq == Sk (with a
+ * window: 4*B*Hq*D times the (query, key) pairs the mask and window leave visible); decode rows
  * report K+V bytes read per second. "% peak" is against a cuBLAS bf16 GEMM (8192^3) and a
  * device-to-device copy, both measured at start-up in the same process. Inputs are drawn from the
  * seed (fixed by default, printed and recorded), so two runs see the same data.
@@ -42,6 +45,8 @@ typedef struct shape {
     int dtype;
     int64_t b, hq, hkv, sq, sk, d;
     int causal;
+    int window;     /* 1: window_left wl, window_right wr (-1: unbounded); 0: none */
+    int64_t wl, wr;
 } shape;
 
 enum { UNCHECKED = 0, CHECK_OK = 1, CHECK_FAILED = 2 };
@@ -70,9 +75,32 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* The (query, key) pairs a windowed call leaves visible: query i sees keys [i + off - wl,
+ * i + off + wr] of [0, sk) (off = sk - sq, bottom-right), no further right than i + off if causal. */
+static double window_pairs(const shape *s) {
+    const int64_t off = s->sk - s->sq;
+    double pairs = 0;
+    for (int64_t i = 0; i < s->sq; ++i) {
+        int64_t lo = s->wl >= 0 ? i + off - s->wl : 0, hi = s->wr >= 0 ? i + off + s->wr : s->sk - 1;
+        if (s->causal && hi > i + off) hi = i + off;
+        if (lo < 0) lo = 0;
+        if (hi > s->sk - 1) hi = s->sk - 1;
+        if (hi >= lo) pairs += (double)(hi - lo + 1);
+    }
+    return pairs;
+}
+
 static double flops_of(const shape *s) {
+    if (s->window) return 4.0 * s->b * s->hq * s->d * window_pairs(s);
     const double f = 4.0 * s->b * s->hq * (double)s->sq * s->sk * s->d;
     return (s->causal && s->sq == s->sk) ? f / 2 : f;
+}
+
+/* The mask field as --shape spells it. */
+static const char *mask_text(const shape *s, char *buf, size_t n) {
+    if (!s->window) return s->causal ? "causal" : "none";
+    snprintf(buf, n, "%swindow=%lld,%lld", s->causal ? "causal," : "", (long long)s->wl, (long long)s->wr);
+    return buf;
 }
 
 static double kv_bytes_of(const shape *s) { return 2.0 * s->b * s->hkv * (double)s->sk * s->d * 2; }
@@ -178,6 +206,7 @@ static void fill_params(flashattn_fwd_params *p, const shape *s, const void *q, 
     flashattn_fwd_params_set_packed_strides(p);
     p->q = q, p->k = k, p->v = v, p->o = o;
     p->mask = s->causal ? FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT : FLASHATTN_MASK_NONE;
+    if (s->window) p->window_left = s->wl, p->window_right = s->wr;
     p->backend = backend;
 }
 
@@ -320,7 +349,8 @@ static void usage(FILE *f) {
             "usage: flashattn_bench [--suite default|quick] [--shape kind:dtype:b:hq:hkv:sq:sk:d:mask]...\n"
             "                       [--backend auto|fused|fused_sm90|reference] [--iters N] [--warmup N] [--seed S]\n"
             "                       [--json FILE] [--csv FILE] [--no-check] [--help]\n"
-            "  kind prefill|prefill-gqa|decode, dtype fp16|bf16, mask none|causal; b, hq, hkv, sq, sk, d >= 1\n"
+            "  kind prefill|prefill-gqa|decode, dtype fp16|bf16, mask none|causal|window=L,R|causal,window=L,R\n"
+            "  (windows: prefill kinds, L and R >= -1, -1 unbounded); b, hq, hkv, sq, sk, d >= 1\n"
             "  exit status: 0 all shapes ran and passed, 1 a check or call failed, 2 bad arguments, 3 no usable GPU\n");
 }
 
@@ -372,9 +402,27 @@ static const char *parse_shape(const char *text, shape *s, char *why, size_t n) 
             snprintf(why, n, "%s an integer in 1..2^31 (got '%s')", names[2 + i], fields[2 + i]);
             return why;
         }
-    if (!strcmp(fields[8], "causal")) s->causal = 1;
-    else if (strcmp(fields[8], "none")) {
-        snprintf(why, n, "mask none or causal (got '%s')", fields[8]);
+    const char *mask = fields[8];
+    if (!strncmp(mask, "causal,", 7)) s->causal = 1, mask += 7;
+    if (!strncmp(mask, "window=", 7)) {
+        char lr[64], *comma;
+        snprintf(lr, sizeof lr, "%s", mask + 7);
+        comma = strchr(lr, ',');
+        if (comma) *comma = '\0';
+        if (comma == NULL || !parse_int64(lr, -1, (int64_t)1 << 31, &s->wl) ||
+            !parse_int64(comma + 1, -1, (int64_t)1 << 31, &s->wr)) {
+            snprintf(why, n, "window=L,R with L and R integers in -1..2^31 (got '%s')", fields[8]);
+            return why;
+        }
+        if (!strcmp(s->kind, "decode")) {
+            snprintf(why, n, "a window with kind prefill or prefill-gqa (got kind decode)");
+            return why;
+        }
+        s->window = 1;
+    } else if (!strcmp(fields[8], "causal")) {
+        s->causal = 1;
+    } else if (strcmp(fields[8], "none")) {
+        snprintf(why, n, "mask none, causal, window=L,R or causal,window=L,R (got '%s')", fields[8]);
         return why;
     }
     return NULL;
@@ -420,12 +468,14 @@ static void write_json(FILE *f, const struct cudaDeviceProp *prop, int driver, i
     fputs(", \"rows\": [\n", f);
     for (int i = 0; i < n; ++i) {
         const row *r = &rows[i];
+        char window[64] = "null"; /* [left, right], or null */
+        if (r->s.window) snprintf(window, sizeof window, "[%lld, %lld]", (long long)r->s.wl, (long long)r->s.wr);
         fputs("  {\"kind\": ", f);
         json_string(f, r->s.kind);
         fprintf(f, ", \"dtype\": \"%s\", \"b\": %lld, \"hq\": %lld, \"hkv\": %lld, \"sq\": %lld, \"sk\": %lld, \"d\": %lld, "
-                   "\"causal\": %s, \"seed\": %llu, \"backend\": ",
+                   "\"causal\": %s, \"window\": %s, \"seed\": %llu, \"backend\": ",
                 r->s.dtype ? "bfloat16" : "float16", (long long)r->s.b, (long long)r->s.hq, (long long)r->s.hkv,
-                (long long)r->s.sq, (long long)r->s.sk, (long long)r->s.d, r->s.causal ? "true" : "false",
+                (long long)r->s.sq, (long long)r->s.sk, (long long)r->s.d, r->s.causal ? "true" : "false", window,
                 (unsigned long long)(seed + i));
         json_string(f, r->backend);
         fputs(", \"kernel\": ", f);
@@ -449,14 +499,16 @@ static void write_json(FILE *f, const struct cudaDeviceProp *prop, int driver, i
 }
 
 static void write_csv(FILE *f, const struct cudaDeviceProp *prop, uint64_t seed, const row *rows, int n) {
-    fprintf(f, "kind,dtype,b,hq,hkv,sq,sk,d,causal,backend,kernel,median_ms,p99_ms,rate,rate_unit,pct_peak,max_err,mem_bytes,check,gpu,commit,seed\n");
+    fprintf(f, "kind,dtype,b,hq,hkv,sq,sk,d,causal,backend,kernel,median_ms,p99_ms,rate,rate_unit,pct_peak,max_err,mem_bytes,check,gpu,"
+               "commit,seed,window_left,window_right\n");
     for (int i = 0; i < n; ++i) {
         const row *r = &rows[i];
-        fprintf(f, "%s,%s,%lld,%lld,%lld,%lld,%lld,%lld,%d,%s,%s,%.5f,%.5f,%.2f,%s,%.2f,%.3e,%lld,%s,\"%s\",%s,%llu\n", r->s.kind,
+        fprintf(f, "%s,%s,%lld,%lld,%lld,%lld,%lld,%lld,%d,%s,%s,%.5f,%.5f,%.2f,%s,%.2f,%.3e,%lld,%s,\"%s\",%s,%llu,%lld,%lld\n", r->s.kind,
                 r->s.dtype ? "bfloat16" : "float16", (long long)r->s.b, (long long)r->s.hq, (long long)r->s.hkv,
                 (long long)r->s.sq, (long long)r->s.sk, (long long)r->s.d, r->s.causal, r->backend, r->kernel, r->median_ms,
                 r->p99_ms, r->rate, is_decode(&r->s) ? "GB/s" : "TFLOP/s", r->pct_peak, r->max_err, (long long)r->mem_bytes,
-                check_word(r->check), prop->name, FA_BUILD_GIT_COMMIT, (unsigned long long)(seed + i));
+                check_word(r->check), prop->name, FA_BUILD_GIT_COMMIT, (unsigned long long)(seed + i),
+                (long long)(r->s.window ? r->s.wl : -1), (long long)(r->s.window ? r->s.wr : -1));
     }
 }
 
@@ -567,9 +619,10 @@ int main(int argc, char **argv) {
     int failures = 0;
     for (int i = 0; i < n; ++i) {
         const shape *s = &shapes[i];
+        char mask[64];
         fprintf(stderr, "[%d/%d] %s %s %lldx%lld/%lld sq=%lld sk=%lld d=%lld %s\n", i + 1, n, s->kind, s->dtype ? "bf16" : "fp16",
                 (long long)s->b, (long long)s->hq, (long long)s->hkv, (long long)s->sq, (long long)s->sk, (long long)s->d,
-                s->causal ? "causal" : "none");
+                mask_text(s, mask, sizeof mask));
         if (!bench_shape(h, s, backend, (int)iters, (int)warmup, seed + i, check, l2, l2_bytes, gemm_peak, copy_peak,
                          &rows[i]) ||
             rows[i].check == CHECK_FAILED)
@@ -580,12 +633,12 @@ int main(int argc, char **argv) {
            "mask", "backend", "median_ms", "p99_ms", "rate", "%peak", "max_err", "mem_MiB", "check");
     for (int i = 0; i < n; ++i) {
         const row *r = &rows[i];
-        char bh[32], rate[32];
+        char bh[32], rate[32], mask[64];
         snprintf(bh, sizeof bh, "%lldx%lld/%lld", (long long)r->s.b, (long long)r->s.hq, (long long)r->s.hkv);
         snprintf(rate, sizeof rate, is_decode(&r->s) ? "%.0f GB/s" : "%.1f TFLOP/s", r->rate);
         printf("%-11s %-5s %-9s %6lld %6lld %3lld %-7s %-10s %9.4f %9.4f %12s %6.1f%% %9.2e %9.1f %s\n", r->s.kind,
                r->s.dtype ? "bf16" : "fp16", bh, (long long)r->s.sq, (long long)r->s.sk, (long long)r->s.d,
-               r->s.causal ? "causal" : "none", r->backend, r->median_ms, r->p99_ms, rate, r->pct_peak, r->max_err,
+               mask_text(&r->s, mask, sizeof mask), r->backend, r->median_ms, r->p99_ms, rate, r->pct_peak, r->max_err,
                r->mem_bytes / 1048576.0, check_word(r->check));
     }
     printf("%d shapes, %d failed\n", n, failures);
