@@ -116,7 +116,8 @@ if [[ " $steps " == *" abtree "* ]]; then
 fi
 if [[ " $steps " == *" abshapes "* ]]; then
   # abtree's A/B shape by shape (benchmarks/ab_interleave.py: A B B A per shape, each a fresh
-  # process), on the shapes in $AB_SHAPES (space-separated kind:dtype:b:hq:hkv:sq:sk:d:mask).
+  # process), on the shapes in $AB_SHAPES (space-separated kind:dtype:b:hq:hkv:sq:sk:d:mask; a mask
+  # may be a window, e.g. causal,window=512,0).
   build_ab_old flashattn_bench
   c_args=()
   if [ -n "${AB_C:-}" ]; then build_ab_old flashattn_bench "$AB_C"; c_args=(--c "$AB_C/build/benchmarks/flashattn_bench"); fi
