@@ -103,9 +103,7 @@ struct fused_traits {
     static constexpr int kOTiles = kHeadDim / 8;          /* n8 tiles of O per m16 tile */
     static constexpr int kPSteps = kBlockN / 16;          /* k16 steps of P V */
     static constexpr int kSmemBytes = (kBlockM + 2 * kStages * kBlockN) * kStride * 2;
-    /* Two resident blocks when they fit (4-warp configurations), so one block's softmax overlaps
-     * the other's matrix products on each SM sub-partition. */
-    static constexpr int kMinBlocks = FA_FUSED_MIN_BLOCKS(kWarps);
+    static constexpr int kMinBlocks = FA_FUSED_MIN_BLOCKS(kWarps); /* (why: fa_kernel_params.h) */
     static_assert(kMTiles >= 1 && kBlockM == 16 * kMTiles * kWarps, "a warp owns 16 * kMTiles rows");
     static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0, "tile shapes must be multiples of 16");
     static_assert(kStages == 1 || kStages == 2, "one or two K/V stages");
