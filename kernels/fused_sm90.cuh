@@ -677,6 +677,30 @@ __device__ __forceinline__ void produce_serving(const fa_kernel_params &p, const
     }
 }
 
+/* The rows from `valid` on of a serving call's K/V tile at `stage` (a tile that crosses the end of
+ * the sequence's keys) become zeros, the consumers sharing the rows (consumer c: rows valid + c,
+ * valid + c + C, ...); every consumer thread waits until all are. TMA loads a tile's rows as they
+ * are: a cache's rows past the sequence's count up to its capacity, a page's rows past the last
+ * key, packed rows of whatever follows (a box past the tensor or the pool alone reads zeros). Their
+ * scores are masked, so each probability there is 0, but 0 x NaN is NaN: freshly allocated cache
+ * memory may hold NaNs, and P V must not meet them. (Gathered pages zero-fill those rows.) */
+template <class Tr>
+__device__ __forceinline__ void clear_rows_past(uint32_t stage, int valid, int c, int ctid) {
+    if (valid >= Tr::kBlockN) return; /* (the same for every consumer thread: the barrier below is taken by all or none) */
+    constexpr int kCB = Tr::kChunks / 8;
+    /* a row is 128 bytes in each 64-column region: 8 chunks of 16, zeroed whole (the swizzle only
+     * permutes a row's chunks) */
+    const int mine = (Tr::kBlockN - valid - c + Tr::kConsumers - 1) / Tr::kConsumers; /* (>= 0: valid >= 1, c < C) */
+#pragma unroll 1
+    for (int i = ctid; i < mine * 8 * kCB; i += kWarpgroupThreads) {
+        const int row = valid + c + (i / (8 * kCB)) * Tr::kConsumers, cb = (i / 8) % kCB, ch = i % 8;
+        asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(stage + (uint32_t)(cb * Tr::kBlockN + row) * 128 + ch * 16), "r"(0)
+                     : "memory");
+    }
+    fence_proxy_async_shared(); /* the zeros, before the tensor cores read the stage */
+    named_sync(cleared_barrier(Tr::kConsumers), kWarpgroupThreads * Tr::kConsumers);
+}
+
 /* Split epilogue: this split's normalised O, fp32, straight from the registers into o_accum. */
 template <class Tr, int kON>
 __device__ __forceinline__ void store_split_partial(const fa_kernel_params &p, const tile<Tr> &tl, const float (&o)[kON],
@@ -1059,6 +1083,10 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             const int kv = kv0 + n_tiles - 1, st = kv & 1;
             mbar_wait(sm.full_v + 8 * st, (kv >> 1) & 1);
             if (gathered) fence_proxy_async_shared();
+            if constexpr (kServing) /* (the only tile that can cross the end of the sequence's keys) */
+                if (!gathered) clear_rows_past<Tr>(sm.v + (uint32_t)st * Tr::kKVBytes,
+                                                   bnd.seqlen_k - (tile_begin + n_tiles - 1) * kBlockN, c,
+                                                   tid % kWarpgroupThreads);
             if (kNC > 1) named_sync(my_turn, kTurnThreads);
             reg_fence(o);
             reg_fence(pf);

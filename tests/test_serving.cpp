@@ -33,6 +33,7 @@ struct Spec {
     KvMode kv = kPackedKv;
     int64_t page_size = 16;
     bool shared_pool = false;   // paged: K and V are the two halves of one [pages, 2, page, H, D] pool
+    bool nan_unused = false;    // NaN in every Q, K and V row no sequence owns (else finite filler)
     int64_t cap_q = 0, cap_k = 0;  // capacities (0: the longest sequence)
     std::vector<int64_t> sq, sk;
     std::vector<int64_t> lp;    // cache_leftpad (empty: none): padding rows before sequence b's sk keys
@@ -101,7 +102,7 @@ struct ServingRun {
         for (int64_t b = 0; b < B; ++b) cu_q[b + 1] = cu_q[b] + (int32_t)s.sq[b];
         total_q = s.packed_q ? B * cap_q + 3 : 0;
         q_rows = s.packed_q ? total_q : B * cap_q;
-        q.assign(q_rows * s.hq * s.d, from_f32(s.dtype, 0.5f));
+        q.assign(q_rows * s.hq * s.d, s.nan_unused ? kPoison16 : from_f32(s.dtype, 0.5f));
         for (int64_t b = 0; b < B; ++b) {
             const Inputs &in = *seqs[b];
             const int64_t row0 = s.packed_q ? cu_q[b] : b * cap_q;
@@ -174,8 +175,8 @@ struct ServingRun {
                 for (int64_t j = 0; j < s.sk[b]; ++j) row_of[b].push_back((int64_t)kv_idx[b] * cap_k + s.pad(b) + j);
         }
         const int64_t k_elems = paged ? num_pages * k_page_stride : k_outer * k_rows * hd;
-        k.assign(k_elems, from_f32(s.dtype, -0.25f));
-        v.assign(s.shared_pool ? 0 : k_elems, from_f32(s.dtype, 0.75f));
+        k.assign(k_elems, s.nan_unused ? kPoison16 : from_f32(s.dtype, -0.25f));
+        v.assign(s.shared_pool ? 0 : k_elems, s.nan_unused ? kPoison16 : from_f32(s.dtype, 0.75f));
         std::vector<uint16_t> &vbuf = s.shared_pool ? k : v;
         for (int64_t b = 0; b < B; ++b) {
             const Inputs &in = *seqs[b];
@@ -530,6 +531,32 @@ TEST_F(Serving, DecodeOverCaches) {
     EXPECT_GT(st.split_packed_q, 0) << "no packed-Q decode call was split";
     print_stats("decode over paged, indexed and dense caches (dense and packed Q)", st);
     printf("[ serving ] decode with packed Q: %d fused calls split their keys\n", st.split_packed_q);
+}
+
+TEST_F(Serving, UnusedRowsNeverReachTheOutput) {
+    // NaN in every row no sequence owns, as memory fresh from an allocator may hold: a cache's rows
+    // past a sequence's count up to the capacity, a last page's rows past the last key, pages and
+    // cache entries no sequence uses, packed K/V rows after the last sequence, Q rows past the last
+    // sequence. Keys past a sequence's count take no part in its attention (FlashAttention-2 reads
+    // them as zeros), so no backend may let those rows reach O or LSE: a key tile that crosses the
+    // end of a sequence's keys holds some of them. Prefill rows and decode rows (dense Q; the fused
+    // kernels split those keys, and the last split's last tile crosses the end).
+    Stats st;
+    for (int64_t d : {64, 128})
+        for (KvMode kv : {kPackedKv, kDenseSeqused, kIndexedCache, kPagedSeqused, kPagedCsr})
+            for (int64_t page : {16, 19, 64}) {
+                const bool paged = kv == kPagedSeqused || kv == kPagedCsr;
+                if (!paged && page != 16) continue;
+                Spec s;
+                s.d = d, s.kv = kv, s.page_size = page, s.nan_unused = true, s.hq = 4, s.hkv = 2;
+                s.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, s.cap_k = 1100;
+                s.sq = {37, 1, 129, 5}, s.sk = {300, 1000, 129, 77};
+                run_and_check(h, s, st);
+                s.packed_q = false, s.mask = FLASHATTN_MASK_NONE, s.cap_k = 4096;
+                s.sq = {1, 1, 1}, s.sk = {3001, 100, 1500};
+                run_and_check(h, s, st);
+            }
+    print_stats("NaN in every unused row (caches past each count, last pages, packed tails; prefill and decode)", st);
 }
 
 TEST_F(Serving, LeftPaddedCachesSkipThePadding) {

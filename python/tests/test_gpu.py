@@ -314,15 +314,20 @@ def check_sequence(out, lse, q, k, v, causal, **kw):
         assert (lse[finite] - ref_lse[0][finite]).abs().max().item() < 2e-3
 
 
-def page_pool(ks, vs, page, extra_pages=3):
-    """Page pools and a block table holding the sequences ks/vs ([S_b, Hkv, D] each), pages shuffled."""
+def page_pool(ks, vs, page, extra_pages=3, fill=None):
+    """Page pools and a block table holding the sequences ks/vs ([S_b, Hkv, D] each), pages shuffled;
+    the rows no sequence holds random, or `fill`."""
     Hkv, D = ks[0].shape[1], ks[0].shape[2]
     width = max(1, max(-(-k.shape[0] // page) for k in ks))
     n = len(ks) * width + extra_pages
     perm = torch.randperm(n, device="cuda").to(torch.int32)
     table = perm[: len(ks) * width].reshape(len(ks), width).contiguous()
-    kp = torch.randn(n, page, Hkv, D, device="cuda", dtype=ks[0].dtype)
-    vp = torch.randn(n, page, Hkv, D, device="cuda", dtype=ks[0].dtype)
+    if fill is None:
+        kp = torch.randn(n, page, Hkv, D, device="cuda", dtype=ks[0].dtype)
+        vp = torch.randn(n, page, Hkv, D, device="cuda", dtype=ks[0].dtype)
+    else:
+        kp = torch.full((n, page, Hkv, D), fill, device="cuda", dtype=ks[0].dtype)
+        vp = torch.full((n, page, Hkv, D), fill, device="cuda", dtype=ks[0].dtype)
     for b, (k, v) in enumerate(zip(ks, vs)):
         for j0 in range(0, k.shape[0], page):
             pg = table[b, j0 // page].item()
@@ -425,6 +430,47 @@ def test_kvcache_decode(layout):
     assert out.shape == q.shape and lse.shape == (B, Hq, 1)
     for b in range(B):
         check_sequence(out[b], lse[b], q[b], ks[b], vs[b], True)
+
+
+@pytest.mark.parametrize("layout", ["dense", "paged16", "paged19", "varlen"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_rows_past_the_lengths_are_never_read_as_keys(layout, d):
+    """Cache memory past each sequence's length (rows up to the capacity, a last page's rows past its
+    last key, packed rows past seqused_k) may hold anything, NaN included: FlashAttention-2 treats
+    those keys as absent, and so must every path here (decode, split over the keys, and prefill)."""
+    Hq, Hkv, cap = 8, 2, 4096
+    lens_k, nan = [3001, 100, 1500, 129], float("nan")
+    B = len(lens_k)
+    ks, vs = [rand(n, Hkv, d) for n in lens_k], [rand(n, Hkv, d) for n in lens_k]
+    seqlens = torch.tensor(lens_k, dtype=torch.int32, device="cuda")
+    if layout == "varlen":
+        lens_q = [37, 1, 129, 5]
+        qs = [rand(n, Hq, d) for n in lens_q]
+        k = torch.full((B * cap, Hkv, d), nan, device="cuda", dtype=torch.bfloat16)
+        v = torch.full_like(k, nan)
+        for b in range(B):
+            k[b * cap:b * cap + lens_k[b]], v[b * cap:b * cap + lens_k[b]] = ks[b], vs[b]
+        cu = lambda lens: torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device="cuda")
+        out, lse, _ = flashattn.flash_attn_varlen_func(torch.cat(qs), k, v, cu(lens_q), cu([cap] * B), max(lens_q),
+                                                       cap, causal=True, seqused_k=seqlens, return_attn_probs=True)
+        o0 = 0
+        for b in range(B):
+            n = lens_q[b]
+            check_sequence(out[o0:o0 + n], lse[:, o0:o0 + n], qs[b], ks[b], vs[b], True)
+            o0 += n
+        return
+    q = rand(B, 1, Hq, d)
+    kw = {}
+    if layout.startswith("paged"):
+        kc, vc, kw["block_table"] = page_pool(ks, vs, int(layout[5:]), fill=nan)
+    else:
+        kc = torch.full((B, cap, Hkv, d), nan, device="cuda", dtype=torch.bfloat16)
+        vc = torch.full_like(kc, nan)
+        for b in range(B):
+            kc[b, :lens_k[b]], vc[b, :lens_k[b]] = ks[b], vs[b]
+    out, lse = flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, return_softmax_lse=True, **kw)
+    for b in range(B):
+        check_sequence(out[b], lse[b], q[b], ks[b], vs[b], False)
 
 
 def test_kvcache_int_seqlens():
