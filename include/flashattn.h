@@ -370,6 +370,10 @@ typedef struct flashattn_fwd_params {
  *    reads zeros. Such contents give meaningless numbers, but nothing outside the tensors described
  *    here is read or written. Sequences with no queries cost nothing and write nothing; sequences
  *    with no keys give O = 0 and LSE = -inf.
+ *  - Memory that holds no key of a sequence takes no part in its attention, whatever it holds (NaN
+ *    included): a cache's rows past a sequence's key count, a last page's rows past its last key,
+ *    pages and cache entries no sequence uses, packed rows past seqused_k. Q rows that no sequence
+ *    owns affect no output either. A fresh, uninitialised cache needs no clearing.
  *  - Backends: all three run every serving call, any page size; AUTO picks as for dense calls.
  *    FUSED_SM90 reads pages with the tensor memory accelerator when the page size is a multiple
  *    of 8 (in boxes of gcd(page size, block_n) keys; flashattn_fwd_plan's block_n: 128 at head
