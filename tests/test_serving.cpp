@@ -539,8 +539,9 @@ TEST_F(Serving, UnusedRowsNeverReachTheOutput) {
     // cache entries no sequence uses, packed K/V rows after the last sequence, Q rows past the last
     // sequence. Keys past a sequence's count take no part in its attention (FlashAttention-2 reads
     // them as zeros), so no backend may let those rows reach O or LSE: a key tile that crosses the
-    // end of a sequence's keys holds some of them. Prefill rows and decode rows (dense Q; the fused
-    // kernels split those keys, and the last split's last tile crosses the end).
+    // end of a sequence's keys holds some of them. Prefill rows (a block a tile, and over more
+    // capacity tiles than SMs, FUSED_SM90's resident blocks) and decode rows (dense Q; the fused
+    // kernels split those keys into 11-32 parts, and the last split's last tile crosses the end).
     Stats st;
     for (int64_t d : {64, 128})
         for (KvMode kv : {kPackedKv, kDenseSeqused, kIndexedCache, kPagedSeqused, kPagedCsr})
