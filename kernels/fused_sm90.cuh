@@ -554,15 +554,12 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
          * (i kRPI) % 32 + q. With a producer that has the registers (a single consumer), the loop
          * is unrolled, its lanes and places constants but for q: about 12 instructions a copy,
          * where the rolled loop's 25, one dependent on the next, bounded how fast a tile was
-         * gathered. With 24 registers (two consumers) it is unrolled by two up to head dim 128:
-         * about 18.5 instructions a copy against 22 (docs/performance.md v25); the larger head
-         * dims keep the rolled loop (not measured unrolled). */
+         * gathered. */
         const uint32_t d = dst + (uint32_t)((ch / 8) * (Tr::kBlockN * 128) + (w * kRowsW + q) * 128);
         const uint32_t r8 = (uint32_t)(w * kRowsW + q), c8 = (uint32_t)ch % 8;
         const T *src = base + ch * 8;
         constexpr bool kUnroll = Tr::kServingProducerRegs >= 128;
-        constexpr int kUnrollBy = kUnroll ? kIters : Tr::kChunks <= 16 ? 2 : 1; /* (kChunks 16: head dim 128) */
-#pragma unroll(kUnrollBy)
+#pragma unroll(kUnroll ? kIters : 1)
         for (int i = 0; i < kIters; ++i) {
             const int from = (i * kRPI) % 32 + q;
             int64_t o = __shfl_sync(0xffffffffu, off[0], from);
