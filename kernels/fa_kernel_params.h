@@ -92,10 +92,9 @@ typedef struct fa_kernel_params {
      * fa_persistent_next), its producer loading the next tile's Q and K while the consumers finish
      * this one. 1: tiles in the grid's order, for calls with no mask (every tile the same work) or
      * a window under which every row sees a key, with too few query tiles a head for sched_heads'
-     * order or a serving call's (the same work but for the tiles nearest the sequence's start); 2:
-     * a causal mask with
-     * seqlen_q <= seqlen_k, a tile's work growing linearly with its query position, taken in pairs
-     * of equal work. 0: one tile a block. */
+     * order or a serving call's (the same work but for the tiles nearest the sequence's start);
+     * 2: a causal mask with seqlen_q <= seqlen_k, a tile's work growing linearly with its query
+     * position, taken in pairs of equal work. 0: one tile a block. */
     int32_t persistent;
     /* Set by the FUSED_SM90 launcher for a persistent block: O leaves shared memory by TMA stores
      * (its tensor map encoded). */

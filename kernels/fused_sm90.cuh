@@ -677,7 +677,7 @@ __device__ __forceinline__ void produce_serving(const fa_kernel_params &p, const
     }
 }
 
-/* The rows from `valid` on of a serving call's K/V tile at `stage` (a tile that crosses the end of
+/* The rows from `valid` on of a serving call's V tile at `stage` (a tile that crosses the end of
  * the sequence's keys) become zeros, the consumers sharing the rows (consumer c: rows valid + c,
  * valid + c + C, ...); every consumer thread waits until all are. TMA loads a tile's rows as they
  * are: a cache's rows past the sequence's count up to its capacity, a page's rows past the last
