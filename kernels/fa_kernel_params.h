@@ -99,6 +99,10 @@ typedef struct fa_kernel_params {
     /* Set by the FUSED_SM90 launcher for a persistent block: O leaves shared memory by TMA stores
      * (its tensor map encoded). */
     int32_t o_tma;
+    /* FUSED_SM90 serving calls over pages: 1 when the producer warpgroup gathers the pages row by
+     * row with cp.async (fa_sm90_gathers_pages: page sizes TMA cannot tile, and small pages in a
+     * split decode), 0 when TMA reads them in boxes. A block a tile only. */
+    int32_t gather_pages;
 } fa_kernel_params;
 
 #ifdef __CUDACC__
@@ -249,9 +253,18 @@ static inline FA_HOST_DEVICE int fa_sm90_page_box(int page_size, int block_n) {
     return a;
 }
 #define FA_SM90_TMA_PAGES(page_size, block_n) (fa_sm90_page_box((page_size), (block_n)) % 8 == 0)
-/* Whether a call's K/V pages (a block table set) are gathered with cp.async rather than read by TMA. */
-#define FA_SM90_GATHERS_PAGES(block_table, page_size, block_n) \
-    ((block_table) != NULL && !FA_SM90_TMA_PAGES((page_size), (block_n)))
+/* Whether FUSED_SM90 gathers a call's K/V pages (a block table set) with cp.async rather than read
+ * them by TMA (the planner's kp.gather_pages): the page sizes TMA cannot tile, and, in a split
+ * decode (single-consumer tiles, block_m 64, splits > 1: blocks of a few key tiles each), pages of
+ * boxes of 16 keys or fewer, which TMA reads at about its per-box cost (8 boxes a 128-key tile for K
+ * and again for V) while the producer warpgroup's 128 threads copy them at once (docs/performance.md
+ * v26). */
+static inline FA_HOST_DEVICE int fa_sm90_gathers_pages(int paged, int page_size, int block_n, int block_m,
+                                                       int splits) {
+    if (!paged) return 0;
+    if (!FA_SM90_TMA_PAGES(page_size, block_n)) return 1;
+    return block_m == 64 && splits > 1 && fa_sm90_page_box(page_size, block_n) <= 16;
+}
 
 /* The shared memory a Hopper block may opt in to (227 KB). */
 #define FA_SM90_SMEM_MAX 232448

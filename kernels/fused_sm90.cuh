@@ -193,9 +193,10 @@ template <class Tr> struct smem_layout {
     }
 };
 
-/* Whether a serving call's pages are gathered row by row with cp.async (FA_SM90_TMA_PAGES false). */
+/* Whether a serving call's pages are gathered row by row with cp.async (the planner's choice,
+ * fa_sm90_gathers_pages; the launcher checks it). */
 template <class Tr> __device__ __forceinline__ bool gathers_pages(const fa_kernel_params &p) {
-    return FA_SM90_GATHERS_PAGES(p.block_table, p.page_size, Tr::kBlockN);
+    return p.gather_pages != 0;
 }
 
 /* The block's work: query positions [m0, m0 + rows_per_head) of `heads` query heads starting at h0
@@ -554,12 +555,15 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
          * (i kRPI) % 32 + q. With a producer that has the registers (a single consumer), the loop
          * is unrolled, its lanes and places constants but for q: about 12 instructions a copy,
          * where the rolled loop's 25, one dependent on the next, bounded how fast a tile was
-         * gathered. */
+         * gathered. With 24 registers (two consumers) it is unrolled by two up to head dim 128:
+         * about 18.5 instructions a copy against 22 (docs/performance.md v25); the larger head
+         * dims keep the rolled loop (not measured unrolled). */
         const uint32_t d = dst + (uint32_t)((ch / 8) * (Tr::kBlockN * 128) + (w * kRowsW + q) * 128);
         const uint32_t r8 = (uint32_t)(w * kRowsW + q), c8 = (uint32_t)ch % 8;
         const T *src = base + ch * 8;
         constexpr bool kUnroll = Tr::kServingProducerRegs >= 128;
-#pragma unroll(kUnroll ? kIters : 1)
+        constexpr int kUnrollBy = kUnroll ? kIters : Tr::kChunks <= 16 ? 2 : 1; /* (kChunks 16: head dim 128) */
+#pragma unroll(kUnrollBy)
         for (int i = 0; i < kIters; ++i) {
             const int from = (i * kRPI) % 32 + q;
             int64_t o = __shfl_sync(0xffffffffu, off[0], from);

@@ -61,7 +61,9 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
         (kp->pack_gqa && (kp->pack_rows < 1 || kp->pack_rows * kp->head_group > Tr::kBlockM)) ||
         (kp->num_splits > 1 && (kp->o_accum == nullptr || kp->lse_accum == nullptr)) ||
         (kp->persistent && (kp->num_splits > 1 || kp->pack_gqa || kp->sched_heads || l->grid_y != 1 || l->grid_z != 1 ||
-                            (kp->serving && (kConsumers != 2 || FA_SM90_GATHERS_PAGES(kp->block_table, kp->page_size, Tr::kBlockN))))))
+                            (kp->serving && (kConsumers != 2 || kp->gather_pages)))) ||
+        (kp->gather_pages != fa_sm90_gathers_pages(kp->serving && kp->block_table != nullptr, kp->page_size, Tr::kBlockN,
+                                                   Tr::kBlockM, kp->num_splits)))
         return (int)cudaErrorInvalidConfiguration; /* planner and kernel disagree: refuse */
     CUtensorMap tq, tk, tv;
     /* Q in boxes of one head x kBlockM positions, or (pack_gqa) head_group heads x pack_rows

@@ -442,7 +442,9 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
     plan->kp.num_splits = (int32_t)splits;
     plan->grid_x = (int32_t)(mblocks * splits);
     const int serving = fa_is_serving(p);
-    const int gathered = FA_SM90_GATHERS_PAGES(p->block_table, p->page_size, plan->cfg.block_n);
+    const int gathered = sm90 && fa_sm90_gathers_pages(p->block_table != NULL, (int)p->page_size, plan->cfg.block_n,
+                                                       plan->cfg.block_m, (int)splits);
+    plan->kp.gather_pages = gathered;
     if (sm90 && splits == 1 && !pack && !(serving && (gathered || plan->cfg.block_m != 128))) {
         /* More tiles than SMs, every tile with keys to see, and work that is the same for every tile
          * (no mask), or grows linearly with its query position (a causal mask, seqlen_q <= seqlen_k;
@@ -644,8 +646,7 @@ void fa_plan_describe(const fa_plan *plan, flashattn_plan_info *info) {
     if (kp->serving) {
         char paged[32] = "";
         if (kp->block_table) {
-            const int bn = plan->cfg.block_n;
-            const int tma = plan->backend == FLASHATTN_BACKEND_FUSED_SM90 && FA_SM90_TMA_PAGES(kp->page_size, bn);
+            const int tma = plan->backend == FLASHATTN_BACKEND_FUSED_SM90 && !kp->gather_pages;
             snprintf(paged, sizeof paged, " paged=%d:%s", kp->page_size, tma ? "tma" : "gather");
         }
         snprintf(serving, sizeof serving, "%s%s%s%s%s%s%s", kp->cu_seqlens_q ? " packed_q" : "",

@@ -1766,6 +1766,55 @@ TEST(Serving, Sm90PageBoxesAreTheGcdOfPageAndKeyTile) {
     }
 }
 
+// FUSED_SM90 gathers small pages in a split decode (single-consumer tiles, a few key tiles a block)
+// and reads them by TMA boxes everywhere else; the page sizes TMA cannot tile are always gathered.
+TEST(Serving, Sm90GathersSmallPagesInSplitDecode) {
+    if (!fa_sm90_compiled(FLASHATTN_DTYPE_BFLOAT16, 128)) GTEST_SKIP() << "head dim 128 not compiled in this build";
+    const flashattn_handle h = fake_handle(h200_caps());
+    auto decode = [](int64_t batch, int64_t seqlen_k, int64_t page) {
+        flashattn_fwd_params p = valid_params();
+        p.batch = batch, p.seqlen_q = 1, p.seqlen_k = seqlen_k, p.heads_q = 32, p.heads_kv = 8;
+        flashattn_fwd_params_set_packed_strides(&p);
+        p.seqused_k = (const int32_t *)0x710000;
+        p.block_table = (const int32_t *)0x720000, p.page_size = page;
+        p.pages_per_seq = p.block_table_batch_stride = (seqlen_k + page - 1) / page;
+        p.num_pages = batch * p.pages_per_seq;
+        p.k_batch_stride = p.v_batch_stride = page * p.k_seq_stride;
+        return p;
+    };
+    struct Case {
+        int64_t batch, seqlen_k, page;
+        bool split, gathered;
+    } cases[] = {
+        {1, 8192, 16, true, true},     // 16 splits: boxes of 16 keys gathered
+        {1, 8192, 8, true, true},      // boxes of 8
+        {1, 8192, 32, true, false},    // boxes of 32 keys: TMA
+        {1, 8192, 256, true, false},   // one box a tile
+        {1, 8192, 19, true, true},     // TMA cannot tile 19
+        {16, 8192, 16, false, false},  // no split: many key tiles a block, TMA
+        {16, 8192, 19, false, true},
+    };
+    for (const Case &c : cases) {
+        flashattn_fwd_params p = decode(c.batch, c.seqlen_k, c.page);
+        flashattn_plan_info info;
+        flashattn_plan_info_init(&info);
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_plan(&h, &p, &info)) << flashattn_last_error();
+        const std::string d = info.description, want = "paged=" + std::to_string(c.page) + (c.gathered ? ":gather" : ":tma");
+        EXPECT_EQ(FLASHATTN_BACKEND_FUSED_SM90, info.backend) << d;
+        EXPECT_EQ(c.split, info.num_splits > 1) << d;
+        EXPECT_NE(d.find(want), std::string::npos) << want << " in " << d;
+    }
+    // Prefill over pages of 16 (two-consumer tiles) keeps TMA.
+    const std::string d = [&] {
+        flashattn_fwd_params p = valid_varlen_paged();
+        flashattn_plan_info info;
+        flashattn_plan_info_init(&info);
+        EXPECT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_plan(&h, &p, &info)) << flashattn_last_error();
+        return std::string(info.description);
+    }();
+    EXPECT_NE(d.find("paged=16:tma"), std::string::npos) << d;
+}
+
 TEST(Serving, PlanDescriptionNamesTheServingPaths) {
     const flashattn_handle h = fake_handle(h200_caps());
     auto describe = [&](flashattn_fwd_params p) {

@@ -201,7 +201,7 @@ static void check_plan(const fa_device_caps *caps, const flashattn_fwd_params *p
         CHECK(plan.backend == FLASHATTN_BACKEND_FUSED_SM90 &&
                   (!plan.kp.serving ||
                    (plan.cfg.block_m == 128 &&
-                    !FA_SM90_GATHERS_PAGES(full.block_table, (int)full.page_size, (int)plan.cfg.block_n))) &&
+                    !plan.kp.gather_pages)) &&
                   plan.kp.num_splits == 1 && !plan.kp.pack_gqa && plan.kp.sched_heads == 0 && full.seqlen_k > 0 &&
                   /* a window: too few query tiles a head for the heaviest-first order (or serving) */
                   (!windowed || plan.kp.serving || fa_sched_heads(caps, &full, plan.kp.num_m_blocks) == 0) &&
