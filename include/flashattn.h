@@ -379,9 +379,9 @@ typedef struct flashattn_fwd_params {
  *    of 8 (in boxes of gcd(page size, block_n) keys; flashattn_fwd_plan's block_n: 128 at head
  *    dims up to 128, or 176 there for calls with no mask or window over 8192 keys or more, 112 up
  *    to 192, 80 above), and gathers rows with cp.async otherwise (in decode about as fast; in
- *    prefill slower, about half the dense call's speed on the H200). A decode call whose keys it
- *    splits gathers pages of boxes of 16 keys or fewer too (its blocks have a few key tiles each,
- *    and small boxes cost TMA more than the copies; the description says paged=16:gather).
+ *    prefill slower, about half the dense call's speed on the H200). A decode call gathers pages
+ *    of 8 keys too, and of 16 when it splits its keys (blocks of a few key tiles each): small
+ *    boxes cost TMA more than the copies (the description says e.g. paged=16:gather).
  *    Both fused kernels split the keys of decode-shaped calls (few query tiles at the
  *    capacities), packed Q or not, as for dense calls.
  *    REFERENCE runs them too, as the oracle: it gathers each sequence's Q, K and V into dense copies

@@ -1766,9 +1766,10 @@ TEST(Serving, Sm90PageBoxesAreTheGcdOfPageAndKeyTile) {
     }
 }
 
-// FUSED_SM90 gathers small pages in a split decode (single-consumer tiles, a few key tiles a block)
-// and reads them by TMA boxes everywhere else; the page sizes TMA cannot tile are always gathered.
-TEST(Serving, Sm90GathersSmallPagesInSplitDecode) {
+// FUSED_SM90 gathers small pages in decode (single-consumer tiles: boxes of 8 keys, or 16 when the
+// keys are split) and reads them by TMA boxes everywhere else; the page sizes TMA cannot tile are
+// always gathered.
+TEST(Serving, Sm90GathersSmallPagesInDecode) {
     if (!fa_sm90_compiled(FLASHATTN_DTYPE_BFLOAT16, 128)) GTEST_SKIP() << "head dim 128 not compiled in this build";
     const flashattn_handle h = fake_handle(h200_caps());
     auto decode = [](int64_t batch, int64_t seqlen_k, int64_t page) {
@@ -1791,7 +1792,8 @@ TEST(Serving, Sm90GathersSmallPagesInSplitDecode) {
         {1, 8192, 32, true, false},    // boxes of 32 keys: TMA
         {1, 8192, 256, true, false},   // one box a tile
         {1, 8192, 19, true, true},     // TMA cannot tile 19
-        {16, 8192, 16, false, false},  // no split: many key tiles a block, TMA
+        {16, 8192, 16, false, false},  // no split: many key tiles a block, boxes of 16 by TMA
+        {16, 8192, 8, false, true},    // boxes of 8 gathered
         {16, 8192, 19, false, true},
     };
     for (const Case &c : cases) {
