@@ -100,8 +100,8 @@ typedef struct fa_kernel_params {
      * (its tensor map encoded). */
     int32_t o_tma;
     /* FUSED_SM90 serving calls over pages: 1 when the producer warpgroup gathers the pages row by
-     * row with cp.async (fa_sm90_gathers_pages: page sizes TMA cannot tile, and small pages in a
-     * split decode), 0 when TMA reads them in boxes. A block a tile only. */
+     * row with cp.async (fa_sm90_gathers_pages: page sizes TMA cannot tile, and small pages in
+     * decode), 0 when TMA reads them in boxes. A block a tile only. */
     int32_t gather_pages;
 } fa_kernel_params;
 
