@@ -215,6 +215,13 @@ static void check_plan(const fa_device_caps *caps, const flashattn_fwd_params *p
                                                  full.seqlen_q <= full.seqlen_k),
               "persistent plan");
     }
+    /* FUSED_SM90's page path is the planner's, and the launcher's own answer must agree (it refuses
+     * a plan otherwise); gathered pages never run on resident blocks. */
+    CHECK(plan.kp.gather_pages == (plan.backend == FLASHATTN_BACKEND_FUSED_SM90 &&
+                                   fa_sm90_gathers_pages(plan.kp.serving && plan.kp.block_table != NULL, plan.kp.page_size,
+                                                         plan.cfg.block_n, plan.cfg.block_m, plan.kp.num_splits)) &&
+              !(plan.kp.gather_pages && plan.kp.persistent),
+          "gather_pages %d", plan.kp.gather_pages);
     if (plan.backend == FLASHATTN_BACKEND_FUSED_SM90 && plan.cfg.block_m == 64) /* the single-consumer tile: */
         CHECK(plan.kp.pack_gqa && !plan.kp.persistent, "single-consumer tile: packed groups only"); /* grouped decode */
     if (plan.kp.sched_heads != 0) /* heaviest-first sections: FUSED_SM90's unsplit, unpacked dense calls */
