@@ -195,7 +195,7 @@ template <class Tr> struct smem_layout {
 
 /* Whether a serving call's pages are gathered row by row with cp.async (the planner's choice,
  * fa_sm90_gathers_pages; the launcher checks it). */
-template <class Tr> __device__ __forceinline__ bool gathers_pages(const fa_kernel_params &p) {
+__device__ __forceinline__ bool gathers_pages(const fa_kernel_params &p) {
     return p.gather_pages != 0;
 }
 
@@ -624,7 +624,7 @@ __device__ __forceinline__ void produce_serving(const fa_kernel_params &p, const
                                                 int nth = 0, int kv0 = 0) {
     constexpr int kCB = Tr::kChunks / 8; /* 64-column regions of a tile */
     const bool leader = lane == 0;
-    if (gathers_pages<Tr>(p)) { /* (a block a tile: the planner keeps gathered pages off persistent blocks) */
+    if (gathers_pages(p)) { /* (a block a tile: the planner keeps gathered pages off persistent blocks) */
         produce_gathered(p, sq, tl, sm, tm_q, lane);
         return;
     }
@@ -789,7 +789,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     }
 
     if (tid == 0) {
-        if constexpr (kServing) sm.init_barriers(gathers_pages<Tr>(p) ? kWarpgroupThreads : 1, kPersistent);
+        if constexpr (kServing) sm.init_barriers(gathers_pages(p) ? kWarpgroupThreads : 1, kPersistent);
         else sm.init_barriers();
     }
     __syncthreads();
@@ -854,7 +854,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                 post(-1, sq0.s);
             }
         } else if constexpr (kServing) {
-            if (tid < 32 || gathers_pages<Tr>(p)) produce_serving(p, sq0, tl0, sm, &tm_q, &tm_k, &tm_v, tid);
+            if (tid < 32 || gathers_pages(p)) produce_serving(p, sq0, tl0, sm, &tm_q, &tm_k, &tm_v, tid);
         } else if (tid == 0) {
             int nth = 0, kv0 = 0;
             for (int work = work0;;) {
@@ -906,7 +906,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     /* Gathered pages land through the generic proxy (cp.async): after the wait for a stage, a proxy
      * fence before the tensor cores read it. */
     bool gathered = false;
-    if constexpr (kServing) gathered = gathers_pages<Tr>(p);
+    if constexpr (kServing) gathered = gathers_pages(p);
     int nth = 0, kv0 = 0; /* tiles done by this block, and their K/V tiles (the stages' running count) */
     int nrec = 0;         /* a persistent serving block: tile records taken */
     int rec_b = 0, rec_head = 0, rec_m0 = 0; /* (Tr::kTwoRecords) the record's tile */
