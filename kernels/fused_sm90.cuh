@@ -890,13 +890,23 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
      * the plain form: with the shuffle the d256 serving kernels spilled 60 -> 84 bytes and the
      * persistent d64 three-consumer one 20 -> 44. docs/performance.md v20 and v21 have the
      * measurements. */
-    const int c = (kServing && kHeadDim == 256) || kNC == 3 ? wg - 1 : __shfl_sync(0xffffffffu, wg - 1, 0);
+    constexpr bool kUniformC = !((kServing && kHeadDim == 256) || kNC == 3);
+    const int c = kUniformC ? __shfl_sync(0xffffffffu, wg - 1, 0) : wg - 1;
     const int g = lane / 4, t = lane % 4;
     const int trow = c * 64 + ((tid % kWarpgroupThreads) / 32) * 16 + g; /* this thread's tile rows: trow, trow + 8 */
     /* Turns go round: consumer c waits on its turn barrier and then passes to c + 1 (mod C); the
      * last one starts each tile's round by passing to consumer 0. */
     const int my_turn = turn_barrier(c), next_turn = turn_barrier((c + 1) % kNC);
     const float mult = kTransform ? 1.0f : p.scale_log2;
+    /* The large head dims' key loop issues fewer instructions: the running max is raised only past
+     * a slack (softmax_new_max_lazy), so that most key tiles skip O *= corr (96-128 multiplications
+     * a thread), and each wgmma's descriptors are a base plus a constant (smem_desc_base), not
+     * built from their addresses (a dozen uniform instructions each; only where the consumer index
+     * is uniform: in the d256 serving kernels the bases would live in ordinary registers, and their
+     * key loop spilled). With the H200 at its power limit, fewer instructions a tile mean a higher
+     * clock: 1.00-1.14x at head dims 160-256. At head dims 64 and 128 (and 96) the same changes
+     * measured 0.95-1.02x, so those kernels keep the plain loop (docs/performance.md v27). */
+    constexpr bool kLazyMax = kHeadDim >= 192, kDescByOffset = kHeadDim >= 192 && kUniformC;
     /* S = Q K^T's k-steps of 16 columns that hold the head dim (a head dim below the kernel's, 160
      * on the 192 kernel or 96 on the 128 one, leaves zero columns in Q and K: their steps would add
      * nothing). Not in the 176-key 128 kernel (long unmasked calls): with the second loop copy its
@@ -994,19 +1004,25 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         /* S = Q K_kv^T for this consumer's rows, issued (not committed) with K from kv's stage. */
         auto issue_s_steps = [&](int kv, auto steps) {
             const uint32_t k_st = sm.k + (uint32_t)(kv & 1) * Tr::kKVBytes;
+            const smem_desc_base qd(q_wg, 16, 1024), kd(k_st, 16, 1024);
 #pragma unroll
             for (int ks = 0; ks < decltype(steps)::value; ++ks) {
                 const uint32_t col = (uint32_t)(ks / 4), sub = (uint32_t)(ks % 4) * 32;
-                wgmma_ss<kBlockN, kDtype>::run(s, smem_desc(q_wg + col * kBlockM * 128 + sub, 16, 1024),
-                                               smem_desc(k_st + col * kBlockN * 128 + sub, 16, 1024), ks > 0);
+                const uint32_t q_off = col * kBlockM * 128 + sub, k_off = col * kBlockN * 128 + sub;
+                if constexpr (kDescByOffset)
+                    wgmma_ss<kBlockN, kDtype>::run(s, qd.at(q_off), kd.at(k_off), ks > 0);
+                else
+                    wgmma_ss<kBlockN, kDtype>::run(s, smem_desc(q_wg + q_off, 16, 1024), smem_desc(k_st + k_off, 16, 1024), ks > 0);
             }
         };
         /* O += P V_kv, issued (not committed). */
         auto issue_pv = [&](int kv) {
             const uint32_t v_st = sm.v + (uint32_t)(kv & 1) * Tr::kKVBytes;
+            const smem_desc_base vd(v_st, kBlockN * 128, 1024);
 #pragma unroll
             for (int kk = 0; kk < kBlockN / 16; ++kk)
-                wgmma_rs<kHeadDim, kDtype>::run(o, pf[kk], smem_desc(v_st + kk * 16 * 128, kBlockN * 128, 1024), 1);
+                wgmma_rs<kHeadDim, kDtype>::run(o, pf[kk], kDescByOffset ? vd.at(kk * 16 * 128)
+                                                                         : smem_desc(v_st + kk * 16 * 128, kBlockN * 128, 1024), 1);
         };
 
         /* The key loop, S issued in `steps` k-steps (a copy of the loop per count: a branch between
@@ -1057,7 +1073,8 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
                     float m_scaled;
-                    corr[r] = softmax_new_max<kBlockN / 8>(s_at, r, row_max[r], mult, m_scaled);
+                    corr[r] = kLazyMax ? softmax_new_max_lazy<kBlockN / 8>(s_at, r, row_max[r], mult, m_scaled)
+                                       : softmax_new_max<kBlockN / 8>(s_at, r, row_max[r], mult, m_scaled);
                     const float sum = softmax_exp<kBlockN / 8>(s_at, r, mult, m_scaled, 0.0f);
                     row_sum[r] = row_sum[r] * corr[r] + sum;
                 }
@@ -1066,10 +1083,14 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                 reg_fence(o);
                 reg_fence(pf);
                 if (it > 0 && lane == 0) mbar_arrive(sm.empty_v + 8 * (st ^ 1));
+                /* O *= corr; with kLazyMax, only where some row of the warp raised its max (else
+                 * corr is 1) and O is no longer zero (after the first key tile) */
+                if (!kLazyMax || __any_sync(0xffffffffu, it > 0 && (corr[0] != 1.0f || corr[1] != 1.0f))) {
 #pragma unroll
-                for (int j = 0; j < kHeadDim / 8; ++j) {
-                    o[4 * j] *= corr[0], o[4 * j + 1] *= corr[0];
-                    o[4 * j + 2] *= corr[1], o[4 * j + 3] *= corr[1];
+                    for (int j = 0; j < kHeadDim / 8; ++j) {
+                        o[4 * j] *= corr[0], o[4 * j + 1] *= corr[0];
+                        o[4 * j + 2] *= corr[1], o[4 * j + 3] *= corr[1];
+                    }
                 }
 #pragma unroll
                 for (int kk = 0; kk < kBlockN / 16; ++kk) pack_p<kDtype>(s_at, kk, pf[kk]);

@@ -104,6 +104,20 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint3
     return (uint64_t)((addr & 0x3FFFFu) >> 4) | ((uint64_t)(lbo >> 4) << 16) |
            ((uint64_t)(sbo >> 4) << 32) | (1ull << 62);
 }
+/* smem_desc(addr, lbo, sbo) in two words, for the descriptors of addresses a constant number of
+ * bytes further on (a tile's k-steps): at(bytes) == smem_desc(addr + bytes, lbo, sbo) with one
+ * 32-bit add to the low word, where building each from its address takes a dozen uniform
+ * instructions (mask, shift, or, moves) a wgmma. Exact for any shared-memory address: the address
+ * field is bits 0-13 (address / 16, below 2^14 for addresses below 256 KB), so the add never
+ * carries into the leading byte offset above it. */
+struct smem_desc_base {
+    uint32_t lo, hi;
+    __device__ __forceinline__ smem_desc_base(uint32_t addr, uint32_t lbo, uint32_t sbo)
+        : lo(((addr & 0x3FFFFu) >> 4) | ((lbo >> 4) << 16)), hi((sbo >> 4) | (1u << 30)) {}
+    __device__ __forceinline__ uint64_t at(uint32_t bytes) const {
+        return ((uint64_t)hi << 32) | (uint32_t)(lo + (bytes >> 4));
+    }
+};
 
 /* 16-byte asynchronous copy global -> shared (zero-filled when !valid, src not read), an mbarrier
  * arrival that follows the thread's copies, and the proxy fence that orders such generic-proxy

@@ -106,6 +106,32 @@ __device__ __forceinline__ float softmax_new_max(At at, int r, float &row_max, f
     return corr;
 }
 
+/* How far (log2 units) a row's running max may fall behind the tile's before it is raised:
+ * softmax_new_max_lazy keeps the old max while the new one exceeds it by at most this, so that
+ * P = exp2(S mult - m_scaled) stays at most 2^8 and nothing accumulated needs rescaling. */
+constexpr float kMaxSlack = 8.0f;
+
+/* softmax_new_max, raising the running max only when the tile's exceeds it by more than kMaxSlack
+ * (log2 units); otherwise the max stays and the factor is exactly 1, so the caller may skip O *= corr
+ * when every row of the warp keeps its max. Exact all the same: P, l and O are taken relative to
+ * the same (kept) max, and the LSE adds that max back (P <= 2^8 is well inside float and fp16/bf16
+ * range, whose relative precision does not depend on magnitude). A row that has seen no key (max
+ * -inf) always takes the new max. */
+template <int kN, class At>
+__device__ __forceinline__ float softmax_new_max_lazy(At at, int r, float &row_max, float mult, float &m_scaled) {
+    float mx = row_max;
+#pragma unroll
+    for (int j = 0; j < kN; ++j) mx = fmaxf(mx, fmaxf(at(j, 2 * r), at(j, 2 * r + 1)));
+    mx = quad_max(mx);
+    /* (false for row_max = -inf: inf or NaN is not <= the slack) */
+    const bool keep = (mx - row_max) * mult <= kMaxSlack;
+    const float m_new = keep ? row_max : mx;
+    m_scaled = (m_new == -INFINITY) ? 0.0f : m_new * mult;
+    const float corr = keep ? 1.0f : fast_exp2(row_max * mult - m_scaled);
+    row_max = m_new;
+    return corr;
+}
+
 /* P = exp2(S mult - m_scaled) in place for row r; returns acc plus this lane's part of the row sum,
  * added pair by pair in key order. */
 template <int kN, class At>

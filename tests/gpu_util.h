@@ -106,11 +106,12 @@ struct Case {
     float softcap = 0.0f, scale = 0.0f;
     bool alibi = false, lse = true;
     Layout layout = kPacked;
+    float ramp = 0.0f;  // K's row j scaled by 1 + ramp * j / sk: the scores' row max grows along the keys
     std::string str() const {
-        char buf[256];
-        snprintf(buf, sizeof buf, "%s b=%lld sq=%lld sk=%lld hq=%lld hkv=%lld d=%lld mask=%d win=(%lld,%lld) softcap=%g alibi=%d layout=%d",
+        char buf[288];
+        snprintf(buf, sizeof buf, "%s b=%lld sq=%lld sk=%lld hq=%lld hkv=%lld d=%lld mask=%d win=(%lld,%lld) softcap=%g alibi=%d layout=%d ramp=%g",
                  dtype ? "bf16" : "fp16", (long long)b, (long long)sq, (long long)sk, (long long)hq,
-                 (long long)hkv, (long long)d, mask, (long long)wl, (long long)wr, softcap, (int)alibi, (int)layout);
+                 (long long)hkv, (long long)d, mask, (long long)wl, (long long)wr, softcap, (int)alibi, (int)layout, ramp);
         return buf;
     }
 };
@@ -165,6 +166,14 @@ struct Inputs {
         std::normal_distribution<float> nd(0.0f, 1.0f);
         for (auto *t : {&q, &k, &v})
             for (auto &x : *t) x = from_f32(c.dtype, nd(rng()));
+        if (c.ramp != 0.0f)
+            for (int64_t bi = 0; bi < c.b; ++bi)
+                for (int64_t j = 0; j < c.sk; ++j)
+                    for (int64_t hi = 0; hi < c.hkv; ++hi)
+                        for (int64_t di = 0; di < c.d; ++di) {
+                            uint16_t &x = k[bi * ks.b + j * ks.s + hi * ks.h + di];
+                            x = from_f32(c.dtype, to_f32(c.dtype, x) * (1.0f + c.ramp * (float)j / (float)c.sk));
+                        }
         if (c.alibi) {
             std::uniform_real_distribution<float> ud(0.01f, 0.5f);
             slopes.resize(c.b * c.hq);

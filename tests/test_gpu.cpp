@@ -47,7 +47,8 @@ class GpuSm90 : public Gpu {
             GTEST_SKIP() << "FUSED_SM90 needs a compute capability 9.0 device; this one is " << major << "."
                          << minor;
         if (!fa_sm90_compiled(FLASHATTN_DTYPE_BFLOAT16, 128))
-            GTEST_SKIP() << "this build has no FUSED_SM90 kernels (CMAKE_CUDA_ARCHITECTURES without 90a)";
+            GTEST_SKIP() << "this build has no FUSED_SM90 head-dim-128 kernel, which these tests need "
+                            "(CMAKE_CUDA_ARCHITECTURES without 90a, or FLASHATTN_HEAD_DIMS without 128)";
     }
 };
 
@@ -254,6 +255,24 @@ TEST_F(Gpu, FusedFeatures) { rule_features(h, FLASHATTN_BACKEND_FUSED); }
 TEST_F(GpuSm90, FlashAttentionRuleBf16) { rule_bf16(h, FLASHATTN_BACKEND_FUSED_SM90); }
 TEST_F(GpuSm90, FlashAttentionRuleFp16) { rule_fp16(h, FLASHATTN_BACKEND_FUSED_SM90); }
 TEST_F(GpuSm90, Features) { rule_features(h, FLASHATTN_BACKEND_FUSED_SM90); }
+
+// The running max raised late: K's rows scaled up along the keys, so that a key tile's row max
+// exceeds the last one's by less than, about, and more than the slack within which the large head
+// dims' loop keeps the old max (8 in log2 units: softmax_new_max_lazy), and O accumulates
+// probabilities up to 2^8 before a raise rescales it. Every head dim class, both dtypes, with and
+// without a causal mask, by FlashAttention's rule.
+TEST_F(GpuSm90, RunningMaxRaisedLate) {
+    RuleStats st;
+    for (int dtype : {FLASHATTN_DTYPE_BFLOAT16, FLASHATTN_DTYPE_FLOAT16})
+        for (int64_t d : {64, 128, 160, 192, 256})
+            for (float ramp : {3.0f, 12.0f, 40.0f})
+                for (int mask : {FLASHATTN_MASK_NONE, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT}) {
+                    Case c;
+                    c.dtype = dtype, c.d = d, c.sq = 256, c.sk = 1024, c.hq = 4, c.hkv = 2, c.mask = mask, c.ramp = ramp;
+                    check_fa_rule(h, c, st, FLASHATTN_BACKEND_FUSED_SM90);
+                }
+    print_rule("running max raised late (K ramped along the keys)", st, FLASHATTN_BACKEND_FUSED_SM90);
+}
 
 // A small, representative set for compute-sanitizer (memcheck, racecheck, initcheck): every
 // compiled head dim, ragged lengths, each mask, softcap/ALiBi, GQA, padded strides, both backends.
