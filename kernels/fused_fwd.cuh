@@ -363,6 +363,12 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
     /* Softcap and ALiBi need the score in natural units; without them the scale is folded into
      * the exp2 argument (one FFMA per element). */
     const float mult = kTransform ? 1.0f : p.scale_log2;
+    /* At head dims 160 and 192 (64x64 tiles, 16 rows a warp), O *= corr is 80-96 multiplications a
+     * thread a key tile: raise the running max only past a slack and skip them where no row of the
+     * warp raised it (as FUSED_SM90 does at 192 and 256). Measured 1.00-1.06x there with FUSED
+     * forced; at 256 (registers at their cap) 0.94-0.96x, so that kernel keeps the plain loop
+     * (docs/performance.md v27). */
+    constexpr bool kLazyMax = kHeadDim == 160 || kHeadDim == 192;
     const float slope = kTransform ? alibi_slope(p, b, h) : 0.0f;
 
     float o_acc[kMT][Tr::kOTiles][4];
@@ -459,12 +465,28 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
         for (int mt = 0; mt < kMT; ++mt) {
             auto s_at = s_of(mt);
             auto o_at = [&o_acc, mt](int j, int e) -> float & { return o_acc[mt][j][e]; };
+            if constexpr (kLazyMax) {
+                /* the max raised only past a slack (softmax_new_max_lazy): O *= corr only where a
+                 * row of the warp raised it, and not on the first key tile (O is zero) */
+                float corr[2], m_scaled[2];
 #pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                float m_scaled;
-                const float corr = softmax_new_max<Tr::kSTiles>(s_at, r, row_max[mt][r], mult, m_scaled);
-                rescale_row<Tr::kOTiles>(o_at, r, corr);
-                row_sum[mt][r] = softmax_exp<Tr::kSTiles>(s_at, r, mult, m_scaled, row_sum[mt][r] * corr);
+                for (int r = 0; r < 2; ++r)
+                    corr[r] = softmax_new_max_lazy<Tr::kSTiles>(s_at, r, row_max[mt][r], mult, m_scaled[r]);
+                if (__any_sync(0xffffffffu, it > 0 && (corr[0] != 1.0f || corr[1] != 1.0f))) {
+#pragma unroll
+                    for (int r = 0; r < 2; ++r) rescale_row<Tr::kOTiles>(o_at, r, corr[r]);
+                }
+#pragma unroll
+                for (int r = 0; r < 2; ++r)
+                    row_sum[mt][r] = softmax_exp<Tr::kSTiles>(s_at, r, mult, m_scaled[r], row_sum[mt][r] * corr[r]);
+            } else {
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    float m_scaled;
+                    const float corr = softmax_new_max<Tr::kSTiles>(s_at, r, row_max[mt][r], mult, m_scaled);
+                    rescale_row<Tr::kOTiles>(o_at, r, corr);
+                    row_sum[mt][r] = softmax_exp<Tr::kSTiles>(s_at, r, mult, m_scaled, row_sum[mt][r] * corr);
+                }
             }
 #pragma unroll
             for (int kk = 0; kk < Tr::kPSteps; ++kk) {
