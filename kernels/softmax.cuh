@@ -91,15 +91,20 @@ __device__ __forceinline__ void mask_scores_keywise(At at, const Bounds &p, Row 
 /* Whether mask_scores must test the lower bound of a key tile from n0, for query rows up to row_last. */
 #define FA_TILE_CUTS_LOW(p, n0, row_last) ((n0) < (row_last) + (p).key_lo_off)
 
+/* The larger of row r's running max and the tile's scores in that row (raw units), over the quad. */
+template <int kN, class At> __device__ __forceinline__ float row_tile_max(At at, int r, float row_max) {
+    float mx = row_max;
+#pragma unroll
+    for (int j = 0; j < kN; ++j) mx = fmaxf(mx, fmaxf(at(j, 2 * r), at(j, 2 * r + 1)));
+    return quad_max(mx);
+}
+
 /* Row r's new running max (raw units) after this tile; returns the factor exp2((m_old - m_new) mult)
  * that rescales what was accumulated under the old max. m_scaled receives m_new * mult, or 0 for a
  * row that has seen no key yet (so exp2(-inf - 0) = 0, never NaN). */
 template <int kN, class At>
 __device__ __forceinline__ float softmax_new_max(At at, int r, float &row_max, float mult, float &m_scaled) {
-    float mx = row_max;
-#pragma unroll
-    for (int j = 0; j < kN; ++j) mx = fmaxf(mx, fmaxf(at(j, 2 * r), at(j, 2 * r + 1)));
-    mx = quad_max(mx);
+    const float mx = row_tile_max<kN>(at, r, row_max);
     m_scaled = (mx == -INFINITY) ? 0.0f : mx * mult;
     const float corr = fast_exp2(row_max * mult - m_scaled);
     row_max = mx;
@@ -119,10 +124,7 @@ constexpr float kMaxSlack = 8.0f;
  * -inf) always takes the new max. */
 template <int kN, class At>
 __device__ __forceinline__ float softmax_new_max_lazy(At at, int r, float &row_max, float mult, float &m_scaled) {
-    float mx = row_max;
-#pragma unroll
-    for (int j = 0; j < kN; ++j) mx = fmaxf(mx, fmaxf(at(j, 2 * r), at(j, 2 * r + 1)));
-    mx = quad_max(mx);
+    const float mx = row_tile_max<kN>(at, r, row_max);
     /* (false for row_max = -inf: inf or NaN is not <= the slack) */
     const bool keep = (mx - row_max) * mult <= kMaxSlack;
     const float m_new = keep ? row_max : mx;
