@@ -1009,10 +1009,8 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             for (int ks = 0; ks < decltype(steps)::value; ++ks) {
                 const uint32_t col = (uint32_t)(ks / 4), sub = (uint32_t)(ks % 4) * 32;
                 const uint32_t q_off = col * kBlockM * 128 + sub, k_off = col * kBlockN * 128 + sub;
-                if constexpr (kDescByOffset)
-                    wgmma_ss<kBlockN, kDtype>::run(s, qd.at(q_off), kd.at(k_off), ks > 0);
-                else
-                    wgmma_ss<kBlockN, kDtype>::run(s, smem_desc(q_wg + q_off, 16, 1024), smem_desc(k_st + k_off, 16, 1024), ks > 0);
+                wgmma_ss<kBlockN, kDtype>::run(s, kDescByOffset ? qd.at(q_off) : smem_desc(q_wg + q_off, 16, 1024),
+                                               kDescByOffset ? kd.at(k_off) : smem_desc(k_st + k_off, 16, 1024), ks > 0);
             }
         };
         /* O += P V_kv, issued (not committed). */
