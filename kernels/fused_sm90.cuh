@@ -36,6 +36,8 @@
  *     wait for S_j; hand back K_j; softcap/ALiBi/mask; online softmax (exp2, scale folded)
  *     wait for P V; hand back V_{j-1}; O *= exp2(m_old - m_new); P_j = bf16/fp16(exp2(S - m_new))
  *
+ *   (at head dims 192 and 256, a last key tile in which the block's visible keys end at most 32
+ *   keys in runs S, the softmax and P V over those 32 keys alone: kTailW)
  *   and after the last tile O += P V once more, O /= l, LSE = (m + log2 l) ln 2; O is staged
  *   through the consumer's own rows of the Q tile (a persistent block: of an O tile of its own where
  *   shared memory allows) and stored with 16-byte writes, or, by a persistent block, with TMA stores
@@ -705,6 +707,12 @@ __device__ __forceinline__ void clear_rows_past(uint32_t stage, int valid, int c
     named_sync(cleared_barrier(Tr::kConsumers), kWarpgroupThreads * Tr::kConsumers);
 }
 
+/* a when kFirst, else b (two arrays of different types, chosen at compile time). */
+template <bool kFirst, class A, class B> __device__ __forceinline__ auto &pick_ref(A &a, B &b) {
+    if constexpr (kFirst) return a;
+    else return b;
+}
+
 /* Split epilogue: this split's normalised O, fp32, straight from the registers into o_accum. */
 template <class Tr, int kON>
 __device__ __forceinline__ void store_split_partial(const fa_kernel_params &p, const tile<Tr> &tl, const float (&o)[kON],
@@ -912,6 +920,9 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
      * nothing). Not in the 176-key 128 kernel (long unmasked calls): with the second loop copy its
      * d128 16k rows read 0.965-0.988x (docs/performance.md v17). */
     constexpr int kShortSteps = kHeadDim == 192 ? 10 : kHeadDim == 128 && kKeyTile != 176 ? 6 : 0;
+    /* The width of a narrow last key tile (key_loop below; 0: none), at the head dims whose key
+     * tiles are not a power of two. */
+    constexpr int kTailW = kHeadDim >= 192 ? 32 : 0;
     const bool short_k = p.head_dim <= 16 * kShortSteps;
     /* Gathered pages land through the generic proxy (cp.async): after the wait for a stage, a proxy
      * fence before the tensor cores read it. */
@@ -979,7 +990,6 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
 
         float o[kON], s[kSN];
         uint32_t pf[kBlockN / 16][4];
-        auto s_at = [&s](int j, int e) -> float & { return s[4 * j + e]; };
 #pragma unroll
         for (int i = 0; i < kON; ++i) o[i] = 0.0f;
         float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
@@ -1001,32 +1011,41 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                                          : kPersistent && next_work(work) < works;
         if (kNC > 1 && c == kNC - 1 && !(kTurnAcross && nth > 0)) named_arrive(turn_barrier(0), kTurnThreads);
 
-        /* S = Q K_kv^T for this consumer's rows, issued (not committed) with K from kv's stage. */
-        auto issue_s_steps = [&](int kv, auto steps) {
+        /* S = Q K_kv^T for this consumer's rows, issued (not committed) with K from kv's stage, into
+         * acc: the key tile's first kW columns (kBlockN, or kTailW for a narrow last tile), kW / 2 floats. */
+        auto issue_s_steps = [&](auto &acc, int kv, auto steps) {
+            constexpr int kW = 2 * (int)(sizeof acc / sizeof acc[0]);
             const uint32_t k_st = sm.k + (uint32_t)(kv & 1) * Tr::kKVBytes;
             const smem_desc_base qd(q_wg, 16, 1024), kd(k_st, 16, 1024);
 #pragma unroll
             for (int ks = 0; ks < decltype(steps)::value; ++ks) {
                 const uint32_t col = (uint32_t)(ks / 4), sub = (uint32_t)(ks % 4) * 32;
                 const uint32_t q_off = col * kBlockM * 128 + sub, k_off = col * kBlockN * 128 + sub;
-                wgmma_ss<kBlockN, kDtype>::run(s, kDescByOffset ? qd.at(q_off) : smem_desc(q_wg + q_off, 16, 1024),
-                                               kDescByOffset ? kd.at(k_off) : smem_desc(k_st + k_off, 16, 1024), ks > 0);
+                wgmma_ss<kW, kDtype>::run(acc, kDescByOffset ? qd.at(q_off) : smem_desc(q_wg + q_off, 16, 1024),
+                                          kDescByOffset ? kd.at(k_off) : smem_desc(k_st + k_off, 16, 1024), ks > 0);
             }
         };
-        /* O += P V_kv, issued (not committed). */
-        auto issue_pv = [&](int kv) {
+        /* O += P V_kv, issued (not committed): the key tile's first kW keys (P's first kW / 16 k-steps). */
+        auto issue_pv = [&](int kv, auto width) {
+            constexpr int kW = decltype(width)::value;
             const uint32_t v_st = sm.v + (uint32_t)(kv & 1) * Tr::kKVBytes;
             const smem_desc_base vd(v_st, kBlockN * 128, 1024);
 #pragma unroll
-            for (int kk = 0; kk < kBlockN / 16; ++kk)
+            for (int kk = 0; kk < kW / 16; ++kk)
                 wgmma_rs<kHeadDim, kDtype>::run(o, pf[kk], kDescByOffset ? vd.at(kk * 16 * 128)
                                                                          : smem_desc(v_st + kk * 16 * 128, kBlockN * 128, 1024), 1);
         };
 
-        /* The key loop, S issued in `steps` k-steps (a copy of the loop per count: a branch between
-         * the two issue sequences inside the loop cost the 192 kernel 2-3% at head dim 192). */
-        auto key_loop = [&](auto steps) {
-            for (int it = 0; it < n_tiles; ++it) {
+        /* Key tile `it` of the loop: its S issued in `steps` k-steps over its first kW keys (kBlockN,
+         * or kTailW for a narrow last tile: below), the last tile's P V beside it, then the softmax. */
+        auto key_step = [&](int it, auto steps, auto width) {
+            constexpr int kW = decltype(width)::value;
+            /* the tile's scores: s, or for a narrow tile registers of its own (s's other entries
+             * would otherwise stay pinned across it) */
+            float s_narrow[kW == kBlockN ? 1 : kW / 2];
+            auto &sw = pick_ref<kW == kBlockN>(s, s_narrow);
+            auto sw_at = [&sw](int j, int e) -> float & { return sw[4 * j + e]; };
+            {
                 const int n0 = (tile_begin + it) * kBlockN;
                 const int kv = kv0 + it, st = kv & 1; /* K_it's and V_it's stage */
                 mbar_wait(sm.full_k + 8 * st, (kv >> 1) & 1);
@@ -1037,17 +1056,17 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                 reg_fence(o);
                 reg_fence(pf);
                 wgmma_fence();
-                issue_s_steps(kv, steps);
+                issue_s_steps(sw, kv, steps);
                 wgmma_commit();
                 if (it > 0) {
                     wgmma_fence(); /* P and O were written by ordinary instructions since the last one */
-                    issue_pv(kv - 1);
+                    issue_pv(kv - 1, std::integral_constant<int, kBlockN>{}); /* (only a last tile is narrow) */
                 }
                 wgmma_commit(); /* empty on the first tile: "all but the newest group" then always means S */
                 if (kNC > 1) named_arrive(next_turn, kTurnThreads); /* the next consumer's turn */
 
                 wgmma_wait<1>();
-                reg_fence(s);
+                reg_fence(sw);
                 if (lane == 0) {
                     mbar_arrive(sm.empty_k + 8 * st); /* this warp is done with K_it */
                     /* and with Q, after the last S (O has a tile of its own; with two Q buffers, the
@@ -1057,23 +1076,23 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
 
                 if constexpr (kTransform) {
 #pragma unroll
-                    for (int i = 0; i < kSN; ++i) {
+                    for (int i = 0; i < kW / 2; ++i) {
                         const int r = (i % 4) / 2;
-                        s[i] = kLog2e * transform_raw_score(p, bnd, s[i], slope_r[r], pos_r[r], n0 + 8 * (i / 4) + 2 * t + (i % 2));
+                        sw[i] = kLog2e * transform_raw_score(p, bnd, sw[i], slope_r[r], pos_r[r], n0 + 8 * (i / 4) + 2 * t + (i % 2));
                     }
                 }
                 const bool need_mask = FA_TILE_NEEDS_MASK(bnd, n0, kBlockN, m0, row_last);
                 if (need_mask)
-                    mask_scores<kBlockN / 8>(s_at, bnd, [&pos_r](int r) { return pos_r[r]; }, n0, t,
+                    mask_scores<kW / 8>(sw_at, bnd, [&pos_r](int r) { return pos_r[r]; }, n0, t,
                                              FA_TILE_CUTS_LOW(bnd, n0, row_last));
 
                 float corr[2];
 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
                     float m_scaled;
-                    corr[r] = kLazyMax ? softmax_new_max_lazy<kBlockN / 8>(s_at, r, row_max[r], mult, m_scaled)
-                                       : softmax_new_max<kBlockN / 8>(s_at, r, row_max[r], mult, m_scaled);
-                    const float sum = softmax_exp<kBlockN / 8>(s_at, r, mult, m_scaled, 0.0f);
+                    corr[r] = kLazyMax ? softmax_new_max_lazy<kW / 8>(sw_at, r, row_max[r], mult, m_scaled)
+                                       : softmax_new_max<kW / 8>(sw_at, r, row_max[r], mult, m_scaled);
+                    const float sum = softmax_exp<kW / 8>(sw_at, r, mult, m_scaled, 0.0f);
                     row_sum[r] = row_sum[r] * corr[r] + sum;
                 }
 
@@ -1091,18 +1110,19 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                     }
                 }
 #pragma unroll
-                for (int kk = 0; kk < kBlockN / 16; ++kk) pack_p<kDtype>(s_at, kk, pf[kk]);
+                for (int kk = 0; kk < kW / 16; ++kk) pack_p<kDtype>(sw_at, kk, pf[kk]);
             }
         };
-        if constexpr (kShortSteps > 0) {
-            if (short_k) key_loop(std::integral_constant<int, kShortSteps>{});
-            else key_loop(std::integral_constant<int, kHeadDim / 16>{});
-        } else {
-            key_loop(std::integral_constant<int, kHeadDim / 16>{});
-        }
-
-        /* The last tile's P V; a persistent block hands its V stage back for the next tile. */
-        {
+        /* A narrow last tile (kTailW > 0): where the keys any of the tile's rows can see end at most
+         * kTailW keys into the last key tile (1024 keys on 112-key tiles end 16 keys in, 512 on 80-key
+         * tiles 32 in), that tile's S, softmax and P V cover its first kTailW keys: the rest are
+         * masked for every row, so they would add only zeros. The test is the same for the whole
+         * block, taken through a shuffle so that ptxas sees it uniform. */
+        const int key_hi = min(bnd.seqlen_k, row_last + bnd.key_hi_off + 1);
+        const bool narrow = kTailW > 0 && __shfl_sync(0xffffffffu, key_hi - (tile_begin + n_tiles - 1) * kBlockN <= kTailW, 0);
+        /* The last tile's P V over its first kW keys; a persistent block hands its V stage back for
+         * the next tile. */
+        auto last_pv = [&](auto width) {
             const int kv = kv0 + n_tiles - 1, st = kv & 1;
             mbar_wait(sm.full_v + 8 * st, (kv >> 1) & 1);
             if (gathered) fence_proxy_async_shared();
@@ -1112,15 +1132,39 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                                                    tid % kWarpgroupThreads);
             if (kNC > 1) named_sync(my_turn, kTurnThreads);
             reg_fence(o);
-            reg_fence(pf);
+            reg_fence_first<decltype(width)::value / 16>(pf);
             wgmma_fence();
-            issue_pv(kv);
+            issue_pv(kv, width);
             wgmma_commit();
             if (kNC > 1 && (c != kNC - 1 || turn_on)) named_arrive(next_turn, kTurnThreads); /* (above) */
             wgmma_wait<0>();
             reg_fence(o);
             if (Tr::kPersistent && lane == 0) mbar_arrive(sm.empty_v + 8 * st);
+        };
+
+        /* The key loop, S issued in `steps` k-steps (a copy of the loop per count: a branch between
+         * the two issue sequences inside the loop cost the 192 kernel 2-3% at head dim 192); with
+         * narrow last tiles, the last tile's P V too (the narrow tile's own copy: no register of P
+         * is then live across it). */
+        auto key_loop = [&](auto steps) {
+            const int full_tiles = kTailW > 0 && narrow ? n_tiles - 1 : n_tiles;
+            for (int it = 0; it < full_tiles; ++it) key_step(it, steps, std::integral_constant<int, kBlockN>{});
+            if constexpr (kTailW > 0) {
+                if (narrow) {
+                    key_step(n_tiles - 1, steps, std::integral_constant<int, kTailW>{});
+                    last_pv(std::integral_constant<int, kTailW>{});
+                } else {
+                    last_pv(std::integral_constant<int, kBlockN>{});
+                }
+            }
+        };
+        if constexpr (kShortSteps > 0) {
+            if (short_k) key_loop(std::integral_constant<int, kShortSteps>{});
+            else key_loop(std::integral_constant<int, kHeadDim / 16>{});
+        } else {
+            key_loop(std::integral_constant<int, kHeadDim / 16>{});
         }
+        if constexpr (kTailW == 0) last_pv(std::integral_constant<int, kBlockN>{});
 
         float inv_r[2];
 #pragma unroll

@@ -64,6 +64,15 @@ template <int N> __device__ __forceinline__ void reg_fence(uint32_t (&r)[N][4]) 
 #pragma unroll
         for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
 }
+/* The same for the first K rows only: where a narrow wgmma reads only those, pinning the rest would
+ * keep their old values alive across it (registers the kernel does not have). */
+template <int K, int N> __device__ __forceinline__ void reg_fence_first(uint32_t (&r)[N][4]) {
+    static_assert(K <= N, "a prefix of the array");
+#pragma unroll
+    for (int i = 0; i < K; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+}
 
 /* mbarriers (shared memory, 8 bytes each). */
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {

@@ -278,6 +278,45 @@ void rule_running_max_raised_late(flashattn_handle *h, int backend) {
 TEST_F(Gpu, FusedRunningMaxRaisedLate) { rule_running_max_raised_late(h, FLASHATTN_BACKEND_FUSED); }
 TEST_F(GpuSm90, RunningMaxRaisedLate) { rule_running_max_raised_late(h, FLASHATTN_BACKEND_FUSED_SM90); }
 
+// FUSED_SM90 at head dims 160-256 (key tiles of 112 and 80) computes a last key tile in which the
+// keys any of the block's rows can see end at most 32 keys in over those 32 keys alone (S, softmax
+// and P V narrowed); one key further it computes the whole tile. Key counts n k + r on both sides
+// of that edge (r = 1, 16, 32, 33, n), with no mask, causal (the diagonal tiles end anywhere), a
+// window whose right edge ends the keys early, split decode (the last split's tile), softcap and
+// ALiBi with padded strides, and resident blocks (more tiles than SMs), by FlashAttention's rule.
+TEST_F(GpuSm90, NarrowLastKeyTile) {
+    RuleStats st;
+    for (int dtype : {FLASHATTN_DTYPE_BFLOAT16, FLASHATTN_DTYPE_FLOAT16})
+        for (int64_t d : {160, 192, 256}) {
+            const int64_t n = d == 256 ? 80 : 112;
+            for (int64_t r : {int64_t{1}, int64_t{16}, int64_t{32}, int64_t{33}, n}) {
+                Case c;
+                c.dtype = dtype, c.d = d, c.hq = 4, c.hkv = 2, c.sq = 200, c.sk = 3 * n + r;
+                check_fa_rule(h, c, st, FLASHATTN_BACKEND_FUSED_SM90);
+                Case k = c;
+                k.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, k.sq = k.sk;
+                check_fa_rule(h, k, st, FLASHATTN_BACKEND_FUSED_SM90);
+                Case w = c;
+                w.sq = w.sk, w.wl = n + 7, w.wr = r;
+                check_fa_rule(h, w, st, FLASHATTN_BACKEND_FUSED_SM90);
+                Case dec = c;
+                dec.sq = 1, dec.hq = 8, dec.hkv = 1, dec.sk = 40 * n + r;
+                check_fa_rule(h, dec, st, FLASHATTN_BACKEND_FUSED_SM90);
+            }
+            Case f;
+            f.dtype = dtype, f.d = d, f.hq = 4, f.hkv = 2, f.sq = 150, f.sk = 5 * n + 16;
+            f.softcap = 3.0f, f.alibi = true, f.layout = kPadded;
+            check_fa_rule(h, f, st, FLASHATTN_BACKEND_FUSED_SM90);
+            Case p;
+            p.dtype = dtype, p.d = d, p.b = 2, p.hq = p.hkv = 16, p.sq = 1024, p.sk = 12 * n + 16;
+            check_fa_rule(h, p, st, FLASHATTN_BACKEND_FUSED_SM90);
+            p.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+            check_fa_rule(h, p, st, FLASHATTN_BACKEND_FUSED_SM90);
+        }
+    print_rule("last key tile narrowed (keys ending 1-33 keys into a 112- or 80-key tile)", st,
+               FLASHATTN_BACKEND_FUSED_SM90);
+}
+
 // A small, representative set for compute-sanitizer (memcheck, racecheck, initcheck): every
 // compiled head dim, ragged lengths, each mask, softcap/ALiBi, GQA, padded strides, both backends.
 TEST_F(Gpu, SanitizerSubset) {
