@@ -450,6 +450,14 @@ __device__ __forceinline__ void produce(const tile<Tr> &tl, const smem_layout<Tr
         if (nth > 0) mbar_wait(sm.q_empty(c), (nth - 1) & 1);
         produce_q<Tr>(tl.m0 + 64 * c, tl.h0, tl.b, 64, sm.q + (uint32_t)c * 64 * 128, sm.q_full(c), tm_q);
     };
+    /* (Tr::kSplitQ) a later tile's Q loads only once the consumers have stored the last tile's O
+     * from its rows, and it is read once: its boxes go into the L2 now, about two key tiles before
+     * that, so the load reads the L2 rather than DRAM. */
+    if (Tr::kSplitQ && nth > 0)
+#pragma unroll
+        for (int c = 0; c < Tr::kConsumers; ++c)
+#pragma unroll
+            for (int cb = 0; cb < kCB; ++cb) tma_prefetch_l2(tm_q, cb * 64, tl.m0 + 64 * c, tl.h0, tl.b);
     if (nth == 0) {
         if (Tr::kSplitQ) {
 #pragma unroll

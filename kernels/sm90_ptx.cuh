@@ -107,6 +107,15 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap *map, i
         : "memory");
 }
 
+/* The same box brought into the L2 only (no shared memory, no barrier; a hint the memory system
+ * may drop): a tma_load of it soon after reads the L2 rather than DRAM. */
+__device__ __forceinline__ void tma_prefetch_l2(const CUtensorMap *map, int c0, int c1, int c2, int c3) {
+    asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\n" ::"l"(
+                     reinterpret_cast<uint64_t>(map)),
+                 "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+                 : "memory");
+}
+
 /* Shared-memory matrix descriptor, 128-byte swizzle. Byte offsets: lbo between 64-column regions
  * of an N-major operand (unused, 16, for K-major), sbo between groups of 8 rows. */
 __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
