@@ -1045,7 +1045,8 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         };
 
         /* Key tile `it` of the loop: its S issued in `steps` k-steps over its first kW keys (kBlockN,
-         * or kTailW for a narrow last tile: below), the last tile's P V beside it, then the softmax. */
+         * or kTailW for a narrow last tile: below), the previous tile's P V beside it, then the
+         * softmax. */
         auto key_step = [&](int it, auto steps, auto width) {
             constexpr int kW = decltype(width)::value;
             /* the tile's scores: s, or for a narrow tile registers of its own (s's other entries
