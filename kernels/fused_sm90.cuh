@@ -1054,73 +1054,71 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             float s_narrow[kW == kBlockN ? 1 : kW / 2];
             auto &sw = pick_ref<kW == kBlockN>(s, s_narrow);
             auto sw_at = [&sw](int j, int e) -> float & { return sw[4 * j + e]; };
-            {
-                const int n0 = (tile_begin + it) * kBlockN;
-                const int kv = kv0 + it, st = kv & 1; /* K_it's and V_it's stage */
-                mbar_wait(sm.full_k + 8 * st, (kv >> 1) & 1);
-                if (it > 0) mbar_wait(sm.full_v + 8 * (st ^ 1), ((kv - 1) >> 1) & 1);
-                if (gathered) fence_proxy_async_shared();
+            const int n0 = (tile_begin + it) * kBlockN;
+            const int kv = kv0 + it, st = kv & 1; /* K_it's and V_it's stage */
+            mbar_wait(sm.full_k + 8 * st, (kv >> 1) & 1);
+            if (it > 0) mbar_wait(sm.full_v + 8 * (st ^ 1), ((kv - 1) >> 1) & 1);
+            if (gathered) fence_proxy_async_shared();
 
-                if (kNC > 1) named_sync(my_turn, kTurnThreads); /* our turn on the tensor cores */
-                reg_fence(o);
-                reg_fence(pf);
-                wgmma_fence();
-                issue_s_steps(sw, kv, steps);
-                wgmma_commit();
-                if (it > 0) {
-                    wgmma_fence(); /* P and O were written by ordinary instructions since the last one */
-                    issue_pv(kv - 1, std::integral_constant<int, kBlockN>{}); /* (only a last tile is narrow) */
-                }
-                wgmma_commit(); /* empty on the first tile: "all but the newest group" then always means S */
-                if (kNC > 1) named_arrive(next_turn, kTurnThreads); /* the next consumer's turn */
-
-                wgmma_wait<1>();
-                reg_fence(sw);
-                if (lane == 0) {
-                    mbar_arrive(sm.empty_k + 8 * st); /* this warp is done with K_it */
-                    /* and with Q, after the last S (O has a tile of its own; with two Q buffers, the
-                     * next Q's load waits only for this tile's Q to have landed) */
-                    if (Tr::kPersistent && Tr::kOwnO && !Tr::kTwoQ && it == n_tiles - 1) mbar_arrive(sm.empty_q);
-                }
-
-                if constexpr (kTransform) {
-#pragma unroll
-                    for (int i = 0; i < kW / 2; ++i) {
-                        const int r = (i % 4) / 2;
-                        sw[i] = kLog2e * transform_raw_score(p, bnd, sw[i], slope_r[r], pos_r[r], n0 + 8 * (i / 4) + 2 * t + (i % 2));
-                    }
-                }
-                const bool need_mask = FA_TILE_NEEDS_MASK(bnd, n0, kBlockN, m0, row_last);
-                if (need_mask)
-                    mask_scores<kW / 8>(sw_at, bnd, [&pos_r](int r) { return pos_r[r]; }, n0, t,
-                                             FA_TILE_CUTS_LOW(bnd, n0, row_last));
-
-                float corr[2];
-#pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    float m_scaled;
-                    corr[r] = kLazyMax ? softmax_new_max_lazy<kW / 8>(sw_at, r, row_max[r], mult, m_scaled)
-                                       : softmax_new_max<kW / 8>(sw_at, r, row_max[r], mult, m_scaled);
-                    const float sum = softmax_exp<kW / 8>(sw_at, r, mult, m_scaled, 0.0f);
-                    row_sum[r] = row_sum[r] * corr[r] + sum;
-                }
-
-                wgmma_wait<0>(); /* P V_{it-1} is done with O, pf and V_{it-1} */
-                reg_fence(o);
-                reg_fence(pf);
-                if (it > 0 && lane == 0) mbar_arrive(sm.empty_v + 8 * (st ^ 1));
-                /* O *= corr; with kLazyMax, only where some row of the warp raised its max (else
-                 * corr is 1) and O is no longer zero (after the first key tile) */
-                if (!kLazyMax || __any_sync(0xffffffffu, it > 0 && (corr[0] != 1.0f || corr[1] != 1.0f))) {
-#pragma unroll
-                    for (int j = 0; j < kHeadDim / 8; ++j) {
-                        o[4 * j] *= corr[0], o[4 * j + 1] *= corr[0];
-                        o[4 * j + 2] *= corr[1], o[4 * j + 3] *= corr[1];
-                    }
-                }
-#pragma unroll
-                for (int kk = 0; kk < kW / 16; ++kk) pack_p<kDtype>(sw_at, kk, pf[kk]);
+            if (kNC > 1) named_sync(my_turn, kTurnThreads); /* our turn on the tensor cores */
+            reg_fence(o);
+            reg_fence(pf);
+            wgmma_fence();
+            issue_s_steps(sw, kv, steps);
+            wgmma_commit();
+            if (it > 0) {
+                wgmma_fence(); /* P and O were written by ordinary instructions since the last one */
+                issue_pv(kv - 1, std::integral_constant<int, kBlockN>{}); /* (only a last tile is narrow) */
             }
+            wgmma_commit(); /* empty on the first tile: "all but the newest group" then always means S */
+            if (kNC > 1) named_arrive(next_turn, kTurnThreads); /* the next consumer's turn */
+
+            wgmma_wait<1>();
+            reg_fence(sw);
+            if (lane == 0) {
+                mbar_arrive(sm.empty_k + 8 * st); /* this warp is done with K_it */
+                /* and with Q, after the last S (O has a tile of its own; with two Q buffers, the
+                 * next Q's load waits only for this tile's Q to have landed) */
+                if (Tr::kPersistent && Tr::kOwnO && !Tr::kTwoQ && it == n_tiles - 1) mbar_arrive(sm.empty_q);
+            }
+
+            if constexpr (kTransform) {
+#pragma unroll
+                for (int i = 0; i < kW / 2; ++i) {
+                    const int r = (i % 4) / 2;
+                    sw[i] = kLog2e * transform_raw_score(p, bnd, sw[i], slope_r[r], pos_r[r], n0 + 8 * (i / 4) + 2 * t + (i % 2));
+                }
+            }
+            const bool need_mask = FA_TILE_NEEDS_MASK(bnd, n0, kBlockN, m0, row_last);
+            if (need_mask)
+                mask_scores<kW / 8>(sw_at, bnd, [&pos_r](int r) { return pos_r[r]; }, n0, t,
+                                    FA_TILE_CUTS_LOW(bnd, n0, row_last));
+
+            float corr[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                float m_scaled;
+                corr[r] = kLazyMax ? softmax_new_max_lazy<kW / 8>(sw_at, r, row_max[r], mult, m_scaled)
+                                   : softmax_new_max<kW / 8>(sw_at, r, row_max[r], mult, m_scaled);
+                const float sum = softmax_exp<kW / 8>(sw_at, r, mult, m_scaled, 0.0f);
+                row_sum[r] = row_sum[r] * corr[r] + sum;
+            }
+
+            wgmma_wait<0>(); /* P V_{it-1} is done with O, pf and V_{it-1} */
+            reg_fence(o);
+            reg_fence(pf);
+            if (it > 0 && lane == 0) mbar_arrive(sm.empty_v + 8 * (st ^ 1));
+            /* O *= corr; with kLazyMax, only where some row of the warp raised its max (else
+             * corr is 1) and O is no longer zero (after the first key tile) */
+            if (!kLazyMax || __any_sync(0xffffffffu, it > 0 && (corr[0] != 1.0f || corr[1] != 1.0f))) {
+#pragma unroll
+                for (int j = 0; j < kHeadDim / 8; ++j) {
+                    o[4 * j] *= corr[0], o[4 * j + 1] *= corr[0];
+                    o[4 * j + 2] *= corr[1], o[4 * j + 3] *= corr[1];
+                }
+            }
+#pragma unroll
+            for (int kk = 0; kk < kW / 16; ++kk) pack_p<kDtype>(sw_at, kk, pf[kk]);
         };
         /* A narrow last tile (kTailW > 0): where the keys any of the tile's rows can see end at most
          * kTailW keys into the last key tile (1024 keys on 112-key tiles end 16 keys in, 512 on 80-key
