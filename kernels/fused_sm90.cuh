@@ -246,10 +246,14 @@ template <class Tr> struct tile {
         partial = false;
         set_key_tiles(bnd, 1);
     }
+    /* One past the last key any of the tile's rows can see. */
+    template <class Bounds> __device__ __forceinline__ int key_end(const Bounds &bnd) const {
+        return min(bnd.seqlen_k, row_last + bnd.key_hi_off + 1);
+    }
     /* The key tiles any of the tile's rows can see, and split `split`'s share of them. */
     template <class Bounds> __device__ __forceinline__ void set_key_tiles(const Bounds &bnd, int num_splits) {
         const int key_lo = max(0, m0 + bnd.key_lo_off);
-        const int key_hi = min(bnd.seqlen_k, row_last + bnd.key_hi_off + 1);
+        const int key_hi = key_end(bnd);
         const int tile_first = key_lo / Tr::kBlockN;
         const int tiles_all = key_hi > key_lo ? (key_hi + Tr::kBlockN - 1) / Tr::kBlockN - tile_first : 0;
         const int tiles_per_split = (tiles_all + num_splits - 1) / num_splits;
@@ -1125,8 +1129,8 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
          * tiles 32 in), that tile's S, softmax and P V cover its first kTailW keys: the rest are
          * masked for every row, so they would add only zeros. The test is the same for the whole
          * block, taken through a shuffle so that ptxas sees it uniform. */
-        const int key_hi = min(bnd.seqlen_k, row_last + bnd.key_hi_off + 1);
-        const bool narrow = kTailW > 0 && __shfl_sync(0xffffffffu, key_hi - (tile_begin + n_tiles - 1) * kBlockN <= kTailW, 0);
+        const bool narrow =
+            kTailW > 0 && __shfl_sync(0xffffffffu, tl.key_end(bnd) - (tile_begin + n_tiles - 1) * kBlockN <= kTailW, 0);
         /* The last tile's P V over its first kW keys; a persistent block hands its V stage back for
          * the next tile. */
         auto last_pv = [&](auto width) {
