@@ -743,6 +743,84 @@ __device__ __forceinline__ void store_split_partial(const fa_kernel_params &p, c
     }
 }
 
+/* The tiles of a resident serving block whose Q is ragged (cu_seqlens_q), walked by its record warp
+ * (all 32 lanes): the tiles of each sequence's own query count rather than of the capacity, so a
+ * block skips no tile past a sequence's queries and a causal pair is of one sequence's tiles. The
+ * order is persistent's (fa_persistent_works): kind 1, sequence after sequence, each sequence's tiles
+ * query tile fastest, then head; kind 2, first every sequence's units (head h's pair of query tiles
+ * m - 1 - j, the heavier, then j, for m = the sequence's query tiles), then the middle tiles of the
+ * sequences with m odd, the first of them to the blocks that took one unit fewer. Block i takes
+ * units i, i + G, ... (G = gridDim.x). A unit is found by a prefix sum over 32 sequences at a time
+ * (one load of cu_seqlens_q per lane), from a cursor that only moves forward. */
+template <class Tr> struct ragged_walk {
+    const fa_kernel_params &p;
+    int lane, phase = 0, target, base = 0, before = 0; /* phase 1: the middle tiles */
+    int light = -1, light_b = 0, light_h = 0;          /* kind 2: the unit's lighter tile, still to hand out */
+    __device__ __forceinline__ ragged_walk(const fa_kernel_params &p_, int lane_)
+        : p(p_), lane(lane_), target((int)blockIdx.x) {}
+    /* Sequence e's query tiles (serving_seq's query count; FUSED_SM90 is never planned with
+     * q_group_rows), and its units or middle tiles. */
+    __device__ __forceinline__ int query_tiles(int e) const {
+        if (e >= p.batch) return 0;
+        const int64_t q0 = clamp64(p.cu_seqlens_q[e], 0, p.total_q);
+        const int64_t sq = clamp64((int64_t)p.cu_seqlens_q[e + 1] - q0, 0, min((int64_t)p.seqlen_q, p.total_q - q0));
+        return (int)((sq + Tr::kBlockM - 1) / Tr::kBlockM);
+    }
+    __device__ __forceinline__ int count(int m) const {
+        return (phase == 1 ? (m & 1) : p.persistent == 2 ? m / 2 : m) * p.heads_q;
+    }
+    /* The sequence holding unit `target` of the phase, the unit's rank in it and the sequence's query
+     * tiles; false past the last. */
+    __device__ __forceinline__ bool locate(int &b, int &rank, int &m_b) {
+        for (; base < p.batch; base += 32) {
+            const int m = query_tiles(base + lane), c = count(m);
+            int incl = c;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int v = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += v;
+            }
+            const int total = __shfl_sync(0xffffffffu, incl, 31);
+            if (target < before + total) {
+                const int l = __ffs(__ballot_sync(0xffffffffu, target < before + incl)) - 1;
+                const int excl = __shfl_sync(0xffffffffu, incl - c, l);
+                m_b = __shfl_sync(0xffffffffu, m, l);
+                b = base + l, rank = target - before - excl;
+                return true;
+            }
+            before += total;
+        }
+        return false;
+    }
+    /* The block's next tile: batch entry b, head h, query tile mb; false when none is left. */
+    __device__ __forceinline__ bool next(int &b, int &h, int &mb) {
+        if (light >= 0) {
+            b = light_b, h = light_h, mb = light, light = -1;
+            return true;
+        }
+        for (;;) {
+            int rank, m;
+            if (locate(b, rank, m)) {
+                target += (int)gridDim.x;
+                if (phase == 1) {
+                    h = rank, mb = m / 2;
+                } else if (p.persistent == 2) {
+                    const int half = m / 2, j = rank % half;
+                    h = rank / half, mb = m - 1 - j;
+                    light = j, light_b = b, light_h = h;
+                } else {
+                    h = rank / m, mb = rank % m;
+                }
+                return true;
+            }
+            if (phase == 1 || p.persistent != 2) return false;
+            const int units = before, grid = (int)gridDim.x; /* (the walk has counted every unit) */
+            phase = 1, base = 0, before = 0;
+            target = ((int)blockIdx.x - units % grid + grid) % grid;
+        }
+    }
+};
+
 /* kTransform: softcap and/or ALiBi present. kServing: a serving call (fa_kernel_params.serving):
  * the sequence's counts, offsets and rows from the device arrays (seq_view), ragged Q/K/V and page
  * pools through the tensor maps; its own instantiation, so the dense kernels carry none of it. */
@@ -843,15 +921,30 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                         if (tid == 32) post_tile_record(sm.rec_slot(nrec), sm.rec_full_slot(nrec), b, head, m0, s);
                         ++nrec;
                     };
-                    for (int work = work0; work < works; work = next_work(work)) {
-                        const seq_view<kServing> sq = seq_of(work);
-                        const tile<Tr> tl(p, sq.bounds(p), work);
-                        if (tl.m0 >= sq.s.seqlen_q) continue; /* no query: nothing for anyone to do */
+                    auto hand_out = [&](const seq_view<kServing> &sq, const tile<Tr> &tl) {
                         post(tl.b, tl.h0, tl.m0, sq.s);
-                        if (tl.n_tiles == 0) continue;
+                        if (tl.n_tiles == 0) return;
                         if (nq > 0) mbar_wait(sm.empty_q, (nq - 1) & 1);
                         if (tid == 32) produce_serving_q(sq, tl, sm.q_buf(nq), sm.bar_q, &tm_q);
                         ++nq;
+                    };
+                    if (p.cu_seqlens_q != nullptr) { /* ragged Q: the sequences' own tiles */
+                        ragged_walk<Tr> walk(p, lane);
+                        int b, head, m_block;
+                        while (walk.next(b, head, m_block)) {
+                            const seq_view<kServing> sq(p, b);
+                            hand_out(sq, tile<Tr>(p, sq.bounds(p), b, head, m_block * Tr::kBlockM));
+                        }
+                    } else {
+                        for (int work = work0; work < works; work = next_work(work)) {
+                            int32_t m_block, bh; /* (worked out once: seq_of and tile's work form would each divide again) */
+                            fa_persistent_tile(&p, work, &m_block, &bh);
+                            const int b = bh / p.heads_q;
+                            const seq_view<kServing> sq(p, b);
+                            const tile<Tr> tl(p, sq.bounds(p), b, bh - b * p.heads_q, m_block * Tr::kBlockM);
+                            if (tl.m0 >= sq.s.seqlen_q) continue; /* no query: nothing for anyone to do */
+                            hand_out(sq, tl);
+                        }
                     }
                     post(-1, 0, 0, sq0.s);
                 }
