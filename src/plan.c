@@ -52,6 +52,11 @@ const fa_fused_config *fa_sm90_config_for(int kernel_head_dim) {
     return NULL;
 }
 
+/* The longest sequence (keys, by capacity) for which a three-consumer serving call takes the
+ * two-consumer tile (fa_sm90_config_for_call): with a mask (causal or a window), and without. */
+#define FA_SERVING_TWO_CONSUMER_MAX_SK_MASKED 2048
+#define FA_SERVING_TWO_CONSUMER_MAX_SK_UNMASKED 1024
+
 const fa_fused_config *fa_sm90_config_for_call(int kernel_head_dim, const flashattn_fwd_params *p) {
     const int masked = p->mask != FLASHATTN_MASK_NONE || p->window_left >= 0 || p->window_right >= 0;
     for (int i = 0; i < FA_NUM_SM90_CONFIGS; ++i) {
@@ -74,7 +79,25 @@ const fa_fused_config *fa_sm90_config_for_call(int kernel_head_dim, const flasha
             fa_sm90_variant_compiled(p->dtype, kernel_head_dim, c->block_n, c->block_m / 64))
             return c;
     }
-    return fa_sm90_config_for(kernel_head_dim);
+    const fa_fused_config *dflt = fa_sm90_config_for(kernel_head_dim);
+    /* A serving call (not decode-shaped: those took a row above) whose default tile has three
+     * consumers takes the two-consumer tile of its head dim instead when its sequences are short
+     * (at most 2048 keys with a mask, 1024 without) and its pages, if any, are TMA boxes. The serving
+     * kernel runs three-consumer tiles a block a tile (with the serving producer's registers, ptxas
+     * serialises their wgmma) and two-consumer tiles on resident blocks, which walk each sequence's
+     * own query tiles. At head dim 64 that measured 1.10-1.19x on equal and ragged batches up to
+     * those lengths; 2048 keys without a mask measured 0.95x, and longer sequences keep the block a
+     * tile (docs/performance.md v30). */
+    const int64_t max_sk = masked ? FA_SERVING_TWO_CONSUMER_MAX_SK_MASKED : FA_SERVING_TWO_CONSUMER_MAX_SK_UNMASKED;
+    if (dflt != NULL && dflt->block_m == 192 && fa_is_serving(p) && p->seqlen_k <= max_sk &&
+        (p->block_table == NULL || FA_SM90_TMA_PAGES((int)p->page_size, dflt->block_n)))
+        for (int i = 0; i < FA_NUM_SM90_CONFIGS; ++i) {
+            const fa_fused_config *c = &fa_sm90_configs[i].cfg;
+            if (c->head_dim == kernel_head_dim && c->block_m == 128 && c->block_n == dflt->block_n &&
+                fa_sm90_variant_compiled(p->dtype, kernel_head_dim, c->block_n, 2))
+                return c;
+        }
+    return dflt;
 }
 
 int fa_sm90_auto_prefers(int64_t head_dim) {
