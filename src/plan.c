@@ -85,7 +85,7 @@ const fa_fused_config *fa_sm90_config_for_call(int kernel_head_dim, const flasha
      * (at most 2048 keys with a mask, 1024 without) and its pages, if any, are TMA boxes. The serving
      * kernel runs three-consumer tiles a block a tile (with the serving producer's registers, ptxas
      * serialises their wgmma) and two-consumer tiles on resident blocks, which walk each sequence's
-     * own query tiles. At head dim 64 that measured 1.10-1.19x on equal and ragged batches up to
+     * own query tiles. At head dim 64 that measured 1.07-1.17x on equal and ragged batches up to
      * those lengths; 2048 keys without a mask measured 0.95x, and longer sequences keep the block a
      * tile (docs/performance.md v30). */
     const int64_t max_sk = masked ? FA_SERVING_TWO_CONSUMER_MAX_SK_MASKED : FA_SERVING_TWO_CONSUMER_MAX_SK_UNMASKED;
