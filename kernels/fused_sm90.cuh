@@ -837,8 +837,11 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     constexpr int kSN = kBlockN / 2, kON = kHeadDim / 2; /* accumulator floats per thread */
     constexpr int kNC = Tr::kConsumers;
     /* A persistent serving block's producer holds a sequence's counts and offsets besides its tile:
-     * 56 registers (two consumers then keep 224 each: 56 + 2 x 224 = 3 x 168, the launch allocation). */
-    constexpr int kProducerRegs = kServing ? (kPersistent ? 56 : Tr::kServingProducerRegs) : Tr::kProducerRegs;
+     * beside two consumers 56 registers (the consumers then keep 224 each: 56 + 2 x 224 = 3 x 168,
+     * the launch allocation); beside three 32, so that the consumers keep 160 (32 + 3 x 160 =
+     * 4 x 128): with 152 (a producer of 40 or 56) ptxas serialises their wgmma. At 32 the producer
+     * and the consumers' per-tile code spill (some 200-270 bytes); the key loop does not. */
+    constexpr int kProducerRegs = kServing ? (kPersistent ? (kConsumers == 3 ? 32 : 56) : Tr::kServingProducerRegs) : Tr::kProducerRegs;
     static_assert(Tr::fits(kProducerRegs, Tr::consumer_regs(kProducerRegs)),
                   "setmaxnreg: the warpgroups' registers must fit in the block's launch allocation");
 

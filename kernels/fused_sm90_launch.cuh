@@ -56,12 +56,14 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
     using Tr = traits<kDtype, kHeadDim, kKeyTile, kConsumers>;
     using TrP = traits<kDtype, kHeadDim, kKeyTile, kConsumers, true>;        /* a persistent dense block */
     using TrS = traits<kDtype, kHeadDim, kKeyTile, kConsumers, true, true>;  /* a persistent serving block */
+    /* (persistent serving blocks have two consumers, or three with two tile records: the others are not compiled) */
+    constexpr bool kServingPersistent = kConsumers == 2 || (kConsumers == 3 && TrS::kTwoRecords);
     const int smem = !kp->persistent ? Tr::kSmemBytes : kp->serving ? TrS::kSmemBytes : TrP::kSmemBytes;
     if (l->threads != Tr::kThreads || l->smem_bytes != smem ||
         (kp->pack_gqa && (kp->pack_rows < 1 || kp->pack_rows * kp->head_group > Tr::kBlockM)) ||
         (kp->num_splits > 1 && (kp->o_accum == nullptr || kp->lse_accum == nullptr)) ||
         (kp->persistent && (kp->num_splits > 1 || kp->pack_gqa || kp->sched_heads || l->grid_y != 1 || l->grid_z != 1 ||
-                            (kp->serving && (kConsumers != 2 || kp->gather_pages)))) ||
+                            (kp->serving && (!kServingPersistent || kp->gather_pages)))) ||
         (kp->gather_pages != fa_sm90_gathers_pages(kp->serving && kp->block_table != nullptr, kp->page_size, Tr::kBlockN,
                                                    Tr::kBlockM, kp->num_splits)))
         return (int)cudaErrorInvalidConfiguration; /* planner and kernel disagree: refuse */
@@ -106,8 +108,6 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
     const bool transform = kp->softcap > 0.0f || kp->alibi_slopes != nullptr;
     static std::atomic<unsigned long long> configured[8]; /* per kernel below: devices configured */
     const int which = (kp->serving ? 2 : 0) + (kp->persistent ? 4 : 0) + (transform ? 1 : 0);
-    /* (persistent serving blocks have two consumers: the others are not compiled) */
-    constexpr bool kServingPersistent = kConsumers == 2;
     auto kernel = kServingPersistent && kp->serving && kp->persistent
                       ? (transform ? fused_sm90_kernel<kDtype, kHeadDim, kKeyTile, kConsumers, true, true, kServingPersistent>
                                    : fused_sm90_kernel<kDtype, kHeadDim, kKeyTile, kConsumers, false, true, kServingPersistent>)

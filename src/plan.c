@@ -52,10 +52,9 @@ const fa_fused_config *fa_sm90_config_for(int kernel_head_dim) {
     return NULL;
 }
 
-/* The longest sequence (keys, by capacity) for which a three-consumer serving call takes the
- * two-consumer tile (fa_sm90_config_for_call): with a mask (causal or a window), and without. */
-#define FA_SERVING_TWO_CONSUMER_MAX_SK_MASKED 2048
-#define FA_SERVING_TWO_CONSUMER_MAX_SK_UNMASKED 1024
+/* The longest sequence (keys, by capacity) for which a masked serving call whose default tile has
+ * three consumers takes the two-consumer tile (fa_sm90_config_for_call). */
+#define FA_SERVING_TWO_CONSUMER_MAX_SK 2048
 
 const fa_fused_config *fa_sm90_config_for_call(int kernel_head_dim, const flashattn_fwd_params *p) {
     const int masked = p->mask != FLASHATTN_MASK_NONE || p->window_left >= 0 || p->window_right >= 0;
@@ -80,16 +79,13 @@ const fa_fused_config *fa_sm90_config_for_call(int kernel_head_dim, const flasha
             return c;
     }
     const fa_fused_config *dflt = fa_sm90_config_for(kernel_head_dim);
-    /* A serving call (not decode-shaped: those took a row above) whose default tile has three
-     * consumers takes the two-consumer tile of its head dim instead when its sequences are short
-     * (at most 2048 keys with a mask, 1024 without) and its pages, if any, are TMA boxes. The serving
-     * kernel runs three-consumer tiles a block a tile (with the serving producer's registers, ptxas
-     * serialises their wgmma) and two-consumer tiles on resident blocks, which walk each sequence's
-     * own query tiles. At head dim 64 that measured 1.07-1.17x on equal and ragged batches up to
-     * those lengths; 2048 keys without a mask measured 0.95x, and longer sequences keep the block a
-     * tile (docs/performance.md v30). */
-    const int64_t max_sk = masked ? FA_SERVING_TWO_CONSUMER_MAX_SK_MASKED : FA_SERVING_TWO_CONSUMER_MAX_SK_UNMASKED;
-    if (dflt != NULL && dflt->block_m == 192 && fa_is_serving(p) && p->seqlen_k <= max_sk &&
+    /* A masked serving call (causal or a window; not decode-shaped: those took a row above) whose
+     * default tile has three consumers takes the two-consumer tile of its head dim instead when its
+     * sequences are at most 2048 keys long and its pages, if any, are TMA boxes: a ragged batch of
+     * short sequences pads less of its tiles with 128 rows than with 192 (at head dim 64, a causal
+     * mix up to 2048 keys ran 1.07x on it; equal lengths of 2048 0.94x; docs/performance.md v30).
+     * Both run on resident blocks, which walk each sequence's own query tiles. */
+    if (masked && dflt != NULL && dflt->block_m == 192 && fa_is_serving(p) && p->seqlen_k <= FA_SERVING_TWO_CONSUMER_MAX_SK &&
         (p->block_table == NULL || FA_SM90_TMA_PAGES((int)p->page_size, dflt->block_n)))
         for (int i = 0; i < FA_NUM_SM90_CONFIGS; ++i) {
             const fa_fused_config *c = &fa_sm90_configs[i].cfg;
@@ -468,7 +464,7 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
     const int gathered = sm90 && fa_sm90_gathers_pages(p->block_table != NULL, (int)p->page_size, plan->cfg.block_n,
                                                        plan->cfg.block_m, (int)splits);
     plan->kp.gather_pages = gathered;
-    if (sm90 && splits == 1 && !pack && !(serving && (gathered || plan->cfg.block_m != 128))) {
+    if (sm90 && splits == 1 && !pack && !(serving && (gathered || plan->cfg.block_m == 64))) {
         /* More tiles than SMs, every tile with keys to see, and work that is the same for every tile
          * (no mask), or grows linearly with its query position (a causal mask, seqlen_q <= seqlen_k;
          * taken in pairs of equal work), or is bounded by a window (the same for every tile but the
@@ -477,9 +473,8 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
          * fa_persistent_next). A window under which some row sees no key keeps a block a tile. A
          * serving call is planned on its capacities: its blocks skip the tiles past a sequence's
          * queries, and write the answer of tiles that see no key; pages gathered with cp.async keep
-         * a block a tile (their producer is the whole warpgroup, for one tile), as do three
-         * consumers (160 registers each: with the serving producer's state, ptxas serialises their
-         * wgmma). */
+         * a block a tile (their producer is the whole warpgroup, for one tile), as does a single
+         * consumer's tile (no persistent serving kernel is compiled for it). */
         const int64_t smem = fa_sm90_smem_bytes(plan->cfg.head_dim, plan->cfg.block_m, plan->cfg.block_n, 1, serving);
         /* Every row i sees keys [i + lo, i + hi] of [0, seqlen_k): some, for every i, exactly when
          * lo <= hi, hi >= 0 (the first row) and lo <= seqlen_k - seqlen_q (the last). */

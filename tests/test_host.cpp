@@ -1817,12 +1817,11 @@ TEST(Serving, Sm90GathersSmallPagesInDecode) {
     EXPECT_NE(d.find("paged=16:tma"), std::string::npos) << d;
 }
 
-// A serving prefill at head dim 64 over short sequences (at most 2048 keys with a mask, 1024
-// without) takes the two-consumer (128-row) tile where a dense call has three: the serving kernel
-// runs three-consumer tiles a block a tile, and the two-consumer one on resident blocks. Longer
-// sequences, and pages the producer gathers (a block a tile either way), keep the default tile;
-// decode shapes keep their own rows.
-TEST(Serving, Sm90ServingPrefillTakesTheTwoConsumerTile) {
+// Head dim 64 serving prefill runs on resident blocks, on the dense call's 192-row (three-consumer)
+// tile, except a masked call over at most 2048 keys a sequence, which takes the two-consumer
+// (128-row) tile: a ragged batch of short sequences pads less of it. Pages the producer gathers keep
+// a block a tile; decode shapes keep their own rows.
+TEST(Serving, Sm90ServingPrefillTiles) {
     if (!fa_sm90_compiled(FLASHATTN_DTYPE_BFLOAT16, 64)) GTEST_SKIP() << "head dim 64 not compiled in this build";
     const fa_device_caps caps = h200_caps();
     flashattn_fwd_params dense = valid_params();
@@ -1835,41 +1834,42 @@ TEST(Serving, Sm90ServingPrefillTakesTheTwoConsumerTile) {
     ragged.cu_seqlens_q = (const int32_t *)0x700000, ragged.cu_seqlens_k = (const int32_t *)0x708000;
     ragged.total_q = ragged.total_k = 16 * 1024;
     ragged.q_batch_stride = ragged.o_batch_stride = ragged.k_batch_stride = ragged.v_batch_stride = 0;
-    for (flashattn_mask mask : {FLASHATTN_MASK_NONE, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT}) {
-        ragged.mask = mask;
-        const int64_t limit = mask == FLASHATTN_MASK_NONE ? 1024 : 2048;  // (causal calls of at most 1024 rows take it anyway)
-        ragged.seqlen_q = ragged.seqlen_k = limit;
-        const fa_plan r = plan_ok(ragged, caps);
-        EXPECT_EQ(FLASHATTN_BACKEND_FUSED_SM90, r.backend);
-        EXPECT_EQ(128, r.cfg.block_m) << "mask " << mask;
-        EXPECT_EQ(mask == FLASHATTN_MASK_NONE ? 1 : 2, r.kp.persistent) << "mask " << mask;
-        // Longer sequences keep the 192-row tile, a block a tile.
-        ragged.seqlen_q = ragged.seqlen_k = limit + 1;
-        const fa_plan longer = plan_ok(ragged, caps);
-        EXPECT_EQ(192, longer.cfg.block_m) << "mask " << mask;
-        EXPECT_EQ(0, longer.kp.persistent) << "mask " << mask;
-        ragged.seqlen_q = 1536, ragged.seqlen_k = 16384;  // chunked prefill over a long cache
-        EXPECT_EQ(192, plan_ok(ragged, caps).cfg.block_m) << "mask " << mask;
-    }
-    // A window is a mask: up to 2048 keys.
-    ragged.mask = FLASHATTN_MASK_NONE, ragged.window_left = 256, ragged.window_right = 0;
+    auto expect_tile = [&](const flashattn_fwd_params &p, int block_m, int persistent, const char *what) {
+        const fa_plan r = plan_ok(p, caps);
+        EXPECT_EQ(FLASHATTN_BACKEND_FUSED_SM90, r.backend) << what;
+        EXPECT_EQ(block_m, r.cfg.block_m) << what;
+        EXPECT_EQ(persistent, r.kp.persistent) << what;
+        if (persistent) EXPECT_EQ(fa_sm90_smem_bytes(64, block_m, 128, 1, 1), r.smem_bytes) << what;
+    };
+    expect_tile(ragged, 192, 1, "no mask, 1024 keys");
+    ragged.seqlen_q = ragged.seqlen_k = 8192;
+    expect_tile(ragged, 192, 1, "no mask, 8192 keys");
+    ragged.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+    ragged.seqlen_q = ragged.seqlen_k = 2048;  // (causal calls of at most 1024 rows take 128 rows anyway)
+    expect_tile(ragged, 128, 2, "causal, 2048 keys");
+    ragged.seqlen_q = ragged.seqlen_k = 2049;
+    expect_tile(ragged, 192, 2, "causal, 2049 keys");
+    ragged.seqlen_q = 1536, ragged.seqlen_k = 16384;  // chunked prefill over a long cache
+    expect_tile(ragged, 192, 2, "causal, 1536 queries over 16384 keys");
+    ragged.mask = FLASHATTN_MASK_NONE, ragged.window_left = 256, ragged.window_right = 0;  // a window is a mask
     ragged.seqlen_q = ragged.seqlen_k = 2048;
     EXPECT_EQ(128, plan_ok(ragged, caps).cfg.block_m);
     ragged.window_left = ragged.window_right = -1;
-    ragged.seqlen_q = ragged.seqlen_k = 1024;
-    // Pages of 16 (TMA boxes) too; pages of 1 (gathered) keep the 192-row tile.
+    // Pages of 16 (TMA boxes) as packed K/V; pages of 1 (gathered): the same tile, a block a tile.
     flashattn_fwd_params paged = ragged;
-    paged.mask = FLASHATTN_MASK_NONE, paged.seqlen_k = 1024, paged.cu_seqlens_k = nullptr;
-    paged.total_k = 0;
+    paged.seqlen_q = paged.seqlen_k = 1024, paged.cu_seqlens_k = nullptr, paged.total_k = 0;
     paged.seqused_k = (const int32_t *)0x710000;
-    for (int64_t page : {16, 1}) {
-        paged.block_table = (const int32_t *)0x720000, paged.page_size = page;
-        paged.pages_per_seq = paged.block_table_batch_stride = 1024 / page;
-        paged.num_pages = 16 * paged.pages_per_seq;
-        paged.k_batch_stride = paged.v_batch_stride = page * paged.k_seq_stride;
-        const fa_plan r = plan_ok(paged, caps);
-        EXPECT_EQ(page == 1 ? 192 : 128, r.cfg.block_m) << "page " << page;
-    }
+    for (flashattn_mask mask : {FLASHATTN_MASK_NONE, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT})
+        for (int64_t page : {16, 1}) {
+            paged.mask = mask;
+            paged.block_table = (const int32_t *)0x720000, paged.page_size = page;
+            paged.pages_per_seq = paged.block_table_batch_stride = 1024 / page;
+            paged.num_pages = 16 * paged.pages_per_seq;
+            paged.k_batch_stride = paged.v_batch_stride = page * paged.k_seq_stride;
+            const fa_plan r = plan_ok(paged, caps);
+            EXPECT_EQ(mask == FLASHATTN_MASK_NONE ? 192 : 128, r.cfg.block_m) << "page " << page << " mask " << mask;
+            EXPECT_EQ(page == 1 ? 0 : mask == FLASHATTN_MASK_NONE ? 1 : 2, r.kp.persistent) << "page " << page << " mask " << mask;
+        }
     // A decode-shaped serving call keeps its decode tile.
     flashattn_fwd_params decode = dense;
     decode.seqlen_q = 1, decode.heads_q = 32, decode.heads_kv = 8, decode.seqlen_k = 8192;

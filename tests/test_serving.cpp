@@ -462,8 +462,7 @@ TEST_F(Serving, PersistentBlocksSkipWhatTheirSequencesLack) {
     // sequence with no keys; the first rows of a bottom-right mask with more queries than keys)
     // write O = 0 and LSE = -inf; the rest match the oracle. Packed K/V, pages TMA reads (64 keys)
     // and a dense cache with per-sequence counts; no mask, causal, and (head dim 128) a sliding
-    // window; head dims 64 (causal: two consumers), 128 and 256. (Head dim 64 without a mask has
-    // three consumers: a block a tile.)
+    // window; head dims 64 (no mask: three consumers; causal: two), 128 and 256.
     const std::vector<int> backends = serving_backends();
     if (std::find(backends.begin(), backends.end(), FLASHATTN_BACKEND_FUSED_SM90) == backends.end())
         GTEST_SKIP() << "FUSED_SM90 needs an sm_90 GPU and a build with its kernels";
@@ -471,7 +470,8 @@ TEST_F(Serving, PersistentBlocksSkipWhatTheirSequencesLack) {
     for (int64_t d : {64, 128, 256})
         for (int mask : {(int)FLASHATTN_MASK_NONE, (int)FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, -1})
             for (KvMode kv : {kPackedKv, kPagedSeqused, kDenseSeqused}) {
-                if (d != 128 && mask != FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT) continue;
+                if (d == 256 && mask != FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT) continue;
+                if (d == 64 && mask == -1) continue;
                 Spec s;
                 s.d = d, s.mask = mask, s.kv = kv, s.page_size = 64, s.hq = 8, s.hkv = 2;
                 if (mask == -1) s.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, s.wl = 100;  // a sliding window
@@ -495,7 +495,6 @@ TEST_F(Serving, PersistentBlocksTakeManyTilesEach) {
     for (int64_t d : {64, 128})
         for (int mask : {FLASHATTN_MASK_NONE, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT})
             for (KvMode kv : {kPackedKv, kPagedSeqused}) {
-                if (d == 64 && mask == FLASHATTN_MASK_NONE) continue;  // three consumers: a block a tile
                 Spec s;
                 s.d = d, s.mask = mask, s.kv = kv, s.page_size = 64, s.hq = 16, s.hkv = 4;
                 s.dtype = d == 64 ? FLASHATTN_DTYPE_FLOAT16 : FLASHATTN_DTYPE_BFLOAT16;
@@ -504,6 +503,27 @@ TEST_F(Serving, PersistentBlocksTakeManyTilesEach) {
                 run_and_check(h, s, st, FLASHATTN_BACKEND_FUSED_SM90, " persistent");
             }
     print_stats("persistent serving blocks, many tiles each (1024 capacity tiles; packed and paged K/V; head dims 64, 128)", st);
+}
+
+TEST_F(Serving, ThreeConsumerPersistentBlocksPairCausalTiles) {
+    // Head dim 64 causal over more than 2048 keys (by capacity) takes the 192-row tile on resident
+    // blocks: three consumers, the record warp walking each sequence's own query tiles in pairs of
+    // equal work (a sequence's heaviest with its lightest), then the middle tiles of sequences with
+    // an odd count. Sequences of 11, 4, 1 and 2 query tiles, none, and one with no keys; packed
+    // and paged K/V.
+    const std::vector<int> backends = serving_backends();
+    if (std::find(backends.begin(), backends.end(), FLASHATTN_BACKEND_FUSED_SM90) == backends.end())
+        GTEST_SKIP() << "FUSED_SM90 needs an sm_90 GPU and a build with its kernels";
+    Stats st;
+    for (KvMode kv : {kPackedKv, kPagedSeqused}) {
+        Spec s;
+        s.d = 64, s.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, s.kv = kv, s.page_size = 64, s.hq = 4, s.hkv = 2;
+        s.dtype = FLASHATTN_DTYPE_FLOAT16;
+        s.sq = {2100, 0, 700, 5, 193, 300, 64};
+        s.sk = {2100, 9, 700, 0, 1600, 300, 2049};
+        run_and_check(h, s, st, FLASHATTN_BACKEND_FUSED_SM90, " persistent=pairs");
+    }
+    print_stats("three-consumer persistent serving blocks, causal pairs (head dim 64, 2100-key capacity; packed and paged K/V)", st);
 }
 
 TEST_F(Serving, DecodeOverCaches) {
