@@ -157,6 +157,16 @@ static inline FA_HOST_DEVICE void fa_persistent_tile(const fa_kernel_params *kp,
     *bh = unit / half;
     *m_block = (work & 1) ? j : m - 1 - j;
 }
+/* The work number of query tile m_block of (batch, head) pair bh: fa_persistent_tile's inverse
+ * (a resident serving block that walks a ragged Q by each sequence's own tiles hands its tiles on
+ * as work numbers; tests/test_host.cpp checks both directions). */
+static inline FA_HOST_DEVICE int32_t fa_persistent_work(const fa_kernel_params *kp, int32_t m_block, int32_t bh) {
+    const int32_t m = kp->num_m_blocks;
+    if (kp->persistent != 2) return bh * m + m_block;
+    const int32_t half = m / 2;
+    if (m_block == half && (m & 1)) return 2 * (half * (kp->batch * kp->heads_q)) + bh; /* a middle tile */
+    return m_block >= m - half ? 2 * (bh * half + (m - 1 - m_block)) : 2 * (bh * half + m_block) + 1;
+}
 
 /* The tile of the block at `linear` (= x + grid_x (y + grid_y z), the order blocks are dispatched)
  * under kp->sched_heads > 0: the blocks run section by section, a section being sched_heads

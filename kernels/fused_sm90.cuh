@@ -743,8 +743,9 @@ __device__ __forceinline__ void store_split_partial(const fa_kernel_params &p, c
     }
 }
 
-/* The tiles of a resident serving block whose Q is ragged (cu_seqlens_q), walked by its record warp
- * (all 32 lanes): the tiles of each sequence's own query count rather than of the capacity, so a
+/* The tiles of a resident serving block whose Q is ragged (cu_seqlens_q), walked by the warp that
+ * posts its tile records (all 32 lanes; the record warp, or the one producer warp that also loads):
+ * the tiles of each sequence's own query count rather than of the capacity, so a
  * block skips no tile past a sequence's queries and a causal pair is of one sequence's tiles. The
  * order is persistent's (fa_persistent_works): kind 1, sequence after sequence, each sequence's tiles
  * query tile fastest, then head; kind 2, first every sequence's units (head h's pair of query tiles
@@ -862,21 +863,12 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     const int works = kPersistent ? fa_persistent_works(&p) : 0;
     const int work0 = kPersistent ? fa_persistent_first(&p, blockIdx.x, gridDim.x) : -1;
     auto next_work = [&](int work) { return fa_persistent_next(&p, work, blockIdx.x, gridDim.x); };
-    /* A tile's sequence: the block's (grid z), or a persistent serving block's work's batch entry's. */
-    auto seq_of = [&p](int work) {
-        int b = (int)blockIdx.z;
-        if constexpr (kServing && kPersistent) {
-            int32_t m_block, bh;
-            fa_persistent_tile(&p, work, &m_block, &bh);
-            b = bh / p.heads_q;
-        }
-        return seq_view<kServing>(p, b);
-    };
-    /* The block's (first) tile, built once: a block a tile uses it throughout. (A persistent serving
-     * block's tiles come with their sequences in the producer's records: no sequence is read here.) */
+    /* The block's (first) tile, built once: a block a tile uses it throughout; its sequence is the
+     * block's (grid z). (A persistent serving block's tiles come with their sequences in the
+     * producer's records: no sequence is read here.) */
     auto first_seq = [&] {
         if constexpr (kServing && kPersistent) return seq_view<kServing>(p, fa_seq{});
-        else return seq_of(work0);
+        else return seq_view<kServing>(p, (int)blockIdx.z);
     };
     const seq_view<kServing> sq0 = first_seq();
     const tile<Tr> tl0(p, sq0.bounds(p), work0);
@@ -940,7 +932,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                         }
                     } else {
                         for (int work = work0; work < works; work = next_work(work)) {
-                            int32_t m_block, bh; /* (worked out once: seq_of and tile's work form would each divide again) */
+                            int32_t m_block, bh; /* (worked out once) */
                             fa_persistent_tile(&p, work, &m_block, &bh);
                             const int b = bh / p.heads_q;
                             const seq_view<kServing> sq(p, b);
@@ -958,14 +950,29 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                     if (tid == 0) post_record(sm.rec, sm.rec_full, work, s);
                     ++nrec;
                 };
-                for (int work = work0; work < works; work = next_work(work)) {
-                    const seq_view<kServing> sq = seq_of(work);
-                    const tile<Tr> tl(p, sq.bounds(p), work); /* (tl0 not kept live across the loop: registers) */
-                    if (tl.m0 >= sq.s.seqlen_q) continue; /* no query: nothing for anyone to do */
+                /* Query tile m_block of batch entry b's head `head` (work number `work`, which the
+                 * consumers' record carries). */
+                auto run = [&](int work, int b, int head, int m_block) {
+                    const seq_view<kServing> sq(p, b);
+                    const tile<Tr> tl(p, sq.bounds(p), b, head, m_block * Tr::kBlockM);
+                    if (tl.m0 >= sq.s.seqlen_q) return; /* no query: nothing for anyone to do */
                     post(work, sq.s);
-                    if (tl.n_tiles == 0) continue; /* no key: the consumers write O = 0, LSE = -inf */
+                    if (tl.n_tiles == 0) return; /* no key: the consumers write O = 0, LSE = -inf */
                     produce_serving(p, sq, tl, sm, &tm_q, &tm_k, &tm_v, tid, nth++, kv0);
                     kv0 += tl.n_tiles;
+                };
+                if (p.cu_seqlens_q != nullptr) { /* ragged Q: the sequences' own tiles */
+                    ragged_walk<Tr> walk(p, lane);
+                    int b, head, m_block;
+                    while (walk.next(b, head, m_block))
+                        run(fa_persistent_work(&p, m_block, b * p.heads_q + head), b, head, m_block);
+                } else {
+                    for (int work = work0; work < works; work = next_work(work)) {
+                        int32_t m_block, bh; /* (worked out once) */
+                        fa_persistent_tile(&p, work, &m_block, &bh);
+                        const int b = bh / p.heads_q;
+                        run(work, b, bh - b * p.heads_q, m_block);
+                    }
                 }
                 post(-1, sq0.s);
             }

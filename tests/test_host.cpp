@@ -936,7 +936,8 @@ TEST(Planning, Sm90UnmaskedCallsWithManyTilesArePersistent) {
 // with work. Under pairs, a block's units hold one heavy and one light tile whose work (m_block + 1
 // key tiles when block_m = block_n) sums to the same for every unit; with an odd tile count the
 // middle tiles come after the units, first to the blocks with one unit fewer, so that the most and
-// least loaded blocks differ by at most one unit's work (m + 1).
+// least loaded blocks differ by at most one unit's work (m + 1). fa_persistent_work gives each
+// tile's work number back.
 TEST(Planning, PersistentWorkCoversEveryTileOnce) {
     for (int kind : {1, 2})
         for (auto [m, batch, heads, grid] : std::vector<std::array<int, 4>>{{1, 1, 1, 1},   {4, 32, 16, 132}, {5, 3, 7, 13},
@@ -960,6 +961,7 @@ TEST(Planning, PersistentWorkCoversEveryTileOnce) {
                     int32_t mb = -1, bh = -1;
                     fa_persistent_tile(&kp, w, &mb, &bh);
                     ASSERT_TRUE(mb >= 0 && mb < m && bh >= 0 && bh < pairs) << w;
+                    ASSERT_EQ(w, fa_persistent_work(&kp, mb, bh)) << "kind " << kind << " m " << m << " tile " << mb;
                     ++seen[bh * m + mb];
                     load += mb + 1;
                     if (kind == 2 && w < 2 * (m / 2) * pairs) {

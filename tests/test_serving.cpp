@@ -526,6 +526,34 @@ TEST_F(Serving, ThreeConsumerPersistentBlocksPairCausalTiles) {
     print_stats("three-consumer persistent serving blocks, causal pairs (head dim 64, 2100-key capacity; packed and paged K/V)", st);
 }
 
+TEST_F(Serving, OneWarpProducerBlocksWalkRaggedQueries) {
+    // The resident serving blocks whose producer is one warp (it posts each tile's record and then
+    // loads the tile: head dims 192 and 256, and head dim 128 with 176-key tiles, a capacity of
+    // 8192 keys or more without a mask) walk each sequence's own query tiles when Q is ragged, and
+    // hand the consumers each tile's work number: no mask (tile after tile), causal (pairs of a
+    // sequence's own tiles, then the middle tiles of sequences with an odd count) and a window.
+    // Capacities of 1100 queries (9 tiles of 128 rows x 8 heads x 6 sequences: more than SMs) over
+    // shorter sequences, one with no queries, one whose queries see no key; packed and paged K/V.
+    const std::vector<int> backends = serving_backends();
+    if (std::find(backends.begin(), backends.end(), FLASHATTN_BACKEND_FUSED_SM90) == backends.end())
+        GTEST_SKIP() << "FUSED_SM90 needs an sm_90 GPU and a build with its kernels";
+    Stats st;
+    for (int64_t d : {128, 192, 256})
+        for (int mask : {(int)FLASHATTN_MASK_NONE, (int)FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, -1})
+            for (KvMode kv : {kPackedKv, kPagedSeqused}) {
+                if (d == 128 && mask != FLASHATTN_MASK_NONE) continue;  // (masked d128: two records, tested above)
+                if (d == 192 && mask == -1) continue;
+                Spec s;
+                s.d = d, s.mask = mask, s.kv = kv, s.page_size = 64, s.hq = 8, s.hkv = 2;
+                if (mask == -1) s.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, s.wl = 150;  // a sliding window
+                s.cap_q = 1100, s.cap_k = d == 128 ? 8200 : 1100;
+                s.sq = {300, 3, 0, 130, 257, 129};
+                s.sk = {500, d == 128 ? 8192 : 1000, 40, 0, 260, 700};
+                run_and_check(h, s, st, FLASHATTN_BACKEND_FUSED_SM90, " persistent");
+            }
+    print_stats("one-warp producer serving blocks, ragged Q (capacity 1100 queries; packed and paged K/V; head dim 128 on 176-key tiles, 192, 256; no mask, causal, a window)", st);
+}
+
 TEST_F(Serving, DecodeOverCaches) {
     // Dense Q [B, 1] (one new token per sequence) over a paged, an indexed and a plain dense cache,
     // with capacities above every length.
