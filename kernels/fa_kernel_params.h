@@ -284,10 +284,13 @@ static inline int64_t fa_sm90_smem_bytes(int head_dim, int block_m, int block_n,
      * 1024-byte swizzle atom; and for a persistent block, where it fits, a tile of O of Q's size for
      * the epilogue, so that the next tile's Q can load while this one's O is stored; and where that
      * fits too, a second tile of Q, so that the next tile's Q loads while this one is computed (a
-     * serving block's with 128 bytes more of barriers: two 64-byte tile records). */
+     * serving block's with 128 bytes more of barriers: two 64-byte tile records). A persistent
+     * serving block with neither has 128 bytes more of barriers too: its second consumer's Q pair
+     * after the tile record (each consumer's rows of Q refilled alone). */
     const int64_t base = 1024 + 2 * (int64_t)head_dim * (block_m + 4 * (int64_t)block_n) + 128;
     const int64_t q = 2 * (int64_t)head_dim * block_m, two_q = 2 * q + (serving ? 128 : 0);
-    if (!persistent || base + q > FA_SM90_SMEM_MAX) return base;
+    if (!persistent) return base;
+    if (base + q > FA_SM90_SMEM_MAX) return base + (serving ? 128 : 0);
     return base + two_q <= FA_SM90_SMEM_MAX ? base + two_q : base + q;
 }
 

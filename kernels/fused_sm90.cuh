@@ -118,17 +118,20 @@ struct traits {
     static constexpr bool kTwoQ =
         kOwnO && 1024 + 3 * kQBytes + 4 * kKVBytes + (kServingBlock ? 256 : 128) <= FA_SM90_SMEM_MAX;
     static constexpr bool kTwoRecords = kTwoQ && kServingBlock;
-    static constexpr int kBarBytes = kTwoRecords ? 256 : 128;
-    /* A persistent dense block with neither (head dims 192 and 256, the 176-key d128 tiles) stages O
-     * in Q's rows; there each consumer hands its own 64 rows of Q back once its stores have read
-     * them, and the producer refills those rows alone (kSplitQ: a Q barrier pair per consumer, Q
-     * loaded in 64-row boxes), so consumer 0 begins the next tile while the others still store. */
-    static constexpr bool kSplitQ = kPersistent && !kOwnO && !kServingBlock;
+    /* A persistent block with neither (head dims 192 and 256, the 176-key d128 tiles) stages O in
+     * Q's rows; there each consumer hands its own 64 rows of Q back once its stores have read them,
+     * and the producer refills those rows alone (kSplitQ: a Q barrier pair per consumer, Q loaded
+     * in 64-row boxes), so consumer 0 begins the next tile while the others still store. A dense
+     * block keeps the second consumer's pair in the record area, which it does not use; a serving
+     * block's record is there, so its barrier area is 256 bytes, the pair from bar_q + 128. */
+    static constexpr bool kSplitQ = kPersistent && !kOwnO;
+    static constexpr bool kServing = kServingBlock;
+    static constexpr int kBarBytes = kTwoRecords || (kSplitQ && kServingBlock) ? 256 : 128;
     static constexpr uint32_t kOBytes = kOwnO ? kQBytes : 0, kQBufBytes = (kTwoQ ? 2 : 1) * kQBytes;
     static constexpr int kSmemBytes = 1024 + (int)(kQBufBytes + kOBytes + 4 * kKVBytes) + kBarBytes;
     static_assert(kSmemBytes == (int)(1024 + 2 * kHeadDim * (kBlockM + 4 * kBlockN) + 128 +
                                       (kOwnO ? 2 * kHeadDim * kBlockM : 0) + (kTwoQ ? 2 * kHeadDim * kBlockM : 0) +
-                                      (kTwoRecords ? 128 : 0)),
+                                      (kBarBytes - 128)),
                   "see fa_sm90_smem_bytes (the launcher checks the planner's figure against kSmemBytes)");
     static_assert(kHeadDim % 64 == 0 && kBlockN % 16 == 0 && kBlockN <= 256, "tile shape");
     static_assert(kConsumers >= 1 && kConsumers <= 3, "one producer and one to three consumer warpgroups");
@@ -142,7 +145,8 @@ struct traits {
  * full (the TMA landed) and empty (every consumer warp is done with it). full_* and empty_* are
  * stage 0's; stage s's is 8 s bytes on. Then a persistent block's tile records: a serving block's
  * record barriers and a 32-byte record (Tr::kTwoRecords: two of each, 64-byte records, record n in
- * slot n % 2), or a dense kTwoQ block's two 16-byte records. */
+ * slot n % 2; a Tr::kSplitQ block's second consumer's Q barriers after the 32-byte record), or a
+ * dense kTwoQ block's two 16-byte records. */
 template <class Tr> struct smem_layout {
     uint32_t q, o, k, v, bar_q, full_k, full_v, empty_k, empty_v, empty_q, rec_full, rec_empty, rec;
     __device__ __forceinline__ explicit smem_layout(uint32_t raw) {
@@ -163,9 +167,11 @@ template <class Tr> struct smem_layout {
     /* The parity of the slot barriers' phase that record n completes. */
     static __device__ __forceinline__ uint32_t rec_parity(int n) { return (uint32_t)(Tr::kTwoRecords ? n >> 1 : n) & 1u; }
     /* Consumer c's Q barriers: Q (its rows, with Tr::kSplitQ) landed, and free to load again. With
-     * kSplitQ (two consumers), consumer 1's are in the record area, which such a block does not use. */
-    __device__ __forceinline__ uint32_t q_full(int c) const { return Tr::kSplitQ ? bar_q + 96 * (uint32_t)c : bar_q; }
-    __device__ __forceinline__ uint32_t q_empty(int c) const { return Tr::kSplitQ ? empty_q + 32 * (uint32_t)c : empty_q; }
+     * kSplitQ (two consumers), consumer 1's are in a dense block's record area (which it does not
+     * use), or after a serving block's record (bar_q + 128 and + 136). */
+    static constexpr uint32_t kQFullStep = Tr::kServing ? 128 : 96, kQEmptyStep = Tr::kServing ? 64 : 32;
+    __device__ __forceinline__ uint32_t q_full(int c) const { return Tr::kSplitQ ? bar_q + kQFullStep * (uint32_t)c : bar_q; }
+    __device__ __forceinline__ uint32_t q_empty(int c) const { return Tr::kSplitQ ? empty_q + kQEmptyStep * (uint32_t)c : empty_q; }
     /* The Q buffer of a block's n-th tile. */
     __device__ __forceinline__ uint32_t q_buf(int n) const { return Tr::kTwoQ ? q + (uint32_t)(n & 1) * Tr::kQBytes : q; }
     /* Thread 0, before the block's first barrier: a load arrives once (with its byte count), a
@@ -629,8 +635,9 @@ __device__ __forceinline__ void produce_serving_q(const seq_view<true> &sq, cons
  * a free stage) and issues box i. A box past the sequence's keys, or a page outside the pool, reads
  * zeros (an out-of-bounds coordinate); the mask hides those keys. A persistent block's tiles follow
  * one another (nth, kv0: as in produce). With one Q buffer, the tile's Q loads after its first K,
- * once every consumer warp is done with the last one's; with two (Tr::kTwoQ), the block's record
- * warp loads it (produce_serving_q, in the kernel). */
+ * once every consumer warp is done with the last one's (Tr::kSplitQ: each consumer's rows once its
+ * warps are, as in produce); with two (Tr::kTwoQ), the block's record warp loads it
+ * (produce_serving_q, in the kernel). */
 template <class Tr>
 __device__ __forceinline__ void produce_serving(const fa_kernel_params &p, const seq_view<true> &sq, const tile<Tr> &tl,
                                                 const smem_layout<Tr> &sm, const CUtensorMap *tm_q,
@@ -645,7 +652,25 @@ __device__ __forceinline__ void produce_serving(const fa_kernel_params &p, const
     auto load_q = [&] {
         if (leader) produce_serving_q(sq, tl, sm.q, sm.bar_q, tm_q);
     };
-    if (!Tr::kTwoQ && nth == 0) load_q();
+    const int q0 = (int)sq.s.q_row0 + tl.m0, qb = sq.packed_q ? 0 : tl.b;
+    /* (Tr::kSplitQ) consumer c's 64 rows of Q, once its warps are done with the last tile's */
+    auto q_rows = [&](int c) {
+        if (nth > 0) mbar_wait(sm.q_empty(c), (nth - 1) & 1);
+        if (leader) produce_q<Tr>(q0 + 64 * c, tl.h0, qb, 64, sm.q + (uint32_t)c * 64 * 128, sm.q_full(c), tm_q);
+    };
+    if (Tr::kSplitQ && nth > 0 && leader) /* (as in produce: this tile's Q into the L2 ahead of its load) */
+#pragma unroll
+        for (int c = 0; c < Tr::kConsumers; ++c)
+#pragma unroll
+            for (int cb = 0; cb < kCB; ++cb) tma_prefetch_l2(tm_q, cb * 64, q0 + 64 * c, tl.h0, qb);
+    if (!Tr::kTwoQ && nth == 0) {
+        if (Tr::kSplitQ) {
+#pragma unroll
+            for (int c = 0; c < Tr::kConsumers; ++c) q_rows(c);
+        } else {
+            load_q();
+        }
+    }
     const bool paged = p.block_table != nullptr;
     const int box = paged ? fa_sm90_page_box(p.page_size, Tr::kBlockN) : Tr::kBlockN, boxes = Tr::kBlockN / box;
     const int32_t *table = paged ? p.block_table + sq.s.page0 : nullptr;
@@ -680,8 +705,12 @@ __device__ __forceinline__ void produce_serving(const fa_kernel_params &p, const
     uint32_t st = stage_free(sm.empty_k, kv0);
     load_kv(tm_k, sm.k + st * Tr::kKVBytes, sm.full_k + 8 * st, 0, page_j);
     if (!Tr::kTwoQ && nth > 0) { /* the last tile's K is in flight; Q once the consumers are done with the last one's */
-        mbar_wait(sm.empty_q, (nth - 1) & 1);
-        load_q();
+        if (Tr::kSplitQ) {
+            q_rows(0);
+        } else {
+            mbar_wait(sm.empty_q, (nth - 1) & 1);
+            load_q();
+        }
     }
     for (int j = 0; j < tl.n_tiles; ++j) {
         const int page_after = page_of(j + 2); /* read now, used next iteration */
@@ -692,6 +721,9 @@ __device__ __forceinline__ void produce_serving(const fa_kernel_params &p, const
         st = stage_free(sm.empty_v, kv0 + j);
         load_kv(tm_v, sm.v + st * Tr::kKVBytes, sm.full_v + 8 * st, j, page_j);
         page_j = page_next, page_next = page_after;
+        if (Tr::kSplitQ && nth > 0 && j == 0) /* the other consumers' rows after the first's K_1 and V_0 */
+#pragma unroll
+            for (int c = 1; c < Tr::kConsumers; ++c) q_rows(c);
     }
 }
 
@@ -1047,7 +1079,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     int nrec = 0;         /* a persistent serving block: tile records taken */
     int rec_b = 0, rec_head = 0, rec_m0 = 0; /* (Tr::kTwoRecords) the record's tile */
     /* A persistent block whose last consumer hands the tensor-core turn on across tiles (below). */
-    constexpr bool kTurnAcross = kPersistent && (!kServing || Tr::kTwoQ);
+    constexpr bool kTurnAcross = kPersistent && (!kServing || Tr::kTwoQ || Tr::kSplitQ);
     for (int work = work0;;) {
         seq_view<kServing> sq = sq0;
         if constexpr (kServing && kPersistent) { /* the producer's record of the next tile */
@@ -1110,11 +1142,11 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
 
         const uint32_t q_wg = sm.q_buf(nth) + (uint32_t)c * 64 * 128; /* this consumer's 64 rows of Q */
-        /* (with two Q buffers: in make_tile). A kSplitQ block (never a serving one) waits on its
-         * consumer's own barrier, its index the shuffled c: with a per-thread barrier address ptxas
-         * moved the key loop's uniform address arithmetic to ordinary registers (57 more R2UR a key
-         * tile at head dim 256; 0.83-0.92x measured). */
-        if (!Tr::kTwoQ) mbar_wait(sm.q_full(Tr::kSplitQ ? c : 0), nth & 1);
+        /* (with two Q buffers: in make_tile). A kSplitQ block waits on its consumer's own barrier,
+         * its index the shuffled c (where c is not shuffled already: kUniformC): with a per-thread
+         * barrier address ptxas moved the key loop's uniform address arithmetic to ordinary
+         * registers (57 more R2UR a key tile at head dim 256; 0.83-0.92x measured). */
+        if (!Tr::kTwoQ) mbar_wait(sm.q_full(Tr::kSplitQ ? (kUniformC ? c : __shfl_sync(0xffffffffu, c, 0)) : 0), nth & 1);
         /* A persistent block's next tile, if any (kTurnAcross): its last consumer then passes the
          * turn on (to consumer 0, the next tile's first) as soon as it has issued this tile's last
          * P V, so the next tile's first S overlaps its last P V and epilogue. A serving block does

@@ -69,8 +69,8 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
         return (int)cudaErrorInvalidConfiguration; /* planner and kernel disagree: refuse */
     CUtensorMap tq, tk, tv;
     /* Q in boxes of one head x kBlockM positions, or (pack_gqa) head_group heads x pack_rows
-     * positions, or (a persistent dense block refilling each consumer's rows alone: kSplitQ) 64. */
-    const bool split_q = kp->persistent && !kp->serving && TrP::kSplitQ;
+     * positions, or (a persistent block refilling each consumer's rows alone: kSplitQ) 64. */
+    const bool split_q = kp->persistent && (kp->serving ? TrS::kSplitQ : TrP::kSplitQ);
     const int q_rows = kp->pack_gqa ? kp->pack_rows : split_q ? 64 : Tr::kBlockM, q_heads = kp->pack_gqa ? kp->head_group : 1;
     /* The outer two extents of Q and of K/V: [batch, seqlen] for a dense call; for a serving call
      * packed [1, total], page pools [num_pages, page_size] (boxes of gcd(page_size, kBlockN) keys)

@@ -828,13 +828,18 @@ TEST(Planning, Sm90UnmaskedCallsWithManyTilesArePersistent) {
     EXPECT_EQ(132, info.grid_x);
     // The epilogue's own O tile where it fits (head dims 64 and 128), Q's rows otherwise; a second
     // Q buffer where that fits too (a serving call's with 128 bytes more for two 64-byte tile
-    // records and their barriers); a block a tile has neither.
+    // records and their barriers); a block a tile has neither. A serving block with neither has
+    // 128 bytes more of barriers for its second consumer's rows of Q.
     EXPECT_EQ(1024 + 2 * 128 * (128 + 4 * 128) + 128 + 2 * (2 * 128 * 128), plan.smem_bytes);
     EXPECT_LE(plan.smem_bytes, FA_SM90_SMEM_MAX);
     EXPECT_EQ(1024 + 2 * 128 * (128 + 4 * 128) + 128 + 2 * (2 * 128 * 128) + 128, fa_sm90_smem_bytes(128, 128, 128, 1, 1));
     EXPECT_LE(fa_sm90_smem_bytes(128, 128, 128, 1, 1), FA_SM90_SMEM_MAX);
     EXPECT_EQ(1024 + 2 * 64 * (128 + 4 * 128) + 128 + 2 * (2 * 64 * 128) + 128, fa_sm90_smem_bytes(64, 128, 128, 1, 1));
-    EXPECT_EQ(1024 + 2 * 256 * (128 + 4 * 80) + 128, fa_sm90_smem_bytes(256, 128, 80, 1, 1));
+    EXPECT_EQ(1024 + 2 * 256 * (128 + 4 * 80) + 128 + 128, fa_sm90_smem_bytes(256, 128, 80, 1, 1));
+    EXPECT_EQ(1024 + 2 * 192 * (128 + 4 * 112) + 128 + 128, fa_sm90_smem_bytes(192, 128, 112, 1, 1));
+    EXPECT_EQ(1024 + 2 * 128 * (128 + 4 * 176) + 128 + 128, fa_sm90_smem_bytes(128, 128, 176, 1, 1));
+    for (auto [hd, bn] : std::vector<std::array<int, 2>>{{256, 80}, {192, 112}, {128, 176}})
+        EXPECT_LE(fa_sm90_smem_bytes(hd, 128, bn, 1, 1), FA_SM90_SMEM_MAX) << hd;
     EXPECT_EQ(1024 + 2 * 64 * (192 + 4 * 128) + 128 + 2 * (2 * 64 * 192), fa_sm90_smem_bytes(64, 192, 128, 1, 0));
     EXPECT_EQ(1024 + 2 * 128 * (128 + 4 * 176) + 128, fa_sm90_smem_bytes(128, 128, 176, 1, 0));
     EXPECT_EQ(1024 + 2 * 256 * (128 + 4 * 64) + 128, fa_sm90_smem_bytes(256, 128, 64, 1, 0));
