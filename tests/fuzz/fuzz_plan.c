@@ -188,7 +188,7 @@ static void check_plan(const fa_device_caps *caps, const flashattn_fwd_params *p
               "int32 kernel dims");
     CHECK(plan.kp.seqlen_k == full.seqlen_k && plan.kp.batch == full.batch, "int32 kernel dims");
     if (plan.kp.persistent) { /* resident blocks: FUSED_SM90's unsplit, unpacked calls whose every row sees a key
-                               * (at the capacities for serving ones: two consumers, K/V not gathered) */
+                               * (at the capacities for serving ones: two or three consumers, K/V not gathered) */
         const int64_t tiles = (int64_t)plan.kp.num_m_blocks * plan.kp.batch * plan.kp.heads_q;
         const int windowed = full.window_left >= 0 || full.window_right >= 0;
         const int64_t units =
@@ -197,10 +197,13 @@ static void check_plan(const fa_device_caps *caps, const flashattn_fwd_params *p
         if (plan.grid_x > 0 && tiles <= INT32_MAX) {
             const int32_t last = fa_persistent_first(&plan.kp, plan.grid_x - 1, plan.grid_x);
             CHECK(last >= 0 && last < fa_persistent_works(&plan.kp), "the last persistent block has no work");
+            int32_t m_block = -1, bh = -1; /* its tile's work number back (the ragged walks hand tiles on so) */
+            fa_persistent_tile(&plan.kp, last, &m_block, &bh);
+            CHECK(fa_persistent_work(&plan.kp, m_block, bh) == last, "fa_persistent_work inverts fa_persistent_tile");
         }
         CHECK(plan.backend == FLASHATTN_BACKEND_FUSED_SM90 &&
                   (!plan.kp.serving ||
-                   (plan.cfg.block_m == 128 &&
+                   (plan.cfg.block_m != 64 &&
                     !plan.kp.gather_pages)) &&
                   plan.kp.num_splits == 1 && !plan.kp.pack_gqa && plan.kp.sched_heads == 0 && full.seqlen_k > 0 &&
                   /* a window: too few query tiles a head for the heaviest-first order (or serving) */
