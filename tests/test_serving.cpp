@@ -285,6 +285,12 @@ std::vector<int> serving_backends() {
     return b;
 }
 
+// Whether FUSED_SM90 is among them (the tests of its resident serving blocks skip otherwise).
+bool serves_on_sm90() {
+    const std::vector<int> b = serving_backends();
+    return std::find(b.begin(), b.end(), FLASHATTN_BACKEND_FUSED_SM90) != b.end();
+}
+
 // Runs the call on `backend` (workspace as planned) into dev's poisoned outputs.
 flashattn_status call(flashattn_handle *h, flashattn_fwd_params p, int backend, cudaStream_t st = 0) {
     p.backend = backend;
@@ -463,9 +469,7 @@ TEST_F(Serving, PersistentBlocksSkipWhatTheirSequencesLack) {
     // write O = 0 and LSE = -inf; the rest match the oracle. Packed K/V, pages TMA reads (64 keys)
     // and a dense cache with per-sequence counts; no mask, causal, and (head dim 128) a sliding
     // window; head dims 64 (no mask: three consumers; causal: two), 128 and 256.
-    const std::vector<int> backends = serving_backends();
-    if (std::find(backends.begin(), backends.end(), FLASHATTN_BACKEND_FUSED_SM90) == backends.end())
-        GTEST_SKIP() << "FUSED_SM90 needs an sm_90 GPU and a build with its kernels";
+    if (!serves_on_sm90()) GTEST_SKIP() << "FUSED_SM90 needs an sm_90 GPU and a build with its kernels";
     Stats st;
     for (int64_t d : {64, 128, 256})
         for (int mask : {(int)FLASHATTN_MASK_NONE, (int)FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, -1})
@@ -488,9 +492,7 @@ TEST_F(Serving, PersistentBlocksTakeManyTilesEach) {
     // some eight tiles a block, so that a block's two Q buffers and two tile records (head dims 64
     // and 128) go round several times, through runs of tiles with no query (skipped), with no key
     // (answered without a load) and with both, and a block's last tile may be any of them.
-    const std::vector<int> backends = serving_backends();
-    if (std::find(backends.begin(), backends.end(), FLASHATTN_BACKEND_FUSED_SM90) == backends.end())
-        GTEST_SKIP() << "FUSED_SM90 needs an sm_90 GPU and a build with its kernels";
+    if (!serves_on_sm90()) GTEST_SKIP() << "FUSED_SM90 needs an sm_90 GPU and a build with its kernels";
     Stats st;
     for (int64_t d : {64, 128})
         for (int mask : {FLASHATTN_MASK_NONE, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT})
@@ -511,9 +513,7 @@ TEST_F(Serving, ThreeConsumerPersistentBlocksPairCausalTiles) {
     // equal work (a sequence's heaviest with its lightest), then the middle tiles of sequences with
     // an odd count. Sequences of 11, 4, 1 and 2 query tiles, none, and one with no keys; packed
     // and paged K/V.
-    const std::vector<int> backends = serving_backends();
-    if (std::find(backends.begin(), backends.end(), FLASHATTN_BACKEND_FUSED_SM90) == backends.end())
-        GTEST_SKIP() << "FUSED_SM90 needs an sm_90 GPU and a build with its kernels";
+    if (!serves_on_sm90()) GTEST_SKIP() << "FUSED_SM90 needs an sm_90 GPU and a build with its kernels";
     Stats st;
     for (KvMode kv : {kPackedKv, kPagedSeqused}) {
         Spec s;
@@ -534,9 +534,7 @@ TEST_F(Serving, OneWarpProducerBlocksWalkRaggedQueries) {
     // sequence's own tiles, then the middle tiles of sequences with an odd count) and a window.
     // Capacities of 1100 queries (9 tiles of 128 rows x 8 heads x 6 sequences: more than SMs) over
     // shorter sequences, one with no queries, one whose queries see no key; packed and paged K/V.
-    const std::vector<int> backends = serving_backends();
-    if (std::find(backends.begin(), backends.end(), FLASHATTN_BACKEND_FUSED_SM90) == backends.end())
-        GTEST_SKIP() << "FUSED_SM90 needs an sm_90 GPU and a build with its kernels";
+    if (!serves_on_sm90()) GTEST_SKIP() << "FUSED_SM90 needs an sm_90 GPU and a build with its kernels";
     Stats st;
     for (int64_t d : {128, 192, 256})
         for (int mask : {(int)FLASHATTN_MASK_NONE, (int)FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, -1})
