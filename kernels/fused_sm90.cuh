@@ -434,6 +434,23 @@ template <class Tr>
 __device__ __forceinline__ void produce_q(const tile<Tr> &tl, uint32_t dst, uint32_t bar_q, const CUtensorMap *tm_q) {
     produce_q<Tr>(tl.m0, tl.h0, tl.b, tl.rows_per_head * tl.heads, dst, bar_q, tm_q);
 }
+/* (Tr::kSplitQ) Consumer c's 64 rows of the tile's Q (its rows from m0 of head h0 of map batch
+ * entry b), once that consumer's warps are done with the last tile's: every calling thread waits,
+ * `issue` issues. And the tile's Q boxes into the L2 ahead of those loads (a later tile's Q waits
+ * for the last one's stores, some two key tiles: the load then reads the L2, not DRAM). */
+template <class Tr>
+__device__ __forceinline__ void produce_q_rows(const smem_layout<Tr> &sm, int c, int nth, int m0, int h0, int b,
+                                               const CUtensorMap *tm_q, bool issue = true) {
+    if (nth > 0) mbar_wait(sm.q_empty(c), (nth - 1) & 1);
+    if (issue) produce_q<Tr>(m0 + 64 * c, h0, b, 64, sm.q + (uint32_t)c * 64 * 128, sm.q_full(c), tm_q);
+}
+template <class Tr>
+__device__ __forceinline__ void prefetch_q_rows(int m0, int h0, int b, const CUtensorMap *tm_q) {
+#pragma unroll
+    for (int c = 0; c < Tr::kConsumers; ++c)
+#pragma unroll
+        for (int cb = 0; cb < Tr::kChunks / 8; ++cb) tma_prefetch_l2(tm_q, cb * 64, m0 + 64 * c, h0, b);
+}
 
 /* The producer (one thread) of one tile: TMA loads of Q once, then of K_j and V_j into two stages
  * each as the consumers hand the stages back. A persistent block's tiles follow one another: `nth`
@@ -455,19 +472,8 @@ __device__ __forceinline__ void produce(const tile<Tr> &tl, const smem_layout<Tr
         for (int cb = 0; cb < kCB; ++cb)
             tma_load(dst + cb * Tr::kBlockN * 128, map, cb * 64, (tl.tile_begin + tile) * Tr::kBlockN, tl.hk, tl.b, full);
     };
-    /* (Tr::kSplitQ) consumer c's 64 rows of Q, once its warps are done with the last tile's */
-    auto q_rows = [&](int c) {
-        if (nth > 0) mbar_wait(sm.q_empty(c), (nth - 1) & 1);
-        produce_q<Tr>(tl.m0 + 64 * c, tl.h0, tl.b, 64, sm.q + (uint32_t)c * 64 * 128, sm.q_full(c), tm_q);
-    };
-    /* (Tr::kSplitQ) a later tile's Q loads only once the consumers have stored the last tile's O
-     * from its rows, and it is read once: its boxes go into the L2 now, about two key tiles before
-     * that, so the load reads the L2 rather than DRAM. */
-    if (Tr::kSplitQ && nth > 0)
-#pragma unroll
-        for (int c = 0; c < Tr::kConsumers; ++c)
-#pragma unroll
-            for (int cb = 0; cb < kCB; ++cb) tma_prefetch_l2(tm_q, cb * 64, tl.m0 + 64 * c, tl.h0, tl.b);
+    auto q_rows = [&](int c) { produce_q_rows(sm, c, nth, tl.m0, tl.h0, tl.b, tm_q); };
+    if (Tr::kSplitQ && nth > 0) prefetch_q_rows<Tr>(tl.m0, tl.h0, tl.b, tm_q);
     if (nth == 0) {
         if (Tr::kSplitQ) {
 #pragma unroll
@@ -653,16 +659,8 @@ __device__ __forceinline__ void produce_serving(const fa_kernel_params &p, const
         if (leader) produce_serving_q(sq, tl, sm.q, sm.bar_q, tm_q);
     };
     const int q0 = (int)sq.s.q_row0 + tl.m0, qb = sq.packed_q ? 0 : tl.b;
-    /* (Tr::kSplitQ) consumer c's 64 rows of Q, once its warps are done with the last tile's */
-    auto q_rows = [&](int c) {
-        if (nth > 0) mbar_wait(sm.q_empty(c), (nth - 1) & 1);
-        if (leader) produce_q<Tr>(q0 + 64 * c, tl.h0, qb, 64, sm.q + (uint32_t)c * 64 * 128, sm.q_full(c), tm_q);
-    };
-    if (Tr::kSplitQ && nth > 0 && leader) /* (as in produce: this tile's Q into the L2 ahead of its load) */
-#pragma unroll
-        for (int c = 0; c < Tr::kConsumers; ++c)
-#pragma unroll
-            for (int cb = 0; cb < kCB; ++cb) tma_prefetch_l2(tm_q, cb * 64, q0 + 64 * c, tl.h0, qb);
+    auto q_rows = [&](int c) { produce_q_rows(sm, c, nth, q0, tl.h0, qb, tm_q, leader); };
+    if (Tr::kSplitQ && nth > 0 && leader) prefetch_q_rows<Tr>(q0, tl.h0, qb, tm_q);
     if (!Tr::kTwoQ && nth == 0) {
         if (Tr::kSplitQ) {
 #pragma unroll
