@@ -1039,11 +1039,11 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     claim_registers<Tr::consumer_regs(kProducerRegs)>();
     /* The consumer index: tile rows 64c..64c+63. It comes through a shuffle, which ptxas knows to
      * be the same in every lane: the key loop's wgmma descriptors are then built in uniform
-     * registers (no R2UR in the loop). The d256 serving kernels and the three-consumer ones keep
-     * the plain form: with the shuffle the d256 serving kernels spilled 60 -> 84 bytes and the
-     * persistent d64 three-consumer one 20 -> 44. docs/performance.md v20 and v21 have the
-     * measurements. */
-    constexpr bool kUniformC = !((kServing && kHeadDim == 256) || kNC == 3);
+     * registers (no R2UR in the loop). The three-consumer kernels keep the plain form: with the
+     * shuffle the persistent d64 three-consumer one spilled 20 -> 44 bytes (the d256 serving
+     * kernels, 60 -> 84 then, spill 0-12 with it since their producers work a tile out once).
+     * docs/performance.md v20, v21 and v31 have the measurements. */
+    constexpr bool kUniformC = kNC != 3;
     const int c = kUniformC ? __shfl_sync(0xffffffffu, wg - 1, 0) : wg - 1;
     const int g = lane / 4, t = lane % 4;
     const int trow = c * 64 + ((tid % kWarpgroupThreads) / 32) * 16 + g; /* this thread's tile rows: trow, trow + 8 */
