@@ -103,6 +103,12 @@ typedef struct fa_kernel_params {
      * row with cp.async (fa_sm90_gathers_pages: page sizes TMA cannot tile, and small pages in
      * decode), 0 when TMA reads them in boxes. A block a tile only. */
     int32_t gather_pages;
+    /* FUSED_SM90 serving calls whose pages TMA reads: 0 when a box holds one 64-column region of
+     * its keys (kChunks / 8 boxes a box of keys, K and V tiles region-major in shared memory); G > 0
+     * when one box holds all of its keys' columns (fa_sm90_page_groups: the tiles are then
+     * row-group-major, 8 keys x every region after 8 keys x every region), page p's 8-key group i
+     * being group p G + i of the pool. */
+    int32_t kv_page_groups;
 } fa_kernel_params;
 
 #ifdef __CUDACC__
@@ -274,6 +280,29 @@ static inline FA_HOST_DEVICE int fa_sm90_gathers_pages(int paged, int page_size,
     if (!paged) return 0;
     if (!FA_SM90_TMA_PAGES(page_size, block_n)) return 1;
     return block_m == 64 && fa_sm90_page_box(page_size, block_n) <= (splits > 1 ? 16 : 8);
+}
+
+/* Full-width page boxes (kp.kv_page_groups): a TMA box over a page's keys can hold every column of
+ * them, not 64, when the kernel's tile is wider than one 64-column region and has exactly the call's
+ * head dim (no zero-filled columns past it), K and V are laid out alike, and a page starts a whole
+ * number G of 8-row groups after the one before (page_stride = 8 G row_stride: a pool [pages, page,
+ * heads, dim], [pages, heads, page, dim], or K and V as the halves of one pool). The map is then
+ * 5-dimensional (64 columns, 8 rows, regions, 8-row groups of the pool, heads) and a box of
+ * gcd(page_size, block_n) keys is one copy where it was head_dim / 64. Returns G, or 0 where the
+ * pages keep their per-region boxes. Strides in elements; page_stride is the batch stride of a
+ * paged call. */
+static inline FA_HOST_DEVICE int32_t fa_sm90_page_groups(int head_dim, int kernel_head_dim, int page_size,
+                                                         int64_t num_pages, int64_t k_page_stride,
+                                                         int64_t k_row_stride, int64_t v_page_stride,
+                                                         int64_t v_row_stride) {
+    if (kernel_head_dim <= 64 || kernel_head_dim % 64 != 0 || head_dim != kernel_head_dim || page_size % 8 != 0 ||
+        num_pages < 1 || k_row_stride <= 0 || k_page_stride != v_page_stride || k_row_stride != v_row_stride ||
+        k_page_stride % (8 * k_row_stride) != 0)
+        return 0;
+    const int64_t g = k_page_stride / (8 * k_row_stride);
+    /* the kernel's group index p G + i stays below 2^31 (and the map's extent below 2^32) */
+    if (g < page_size / 8 || g > (int64_t)INT32_MAX / num_pages) return 0;
+    return (int32_t)g;
 }
 
 /* The shared memory a Hopper block may opt in to (227 KB). */

@@ -636,7 +636,9 @@ __device__ __forceinline__ void produce_serving_q(const seq_view<true> &sq, cons
  * never stored; past the tensor: zeros). A cache: entry kv_b (outside the cache: -1, zeros). Pages:
  * a tile is kBlockN / R boxes of R = gcd(page_size, kBlockN) keys (the planner allows the page
  * sizes for which R is a multiple of the 8-row swizzle atom); box i holds keys n0 + i R onwards, of
- * page table[(n0 + i R) / page_size] from row (n0 + i R) % page_size. Lane i reads box i's page
+ * page table[(n0 + i R) / page_size] from row (n0 + i R) % page_size, one copy a 64-column region,
+ * or with full-width boxes (kp.kv_page_groups) one copy of every column, the tile then
+ * row-group-major (kv_grouped in the kernel). Lane i reads box i's page
  * number one tile ahead (so each tile costs the table's latency once, hidden behind the wait for
  * a free stage) and issues box i. A box past the sequence's keys, or a page outside the pool, reads
  * zeros (an out-of-bounds coordinate); the mask hides those keys. A persistent block's tiles follow
@@ -694,6 +696,13 @@ __device__ __forceinline__ void produce_serving(const fa_kernel_params &p, const
         /* Lane i issues box i (after the leader has announced the tile's bytes). */
         const int row0 = (n0 + lane * box) % p.page_size;
         __syncwarp();
+        if (kCB > 1 && p.kv_page_groups > 0) {
+            /* one full-width box: its box / 8 groups of 8 rows x every region; a page outside the
+             * pool (or none: -1) as a negative group, which reads zeros */
+            const int g = (unsigned)my_page < (unsigned)p.num_pages ? my_page * p.kv_page_groups + row0 / 8 : -1;
+            if (lane < boxes) tma_load_5d(dst + lane * box * kCB * 128, map, 0, 0, 0, g, tl.hk, full);
+            return;
+        }
         if (lane < boxes)
 #pragma unroll
             for (int cb = 0; cb < kCB; ++cb)
@@ -733,16 +742,17 @@ __device__ __forceinline__ void produce_serving(const fa_kernel_params &p, const
  * scores are masked, so each probability there is 0, but 0 x NaN is NaN: freshly allocated cache
  * memory may hold NaNs, and P V must not meet them. (Gathered pages zero-fill those rows.) */
 template <class Tr>
-__device__ __forceinline__ void clear_rows_past(uint32_t stage, int valid, int c, int ctid) {
+__device__ __forceinline__ void clear_rows_past(uint32_t stage, int valid, int c, int ctid, bool grouped) {
     if (valid >= Tr::kBlockN) return; /* (the same for every consumer thread: the barrier below is taken by all or none) */
     constexpr int kCB = Tr::kChunks / 8;
     /* a row is 128 bytes in each 64-column region: 8 chunks of 16, zeroed whole (the swizzle only
-     * permutes a row's chunks) */
+     * permutes a row's chunks); region-major, or row-group-major (`grouped`: full-width page boxes) */
     const int mine = (Tr::kBlockN - valid - c + Tr::kConsumers - 1) / Tr::kConsumers; /* (>= 0: valid >= 1, c < C) */
 #pragma unroll 1
     for (int i = ctid; i < mine * 8 * kCB; i += kWarpgroupThreads) {
         const int row = valid + c + (i / (8 * kCB)) * Tr::kConsumers, cb = (i / 8) % kCB, ch = i % 8;
-        asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(stage + (uint32_t)(cb * Tr::kBlockN + row) * 128 + ch * 16), "r"(0)
+        const int at = grouped ? ((row / 8) * kCB + cb) * 8 + row % 8 : cb * Tr::kBlockN + row; /* in 128-byte rows */
+        asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(stage + (uint32_t)at * 128 + ch * 16), "r"(0)
                      : "memory");
     }
     fence_proxy_async_shared(); /* the zeros, before the tensor cores read the stage */
@@ -1073,6 +1083,13 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
      * fence before the tensor cores read it. */
     bool gathered = false;
     if constexpr (kServing) gathered = gathers_pages(p);
+    /* Pages read in full-width boxes (kp.kv_page_groups) leave K and V tiles row-group-major: 8 rows
+     * x every 64-column region, then the next 8 rows. The descriptors follow: 8-row groups kCB KB
+     * apart, regions 1 KB apart (else 1 KB and kBlockN x 128 bytes). */
+    bool kv_grouped = false;
+    if constexpr (kServing && kHeadDim > 64) kv_grouped = p.kv_page_groups > 0;
+    const uint32_t kv_group_bytes = kv_grouped ? (uint32_t)kHeadDim * 16 : 1024u,
+                   kv_region_bytes = kv_grouped ? 1024u : (uint32_t)kBlockN * 128;
     int nth = 0, kv0 = 0; /* tiles done by this block, and their K/V tiles (the stages' running count) */
     int nrec = 0;         /* a persistent serving block: tile records taken */
     int rec_b = 0, rec_head = 0, rec_m0 = 0; /* (Tr::kTwoRecords) the record's tile */
@@ -1161,24 +1178,24 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         auto issue_s_steps = [&](auto &acc, int kv, auto steps) {
             constexpr int kW = 2 * (int)(sizeof acc / sizeof acc[0]);
             const uint32_t k_st = sm.k + (uint32_t)(kv & 1) * Tr::kKVBytes;
-            const smem_desc_base qd(q_wg, 16, 1024), kd(k_st, 16, 1024);
+            const smem_desc_base qd(q_wg, 16, 1024), kd(k_st, 16, kv_group_bytes);
 #pragma unroll
             for (int ks = 0; ks < decltype(steps)::value; ++ks) {
                 const uint32_t col = (uint32_t)(ks / 4), sub = (uint32_t)(ks % 4) * 32;
-                const uint32_t q_off = col * kBlockM * 128 + sub, k_off = col * kBlockN * 128 + sub;
+                const uint32_t q_off = col * kBlockM * 128 + sub, k_off = col * kv_region_bytes + sub;
                 wgmma_ss<kW, kDtype>::run(acc, kDescByOffset ? qd.at(q_off) : smem_desc(q_wg + q_off, 16, 1024),
-                                          kDescByOffset ? kd.at(k_off) : smem_desc(k_st + k_off, 16, 1024), ks > 0);
+                                          kDescByOffset ? kd.at(k_off) : smem_desc(k_st + k_off, 16, kv_group_bytes), ks > 0);
             }
         };
         /* O += P V_kv, issued (not committed): the key tile's first kW keys (P's first kW / 16 k-steps). */
         auto issue_pv = [&](int kv, auto width) {
             constexpr int kW = decltype(width)::value;
             const uint32_t v_st = sm.v + (uint32_t)(kv & 1) * Tr::kKVBytes;
-            const smem_desc_base vd(v_st, kBlockN * 128, 1024);
+            const smem_desc_base vd(v_st, kv_region_bytes, kv_group_bytes);
 #pragma unroll
-            for (int kk = 0; kk < kW / 16; ++kk)
-                wgmma_rs<kHeadDim, kDtype>::run(o, pf[kk], kDescByOffset ? vd.at(kk * 16 * 128)
-                                                                         : smem_desc(v_st + kk * 16 * 128, kBlockN * 128, 1024), 1);
+            for (int kk = 0; kk < kW / 16; ++kk) /* (k-step kk: keys 16 kk.., two 8-row groups) */
+                wgmma_rs<kHeadDim, kDtype>::run(o, pf[kk], kDescByOffset ? vd.at(kk * 2 * kv_group_bytes)
+                                                                         : smem_desc(v_st + kk * 2 * kv_group_bytes, kv_region_bytes, kv_group_bytes), 1);
         };
 
         /* Key tile `it` of the loop: its S issued in `steps` k-steps over its first kW keys (kBlockN,
@@ -1273,7 +1290,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             if constexpr (kServing) /* (the only tile that can cross the end of the sequence's keys) */
                 if (!gathered) clear_rows_past<Tr>(sm.v + (uint32_t)st * Tr::kKVBytes,
                                                    bnd.seqlen_k - (tile_begin + n_tiles - 1) * kBlockN, c,
-                                                   tid % kWarpgroupThreads);
+                                                   tid % kWarpgroupThreads, kv_grouped);
             if (kNC > 1) named_sync(my_turn, kTurnThreads);
             reg_fence(o);
             reg_fence_first<decltype(width)::value / 16>(pf);

@@ -51,6 +51,31 @@ inline bool encode_map(CUtensorMap *map, int dtype, const void *ptr, int64_t hea
     return r == CUDA_SUCCESS;
 }
 
+/* The map of a page pool read in full-width boxes (fa_sm90_page_groups: kp.kv_page_groups = G):
+ * 64 columns x 8 rows (row_stride apart) x head_dim / 64 regions (128 bytes apart) x 8-row groups
+ * of the pool (8 row_stride apart; page p's first is group p G) x heads. A box of box_rows keys
+ * (a multiple of 8) is 64 x 8 x regions x box_rows / 8 x 1: it lands as box_rows / 8 groups of 8 rows
+ * x every region, the layout the kernel's descriptors then follow. */
+inline bool encode_page_groups_map(CUtensorMap *map, int dtype, const void *ptr, int head_dim, int page_size,
+                                   int64_t num_pages, int64_t groups_per_page, int64_t heads, int64_t row_stride,
+                                   int64_t head_stride, int box_rows) {
+    const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+    if (encode == nullptr || head_dim % 64 != 0 || box_rows % 8 != 0) return false;
+    const int regions = head_dim / 64;
+    /* groups up to the last page's last one: a group past it, or a negative one, reads zeros */
+    const cuuint64_t dims[5] = {64, 8, (cuuint64_t)regions,
+                                (cuuint64_t)((num_pages - 1) * groups_per_page + page_size / 8), (cuuint64_t)heads};
+    const cuuint64_t strides[4] = {(cuuint64_t)row_stride * 2, 128, (cuuint64_t)(8 * row_stride * 2),
+                                   (cuuint64_t)(heads > 1 ? head_stride * 2 : 16)};
+    const cuuint32_t box[5] = {64, 8, (cuuint32_t)regions, (cuuint32_t)(box_rows / 8), 1};
+    const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
+    const CUresult r = encode(map, dtype == FA_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 5,
+                              const_cast<void *>(ptr), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS;
+}
+
 template <int kDtype, int kHeadDim, int kKeyTile, int kConsumers>
 int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
     using Tr = traits<kDtype, kHeadDim, kKeyTile, kConsumers>;
@@ -91,16 +116,27 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
      * 256 bytes (a row's other 64 columns, which the next box reads) cost decode 5.5-7% of its
      * bandwidth on the H200 and prefill nothing measurable (docs/performance.md v18). */
     const CUtensorMapL2promotion kv_promo = CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
+    fa_kernel_params args = *kp;
+    /* Full-width page boxes where the planner chose them (kv_page_groups); should the driver refuse
+     * such a map, the pages keep their per-region boxes (the kernel follows args). */
+    const bool groups = kp->kv_page_groups > 0 && kp->serving && kp->block_table && !kp->gather_pages &&
+                        kp->head_dim == kHeadDim && kHeadDim % 64 == 0 && kHeadDim > 64 &&
+                        encode_page_groups_map(&tk, kDtype, kp->k, kHeadDim, kp->page_size, kp->num_pages,
+                                               kp->kv_page_groups, kp->heads_kv, kp->k_seq_stride, kp->k_head_stride,
+                                               kv_box) &&
+                        encode_page_groups_map(&tv, kDtype, kp->v, kHeadDim, kp->page_size, kp->num_pages,
+                                               kp->kv_page_groups, kp->heads_kv, kp->v_seq_stride, kp->v_head_stride,
+                                               kv_box);
+    if (!groups) args.kv_page_groups = 0;
     if (!encode_map(&tq, kDtype, kp->q, kp->head_dim, q_seq, kp->heads_q, q_batch, kp->q_seq_stride,
                     kp->q_head_stride, kp->q_batch_stride, q_rows, q_heads) ||
-        !encode_map(&tk, kDtype, kp->k, kp->head_dim, kv_seq, kp->heads_kv, kv_batch, kp->k_seq_stride,
-                    kp->k_head_stride, kp->k_batch_stride, kv_box, 1, kv_promo) ||
-        !encode_map(&tv, kDtype, kp->v, kp->head_dim, kv_seq, kp->heads_kv, kv_batch, kp->v_seq_stride,
-                    kp->v_head_stride, kp->v_batch_stride, kv_box, 1, kv_promo))
+        (!groups && (!encode_map(&tk, kDtype, kp->k, kp->head_dim, kv_seq, kp->heads_kv, kv_batch, kp->k_seq_stride,
+                                 kp->k_head_stride, kp->k_batch_stride, kv_box, 1, kv_promo) ||
+                     !encode_map(&tv, kDtype, kp->v, kp->head_dim, kv_seq, kp->heads_kv, kv_batch, kp->v_seq_stride,
+                                 kp->v_head_stride, kp->v_batch_stride, kv_box, 1, kv_promo))))
         return (int)cudaErrorInvalidValue; /* the planner checked the limits; not expected */
     /* A persistent block stores O by TMA, in boxes of 64 rows (a consumer's) where the driver takes
      * O's strides (the map's extents are Q's: O has Q's rows); otherwise with 16-byte writes. */
-    fa_kernel_params args = *kp;
     CUtensorMap to;
     memset(&to, 0, sizeof to);
     args.o_tma = kp->persistent && encode_map(&to, kDtype, kp->o, kp->head_dim, q_seq, kp->heads_q, q_batch,

@@ -464,6 +464,12 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
     const int gathered = sm90 && fa_sm90_gathers_pages(p->block_table != NULL, (int)p->page_size, plan->cfg.block_n,
                                                        plan->cfg.block_m, (int)splits);
     plan->kp.gather_pages = gathered;
+    /* TMA pages in one box of every column where the pool's layout allows it (fa_sm90_page_groups) */
+    plan->kp.kv_page_groups =
+        sm90 && serving && p->block_table != NULL && !gathered
+            ? fa_sm90_page_groups((int)p->head_dim, plan->cfg.head_dim, (int)p->page_size, p->num_pages,
+                                  p->k_batch_stride, p->k_seq_stride, p->v_batch_stride, p->v_seq_stride)
+            : 0;
     if (sm90 && splits == 1 && !pack && !(serving && (gathered || plan->cfg.block_m == 64))) {
         /* More tiles than SMs, every tile with keys to see, and work that is the same for every tile
          * (no mask), or grows linearly with its query position (a causal mask, seqlen_q <= seqlen_k;
@@ -665,7 +671,8 @@ void fa_plan_describe(const fa_plan *plan, flashattn_plan_info *info) {
         char paged[32] = "";
         if (kp->block_table) {
             const int tma = plan->backend == FLASHATTN_BACKEND_FUSED_SM90 && !kp->gather_pages;
-            snprintf(paged, sizeof paged, " paged=%d:%s", kp->page_size, tma ? "tma" : "gather");
+            snprintf(paged, sizeof paged, " paged=%d:%s", kp->page_size,
+                     !tma ? "gather" : kp->kv_page_groups > 0 ? "tma_full" : "tma");
         }
         snprintf(serving, sizeof serving, "%s%s%s%s%s%s%s", kp->cu_seqlens_q ? " packed_q" : "",
                  kp->cu_seqlens_k && !kp->block_table ? " packed_kv" : "", kp->seqused_k ? " seqused_k" : "", paged,

@@ -1773,6 +1773,82 @@ TEST(Serving, Sm90PageBoxesAreTheGcdOfPageAndKeyTile) {
     }
 }
 
+// FUSED_SM90 reads a TMA page's keys in one box of all their columns (full-width boxes,
+// kp.kv_page_groups = G, the pool's 8-row groups from one page to the next) where the kernel's head dim
+// is several 64-column regions and the call's own, and K and V's pages are whole 8-row groups apart
+// alike; elsewhere one box a 64-column region. The plan says which (paged=16:tma_full / :tma).
+TEST(Serving, Sm90FullWidthPageBoxes) {
+    const int64_t hkv = 2;
+    auto groups = [&](int d, int kd, int page, int64_t pages, int64_t kps, int64_t krs, int64_t vps, int64_t vrs) {
+        return fa_sm90_page_groups(d, kd, page, pages, kps, krs, vps, vrs);
+    };
+    const int64_t nhd = hkv * 128;  // row stride of [pages, page, heads, dim]
+    EXPECT_EQ(2, groups(128, 128, 16, 64, 16 * nhd, nhd, 16 * nhd, nhd));                 // [pages, 16, heads, dim]
+    EXPECT_EQ(2 * hkv, groups(128, 128, 16, 64, hkv * 16 * 128, 128, hkv * 16 * 128, 128));  // [pages, heads, 16, dim]
+    EXPECT_EQ(4, groups(128, 128, 16, 64, 32 * nhd, nhd, 32 * nhd, nhd));                 // K and V halves of one pool
+    EXPECT_EQ(3, groups(256, 256, 24, 64, 24 * hkv * 256, hkv * 256, 24 * hkv * 256, hkv * 256));
+    EXPECT_EQ(0, groups(96, 128, 16, 64, 16 * hkv * 96, hkv * 96, 16 * hkv * 96, hkv * 96));  // zero columns past 96
+    EXPECT_EQ(0, groups(160, 192, 16, 64, 16 * hkv * 160, hkv * 160, 16 * hkv * 160, hkv * 160));
+    EXPECT_EQ(0, groups(64, 64, 16, 64, 16 * hkv * 64, hkv * 64, 16 * hkv * 64, hkv * 64));  // one region: nothing to join
+    EXPECT_EQ(0, groups(128, 128, 16, 64, 16 * nhd + 8, nhd, 16 * nhd + 8, nhd));         // pages not whole groups apart
+    EXPECT_EQ(0, groups(128, 128, 16, 64, 16 * nhd, nhd, 32 * nhd, nhd));                 // K and V laid out differently
+    EXPECT_EQ(0, groups(128, 128, 16, 64, 16 * nhd, nhd, 16 * nhd, 2 * nhd));
+    EXPECT_EQ(0, groups(128, 128, 16, 64, 8 * nhd, nhd, 8 * nhd, nhd));                   // pages overlapping
+    EXPECT_EQ(0, groups(128, 128, 16, (int64_t)INT32_MAX / 2 + 1, 16 * nhd, nhd, 16 * nhd, nhd));  // p G past int32
+    EXPECT_EQ(2, groups(128, 128, 16, (int64_t)INT32_MAX / 2, 16 * nhd, nhd, 16 * nhd, nhd));
+    // The plan: prefill over pages of 16 at head dim 128 (TMA), at 64 (one region), and gathered pages.
+    const fa_device_caps caps = h200_caps();
+    const flashattn_handle h = fake_handle(caps);
+    auto describe = [&](const flashattn_fwd_params &p, int32_t *g) {
+        fa_plan plan;
+        EXPECT_EQ(FLASHATTN_STATUS_SUCCESS, fa_plan_make(&caps, &p, 0, &plan)) << flashattn_last_error();
+        *g = plan.kp.kv_page_groups;
+        flashattn_plan_info info;
+        flashattn_plan_info_init(&info);
+        EXPECT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_plan(&h, &p, &info)) << flashattn_last_error();
+        return std::string(info.description);
+    };
+    int32_t g = -1;
+    if (fa_sm90_compiled(FLASHATTN_DTYPE_BFLOAT16, 128)) {
+        flashattn_fwd_params p = valid_varlen_paged();  // head dim 128, [64, 16, 2, 128] pools
+        std::string d = describe(p, &g);
+        EXPECT_EQ(2, g);
+        EXPECT_NE(d.find("paged=16:tma_full"), std::string::npos) << d;
+        p.k_head_stride = p.v_head_stride = 16 * 128, p.k_seq_stride = p.v_seq_stride = 128;  // head-major pages
+        d = describe(p, &g);
+        EXPECT_EQ(2 * hkv, g);
+        EXPECT_NE(d.find("paged=16:tma_full"), std::string::npos) << d;
+        p = valid_varlen_paged();
+        p.head_dim = 96;  // the 128 kernel with zero columns: per-region boxes
+        p.q_seq_stride = p.o_seq_stride = 96 * p.heads_q, p.q_head_stride = p.o_head_stride = 96;
+        p.k_seq_stride = p.v_seq_stride = 96 * hkv, p.k_head_stride = p.v_head_stride = 96;
+        p.k_batch_stride = p.v_batch_stride = 16 * p.k_seq_stride;
+        d = describe(p, &g);
+        EXPECT_EQ(0, g);
+        EXPECT_TRUE(d.find("paged=16:tma") != std::string::npos && d.find("tma_full") == std::string::npos) << d;
+        p = valid_varlen_paged();
+        p.page_size = 19, p.pages_per_seq = 11, p.block_table_batch_stride = 11;  // gathered
+        p.k_batch_stride = p.v_batch_stride = 19 * p.k_seq_stride;
+        d = describe(p, &g);
+        EXPECT_EQ(0, g);
+        EXPECT_NE(d.find("paged=19:gather"), std::string::npos) << d;
+        p = valid_varlen_paged();
+        p.backend = FLASHATTN_BACKEND_FUSED;  // the portable kernel reads rows: no boxes
+        describe(p, &g);
+        EXPECT_EQ(0, g);
+    }
+    if (fa_sm90_compiled(FLASHATTN_DTYPE_BFLOAT16, 64)) {
+        flashattn_fwd_params p = valid_varlen_paged();
+        p.head_dim = 64;
+        p.q_seq_stride = p.o_seq_stride = 64 * p.heads_q, p.q_head_stride = p.o_head_stride = 64;
+        p.k_seq_stride = p.v_seq_stride = 64 * hkv, p.k_head_stride = p.v_head_stride = 64;
+        p.k_batch_stride = p.v_batch_stride = 16 * p.k_seq_stride;
+        const std::string d = describe(p, &g);
+        EXPECT_EQ(0, g);
+        EXPECT_TRUE(d.find("paged=16:tma") != std::string::npos && d.find("tma_full") == std::string::npos) << d;
+    }
+}
+
 // FUSED_SM90 gathers small pages in decode (single-consumer tiles: boxes of 8 keys, or 16 when the
 // keys are split) and reads them by TMA boxes everywhere else; the page sizes TMA cannot tile are
 // always gathered.

@@ -33,6 +33,7 @@ struct Spec {
     KvMode kv = kPackedKv;
     int64_t page_size = 16;
     bool shared_pool = false;   // paged: K and V are the two halves of one [pages, 2, page, H, D] pool
+    bool head_major = false;    // paged: pages [page, H, D] -> [H, page, D] (a pool [pages, H, page, D])
     bool nan_unused = false;    // NaN in every Q, K and V row no sequence owns (else finite filler)
     int64_t cap_q = 0, cap_k = 0;  // capacities (0: the longest sequence)
     std::vector<int64_t> sq, sk;
@@ -40,9 +41,10 @@ struct Spec {
     int64_t pad(size_t b) const { return lp.empty() ? 0 : lp[b]; }
     std::string str() const {
         char buf[256];
-        snprintf(buf, sizeof buf, "%s hq=%lld hkv=%lld d=%lld mask=%d win=(%lld,%lld) softcap=%g alibi=%d packed_q=%d kv=%d page=%lld shared=%d B=%zu",
+        snprintf(buf, sizeof buf, "%s hq=%lld hkv=%lld d=%lld mask=%d win=(%lld,%lld) softcap=%g alibi=%d packed_q=%d kv=%d page=%lld shared=%d hnd=%d B=%zu",
                  dtype ? "bf16" : "fp16", (long long)hq, (long long)hkv, (long long)d, mask, (long long)wl,
-                 (long long)wr, softcap, (int)alibi, (int)packed_q, (int)kv, (long long)page_size, (int)shared_pool, sq.size());
+                 (long long)wr, softcap, (int)alibi, (int)packed_q, (int)kv, (long long)page_size, (int)shared_pool,
+                 (int)head_major, sq.size());
         std::string s = buf;
         for (size_t b = 0; b < sq.size(); ++b)
             s += " (" + std::to_string(sq[b]) + "," + std::to_string(sk[b]) + (lp.empty() ? "" : ",pad " + std::to_string(lp[b])) + ")";
@@ -68,10 +70,10 @@ struct ServingRun {
     std::vector<int32_t> cu_q, cu_k, used, table, kv_idx, indptr, last_len, leftpad;
     std::vector<uint16_t> q, k, v;  // k and v alias one buffer (pool) when shared_pool
     std::vector<float> slopes;
-    int64_t q_rows, k_outer, k_rows, k_seq_stride, k_page_stride, v_offset;
+    int64_t q_rows, k_outer, k_rows, k_seq_stride, k_head_stride, k_page_stride, v_offset;
 
     // Where key position `pos` of sequence b lives in the K buffer, in [heads_kv, head_dim] rows (a
-    // cache: dense, indexed or paged; not packed K).
+    // cache: dense, indexed or paged, its pages not head-major; not packed K).
     int64_t cache_row(int64_t b, int64_t pos) const {
         const int64_t hd = s.hkv * s.d;
         if (s.kv == kPagedSeqused || s.kv == kPagedCuLens)
@@ -119,7 +121,7 @@ struct ServingRun {
         leftpad.assign(s.lp.begin(), s.lp.end());
         std::vector<std::vector<int64_t>> row_of(B);
         width = row_stride = num_pages = kv_batch = total_k = 0;
-        k_page_stride = 0, v_offset = 0;
+        k_page_stride = 0, v_offset = 0, k_head_stride = s.d;
         const bool paged = s.kv == kPagedSeqused || s.kv == kPagedCuLens || s.kv == kPagedCsr;
         if (s.kv == kPagedCsr) {
             // FlashInfer's page lists: sequence b's ceil(sk/page) pages in one list, its key count
@@ -153,7 +155,8 @@ struct ServingRun {
             for (int64_t b = 0; b < B; ++b)
                 for (int64_t pg = 0; pg < width; ++pg) table[b * row_stride + pg] = perm[b * width + pg];
             const int64_t page_rows = s.page_size;  // [hkv, d] rows per page (per K or V)
-            k_outer = num_pages, k_rows = s.page_size, k_seq_stride = hd;
+            k_outer = num_pages, k_rows = s.page_size, k_seq_stride = s.head_major ? s.d : hd;
+            k_head_stride = s.head_major ? page_rows * s.d : s.d;
             k_page_stride = (s.shared_pool ? 2 : 1) * page_rows * hd;
             v_offset = s.shared_pool ? page_rows * hd : 0;
             for (int64_t b = 0; b < B; ++b)
@@ -183,7 +186,11 @@ struct ServingRun {
             for (int64_t j = 0; j < s.sk[b]; ++j)
                 for (int64_t hh = 0; hh < s.hkv; ++hh)
                     for (int64_t dd = 0; dd < s.d; ++dd) {
-                        const int64_t src = j * in.ks.s + hh * in.ks.h + dd, dst = row_of[b][j] * hd + hh * s.d + dd;
+                        // (pages head-major: row_of's page and row placed by the strides)
+                        const int64_t at = s.head_major ? row_of[b][j] / (k_page_stride / hd) * k_page_stride +
+                                                              row_of[b][j] % (k_page_stride / hd) * k_seq_stride
+                                                        : row_of[b][j] * hd;
+                        const int64_t src = j * in.ks.s + hh * in.ks.h + dd, dst = at + hh * k_head_stride + dd;
                         k[dst] = in.k[src];
                         vbuf[dst + v_offset] = in.v[src];
                     }
@@ -226,7 +233,7 @@ struct DeviceRun {
         p.k = k.p;
         p.v = s.shared_pool ? (const void *)(k.p + r.v_offset) : v.p;
         p.k_seq_stride = p.v_seq_stride = r.k_seq_stride;
-        p.k_head_stride = p.v_head_stride = s.d;
+        p.k_head_stride = p.v_head_stride = r.k_head_stride;
         switch (s.kv) {
         case kPackedKv: p.cu_seqlens_k = cu_k.p, p.total_k = r.total_k; break;
         case kPagedSeqused:
@@ -444,6 +451,42 @@ TEST_F(Serving, PagedKvBoxesCrossKeyTiles) {
             run_and_check(h, s, st);
         }
     print_stats("paged K/V, pages straddling key tiles (head dims 128, 192, 256)", st);
+}
+
+TEST_F(Serving, PagedKvFullWidthBoxes) {
+    // FUSED_SM90 reads each TMA box of a page's keys with all their columns at once (one copy where
+    // there were head_dim / 64) wherever the pool allows it: pages [page, H, D], head-major pages
+    // [H, page, D], and K and V as the halves of one pool; its K and V tiles are then laid out by
+    // 8-row groups (the plan says paged=N:tma_full). Head dims 128, 192 and 256; boxes of 8, 16 and
+    // 32 keys; a sequence whose last key tile ends inside a page (its rows past the last key cleared
+    // in the group layout); more query tiles than SMs (resident blocks) and a split decode.
+    Stats st;
+    struct Case {
+        int64_t d, page;
+    } cases[] = {{128, 16}, {128, 32}, {192, 16}, {192, 24}, {256, 16}, {256, 32}};
+    for (const Case &c : cases)
+        for (int layout = 0; layout < 3; ++layout) {
+            Spec s;
+            s.d = c.d, s.page_size = c.page, s.kv = kPagedSeqused, s.hq = 4, s.hkv = 2;
+            s.shared_pool = layout == 1, s.head_major = layout == 2;
+            s.mask = layout == 1 ? FLASHATTN_MASK_NONE : FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+            s.sq = kSq, s.sk = kSk;
+            run_and_check(h, s, st, -1, "tma_full");
+        }
+    // Resident blocks: 8 sequences x 8 heads of 400 queries (more query tiles than SMs).
+    for (int64_t d : {128, 256}) {
+        Spec s;
+        s.d = d, s.page_size = 16, s.kv = kPagedSeqused, s.hq = 8, s.hkv = 2, s.head_major = d == 256;
+        s.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+        s.sq = std::vector<int64_t>(8, 400), s.sk = {400, 400, 700, 400, 33, 400, 1000, 400};
+        run_and_check(h, s, st, -1, "tma_full");
+    }
+    // Decode over pages of 32 (TMA), keys split.
+    Spec dec;
+    dec.d = 128, dec.page_size = 32, dec.kv = kPagedSeqused, dec.hq = 8, dec.hkv = 2, dec.packed_q = false;
+    dec.cap_k = 4200, dec.sq = {1, 1, 1}, dec.sk = {4100, 31, 2000};
+    run_and_check(h, dec, st, -1, "tma_full");
+    print_stats("paged K/V, full-width page boxes (head dims 128, 192, 256; pages, head-major pages, one pool)", st);
 }
 
 TEST_F(Serving, LongUnmaskedCallsTakeWideKeyTiles) {

@@ -225,6 +225,18 @@ static void check_plan(const fa_device_caps *caps, const flashattn_fwd_params *p
                                                          plan.cfg.block_n, plan.cfg.block_m, plan.kp.num_splits)) &&
               !(plan.kp.gather_pages && plan.kp.persistent),
           "gather_pages %d", plan.kp.gather_pages);
+    /* Full-width page boxes: TMA pages only, a kernel head dim of several 64-column regions equal to
+     * the call's, and every group index the kernel forms (page x G + i, any page of the pool) in int32 */
+    if (plan.kp.kv_page_groups != 0) {
+        const int64_t g = plan.kp.kv_page_groups;
+        CHECK(plan.backend == FLASHATTN_BACKEND_FUSED_SM90 && plan.kp.serving && plan.kp.block_table != NULL &&
+                  !plan.kp.gather_pages && plan.kp.head_dim == plan.cfg.head_dim && plan.cfg.head_dim % 64 == 0 &&
+                  plan.cfg.head_dim > 64 && plan.kp.page_size % 8 == 0 && g >= plan.kp.page_size / 8 &&
+                  plan.kp.k_batch_stride == 8 * g * plan.kp.k_seq_stride &&
+                  plan.kp.v_batch_stride == plan.kp.k_batch_stride && plan.kp.v_seq_stride == plan.kp.k_seq_stride &&
+                  g * plan.kp.num_pages <= INT32_MAX,
+              "kv_page_groups %lld", (long long)g);
+    }
     if (plan.backend == FLASHATTN_BACKEND_FUSED_SM90 && plan.cfg.block_m == 64) /* the single-consumer tile: */
         CHECK(plan.kp.pack_gqa && !plan.kp.persistent, "single-consumer tile: packed groups only"); /* grouped decode */
     if (plan.kp.sched_heads != 0) /* heaviest-first sections: FUSED_SM90's unsplit, unpacked dense calls */
