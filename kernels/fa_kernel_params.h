@@ -104,10 +104,10 @@ typedef struct fa_kernel_params {
      * decode), 0 when TMA reads them in boxes. A block a tile only. */
     int32_t gather_pages;
     /* FUSED_SM90 serving calls whose pages TMA reads: 0 when a box holds one 64-column region of
-     * its keys (kChunks / 8 boxes a box of keys, K and V tiles region-major in shared memory); G > 0
-     * when one box holds all of its keys' columns (fa_sm90_page_groups: the tiles are then
-     * row-group-major, 8 keys x every region after 8 keys x every region), page p's 8-key group i
-     * being group p G + i of the pool. */
+     * its keys (head_dim / 64 copies a box of keys; K and V tiles region-major in shared memory);
+     * G > 0 when one copy holds all of its keys' columns (fa_sm90_page_groups; the tiles are then
+     * row-group-major: 8 keys x every region, then the next 8 keys), page p's 8-key group i being
+     * group p G + i of the pool. */
     int32_t kv_page_groups;
 } fa_kernel_params;
 
@@ -296,8 +296,8 @@ static inline FA_HOST_DEVICE int32_t fa_sm90_page_groups(int head_dim, int kerne
                                                          int64_t k_row_stride, int64_t v_page_stride,
                                                          int64_t v_row_stride) {
     if (kernel_head_dim <= 64 || kernel_head_dim % 64 != 0 || head_dim != kernel_head_dim || page_size % 8 != 0 ||
-        num_pages < 1 || k_row_stride <= 0 || k_page_stride != v_page_stride || k_row_stride != v_row_stride ||
-        k_page_stride % (8 * k_row_stride) != 0)
+        num_pages < 1 || k_row_stride <= 0 || k_row_stride > INT64_MAX / 8 || k_page_stride != v_page_stride ||
+        k_row_stride != v_row_stride || k_page_stride % (8 * k_row_stride) != 0)
         return 0;
     const int64_t g = k_page_stride / (8 * k_row_stride);
     /* the kernel's group index p G + i stays below 2^31 (and the map's extent below 2^32) */
