@@ -225,8 +225,17 @@ static void check_plan(const fa_device_caps *caps, const flashattn_fwd_params *p
                                                          plan.cfg.block_n, plan.cfg.block_m, plan.kp.num_splits)) &&
               !(plan.kp.gather_pages && plan.kp.persistent),
           "gather_pages %d", plan.kp.gather_pages);
-    /* Full-width page boxes: TMA pages only, a kernel head dim of several 64-column regions equal to
-     * the call's, and every group index the kernel forms (page x G + i, any page of the pool) in int32 */
+    /* Full-width page boxes: the launcher's own answer (it refuses a plan otherwise), TMA pages only,
+     * a kernel head dim of several 64-column regions equal to the call's, and every group index the
+     * kernel forms (page x G + i, any page of the pool) in int32 */
+    CHECK(plan.kp.kv_page_groups ==
+              (plan.backend == FLASHATTN_BACKEND_FUSED_SM90 && plan.kp.serving && plan.kp.block_table != NULL &&
+                       !plan.kp.gather_pages
+                   ? fa_sm90_page_groups(plan.kp.head_dim, plan.cfg.head_dim, plan.kp.page_size, plan.kp.num_pages,
+                                         plan.kp.k_batch_stride, plan.kp.k_seq_stride, plan.kp.v_batch_stride,
+                                         plan.kp.v_seq_stride)
+                   : 0),
+          "kv_page_groups %d disagrees with the launcher's", (int)plan.kp.kv_page_groups);
     if (plan.kp.kv_page_groups != 0) {
         const int64_t g = plan.kp.kv_page_groups;
         CHECK(plan.backend == FLASHATTN_BACKEND_FUSED_SM90 && plan.kp.serving && plan.kp.block_table != NULL &&
