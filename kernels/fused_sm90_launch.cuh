@@ -90,7 +90,12 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
         (kp->persistent && (kp->num_splits > 1 || kp->pack_gqa || kp->sched_heads || l->grid_y != 1 || l->grid_z != 1 ||
                             (kp->serving && (!kServingPersistent || kp->gather_pages)))) ||
         (kp->gather_pages != fa_sm90_gathers_pages(kp->serving && kp->block_table != nullptr, kp->page_size, Tr::kBlockN,
-                                                   Tr::kBlockM, kp->num_splits)))
+                                                   Tr::kBlockM, kp->num_splits)) ||
+        (kp->kv_page_groups != 0 &&
+         (!kp->serving || !kp->block_table || kp->gather_pages ||
+          kp->kv_page_groups != fa_sm90_page_groups(kp->head_dim, kHeadDim, kp->page_size, kp->num_pages,
+                                                    kp->k_batch_stride, kp->k_seq_stride, kp->v_batch_stride,
+                                                    kp->v_seq_stride))))
         return (int)cudaErrorInvalidConfiguration; /* planner and kernel disagree: refuse */
     CUtensorMap tq, tk, tv;
     /* Q in boxes of one head x kBlockM positions, or (pack_gqa) head_group heads x pack_rows
@@ -117,10 +122,9 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
      * bandwidth on the H200 and prefill nothing measurable (docs/performance.md v18). */
     const CUtensorMapL2promotion kv_promo = CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
     fa_kernel_params args = *kp;
-    /* Full-width page boxes where the planner chose them (kv_page_groups); should the driver refuse
-     * such a map, the pages keep their per-region boxes (the kernel follows args). */
-    const bool groups = kp->kv_page_groups > 0 && kp->serving && kp->block_table && !kp->gather_pages &&
-                        kp->head_dim == kHeadDim && kHeadDim % 64 == 0 && kHeadDim > 64 &&
+    /* Full-width page boxes where the planner chose them (kv_page_groups, checked above); should the
+     * driver refuse such a map, the pages keep their per-region boxes (the kernel follows args). */
+    const bool groups = kp->kv_page_groups > 0 &&
                         encode_page_groups_map(&tk, kDtype, kp->k, kHeadDim, kp->page_size, kp->num_pages,
                                                kp->kv_page_groups, kp->heads_kv, kp->k_seq_stride, kp->k_head_stride,
                                                kv_box) &&
