@@ -10,11 +10,12 @@ with cp.async. cuDNN's and FlashAttention-2's fused attention (PyTorch SDPA) on 
 the peers; with --flex, PyTorch's FlexAttention (torch.compile'd) too, as the serving paths' peer:
 for prefill over the packed ragged batch with a document mask ("flex doc mask": the varlen call's
 work), for decode over the dense cache with a per-sequence length mask ("flex len mask": the cache
-call's work; FlexAttention has no block-table form in this PyTorch's public API). GPU time: 10 calls captured in a CUDA
-graph, CUDA-event timing of its replays (the host's enqueue cost is not counted, and no call waits
-for it), median of `iters` after warm-up, inputs drawn once per shape (the same K/V call after
-call: a shape that fits in L2 is read from it); TFLOP/s for prefill (causal counts half), GB/s of
-K/V read for decode.
+call's work; FlexAttention has no block-table form in this PyTorch's public API). GPU time: 10 calls
+captured in a CUDA graph, CUDA-event timing of its replays (the host's enqueue cost is not counted,
+and no call waits for it), median of `iters` after warm-up, a shape's functions taking turns in
+rounds (time_interleaved: the GPU slows as it warms, which would favour whichever ran first),
+inputs drawn once per shape (the same K/V call after call: a shape that fits in L2 is read from
+it); TFLOP/s for prefill (causal counts half), GB/s of K/V read for decode.
 
     FLASHATTN_LIBRARY=build/libflashattn.so PYTHONPATH=python python3 benchmarks/serving_speed.py
 """
@@ -40,11 +41,9 @@ SHAPES = [  # (label, B, Sq, Sk, Hq, Hkv, D, causal)
 PAGES = (1, 16, 256)
 
 
-def time_ms(fn, iters, warm=5, calls=10):
-    """GPU milliseconds per call: `calls` calls captured in one CUDA graph and replayed between two
-    events, so no call waits for the host (the serving functions' host cost exceeds a small decode's
-    kernel time; eager timing would measure the host), median over `iters` replays. A function that
-    cannot be captured is timed eagerly, and its name gets a '*'."""
+def _prepare(fn, warm=5, calls=10):
+    """(run, eager): `calls` calls of fn captured in one CUDA graph, run = its replay; a function that
+    cannot be captured runs its calls eagerly (eager = True)."""
     for _ in range(warm):
         fn()
     torch.cuda.synchronize()
@@ -63,16 +62,44 @@ def time_ms(fn, iters, warm=5, calls=10):
                 fn()
         eager = True
     run()
+    return run, eager
+
+
+def _replays(run, n, calls):
+    """GPU milliseconds per call of n runs, each between two events."""
     ts = []
-    for _ in range(iters):
+    for _ in range(n):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         run()
         b.record()
         b.synchronize()
         ts.append(a.elapsed_time(b) / calls)
-    del graph
-    return statistics.median(ts), eager
+    return ts
+
+
+def time_ms(fn, iters, warm=5, calls=10):
+    """GPU milliseconds per call: `calls` calls captured in one CUDA graph and replayed between two
+    events, so no call waits for the host (the serving functions' host cost exceeds a small decode's
+    kernel time; eager timing would measure the host), median over `iters` replays. A function that
+    cannot be captured is timed eagerly, and its name gets a '*'."""
+    run, eager = _prepare(fn, warm, calls)
+    return statistics.median(_replays(run, iters, calls)), eager
+
+
+def time_interleaved(fns, iters, rounds=4, calls=10):
+    """time_ms of every function of `fns` ({name: fn}), taken in turns: each function's graph is
+    captured once, then `rounds` rounds replay every function iters / rounds times, in the dict's
+    order and in reverse on alternate rounds; each function's median over all its replays. A GPU's
+    clock falls as it warms (its power cap): one function after another, the later ones would run
+    on a hotter, slower GPU (several percent within a shape). Returns {name: (ms, eager)}."""
+    prepared = {name: _prepare(fn, calls=calls) for name, fn in fns.items()}
+    per_round = max(1, -(-iters // rounds))
+    ts = {name: [] for name in fns}
+    for r in range(rounds):
+        for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+            ts[name] += _replays(prepared[name][0], per_round, calls)
+    return {name: (statistics.median(ts[name]), prepared[name][1]) for name in fns}
 
 
 def to_pages(x, page, perm):
@@ -138,7 +165,8 @@ def flex_peer():
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--iters", type=int, default=32, help="replays per function (medians)")
+    ap.add_argument("--rounds", type=int, default=4, help="turns the functions take (time_interleaved)")
     ap.add_argument("--json")
     ap.add_argument("--flex", action="store_true", help="add PyTorch FlexAttention (compiled) as a peer")
     args = ap.parse_args()
@@ -199,8 +227,7 @@ def main():
         flops = 4 * B * Hq * Sq * Sk * D * (0.5 if causal and not decode else 1.0)
         kv_bytes = 2 * B * Sk * Hkv * D * 2
         row = {"shape": label}
-        for name, fn in fns.items():
-            ms, eager = time_ms(fn, args.iters)
+        for name, (ms, eager) in time_interleaved(fns, args.iters, args.rounds).items():
             row[name + ("*" if eager else "")] = round(kv_bytes / ms / 1e6, 1) if decode else round(flops / ms / 1e9, 1)
         rows.append(row)
         unit = "GB/s" if decode else "TFLOP/s"
