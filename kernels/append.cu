@@ -74,9 +74,22 @@ __device__ __forceinline__ void rotate_chunk(const fa_append_args &a, const type
     }
 }
 
+/* Lets the kernel enqueued after this one, when it is a programmatic dependent (FUSED_SM90's
+ * attention kernel), be scheduled now; it still waits for this grid to finish before it reads
+ * anything. Nothing before sm_90. */
+__device__ __forceinline__ void let_dependents_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 template <int kDtype, int kVec>
 __global__ void __launch_bounds__(kAppendThreads) append_kernel(const __grid_constant__ fa_append_args a) {
     using T = typename elem<kDtype>::type;
+    /* (a.programmatic) the stream's previous kernel done and its writes visible before any read
+     * here; then the attention kernel may be scheduled (its blocks wait in turn for this grid) */
+    wait_prerequisites();
+    let_dependents_launch();
     const int chunks = a.head_dim / kVec; /* per row */
     const int64_t n_kv = (int64_t)a.batch * a.seqlen_new * a.heads_kv * chunks;
     const int64_t n_q = a.q_out ? (int64_t)a.batch * a.seqlen_q * a.heads_q * chunks : 0;
@@ -149,8 +162,13 @@ template <int kDtype, int kVec> cudaError_t launch(const fa_append_args *a, cuda
     if (total == 0) return cudaSuccess;
     const int64_t blocks = (total + kAppendThreads - 1) / kAppendThreads;
     const dim3 grid((unsigned)(blocks < FA_GRID_STRIDE_MAX_BLOCKS ? blocks : FA_GRID_STRIDE_MAX_BLOCKS));
-    append_kernel<kDtype, kVec><<<grid, kAppendThreads, 0, s>>>(*a);
-    return cudaGetLastError();
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = dim3(kAppendThreads), cfg.dynamicSmemBytes = 0, cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr, cfg.numAttrs = a->programmatic ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, append_kernel<kDtype, kVec>, *a);
 }
 
 }  // namespace

@@ -369,6 +369,12 @@ typedef struct fa_append_args {
     int32_t batch, seqlen_new, seqlen_q, heads_q, heads_kv, head_dim;
     int32_t seqlen_cap, page_size, num_pages, kv_batch;
     int32_t rotary_dim, seqlen_ro, interleaved, q_at_cache_len, dtype;
+    /* Launch the append as a programmatic dependent of the stream's previous kernel, and let the
+     * next (FUSED_SM90's attention kernel, itself a programmatic dependent) be scheduled as soon
+     * as the append starts: both still wait (griddepcontrol.wait) for the grid before them to
+     * finish before they touch memory, so the stream's order holds; the launches overlap. Set by
+     * the dispatcher for FUSED_SM90 calls (sm_90) only. */
+    int32_t programmatic;
 } fa_append_args;
 
 /* Enqueues the append (and the rotation of Q); returns a cudaError_t value. */

@@ -48,8 +48,10 @@ static fa_fused_launcher find_kernel(const kernel_entry *table, int dtype, int h
 flashattn_status fa_dispatch(const flashattn_handle *h, const fa_plan *plan, void *workspace,
                              void *stream) {
     fa_kernel_params kp = plan->kp;
+    const int sm90 = plan->backend == FLASHATTN_BACKEND_FUSED_SM90;
     if (plan->append) { /* new keys into the cache (and Q rotated into the workspace) first */
         fa_append_args app = plan->app;
+        app.programmatic = sm90; /* the launches overlap; the stream's order holds (fa_append_args) */
         if (app.cos != NULL && kp.seqlen_q > 0) {
             app.q_out = (char *)workspace + plan->q_rot_off;
             kp.q = app.q_out; /* attention reads the rotated copy, contiguous */
@@ -64,7 +66,6 @@ flashattn_status fa_dispatch(const flashattn_handle *h, const fa_plan *plan, voi
         if (kp.seqlen_q == 0) return FLASHATTN_STATUS_SUCCESS; /* no queries: the append was all */
     }
     if (plan->backend == FLASHATTN_BACKEND_REFERENCE) return fa_reference_run(h, plan, &kp, workspace, stream);
-    const int sm90 = plan->backend == FLASHATTN_BACKEND_FUSED_SM90;
     const char *what = sm90 ? "fused_sm90" : "fused";
     fa_fused_launcher launch = sm90 ? find_kernel(fa_sm90_table, plan->dtype, plan->cfg.head_dim, plan->cfg.block_n,
                                                   plan->cfg.block_m / 64)
