@@ -20,6 +20,7 @@
  * after a split FUSED call (sm_80 and newer) it is an ordinary launch.
  */
 #include "fa_common.cuh"
+#include "grid_stride.cuh"
 
 namespace fa {
 namespace {
@@ -179,15 +180,7 @@ inline bool vectorizable(const fa_merge_args *a) {
 
 template <int kIn, int kOut, bool kBase2, int kVec> int launch_vec(const fa_merge_args *a, cudaStream_t stream) {
     const int64_t total = (int64_t)a->batch * a->heads * a->seqlen * (a->head_dim / kVec);
-    const int64_t blocks = (total + kMergeThreads - 1) / kMergeThreads;
-    const dim3 grid((unsigned)(blocks < FA_GRID_STRIDE_MAX_BLOCKS ? blocks : FA_GRID_STRIDE_MAX_BLOCKS));
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid, cfg.blockDim = dim3(kMergeThreads), cfg.dynamicSmemBytes = 0, cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr, cfg.numAttrs = a->after_split ? 1 : 0;
-    return (int)cudaLaunchKernelEx(&cfg, merge_parts<kIn, kOut, kBase2, kVec>, *a);
+    return (int)launch_grid_stride(merge_parts<kIn, kOut, kBase2, kVec>, total, kMergeThreads, stream, a->after_split != 0, *a);
 }
 
 template <int kIn, int kOut> int launch(const fa_merge_args *a, cudaStream_t stream) {

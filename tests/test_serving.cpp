@@ -926,4 +926,106 @@ TEST_F(Serving, AppendWithRotaryWritesTheCacheThenAttendsOverIt) {
     print_stats("append (dense, indexed, paged 1/16/19 caches, left padding) with GPT-J / GPT-NeoX rotary (full, partial, 16-byte chunks or not)", st);
 }
 
+// The append reads what the kernels just before it in the stream wrote: on FUSED_SM90 it starts as
+// the previous kernel's programmatic dependent and must wait for that grid. The new keys and
+// values here are another call's output, enqueued right before with nothing between; the cache
+// must hold them exactly, and the attention after the append must see them (its output against
+// the same call run on REFERENCE after the device is idle).
+TEST_F(Serving, AppendReadsWhatTheKernelBeforeItWrote) {
+    if (!serves_on_sm90()) GTEST_SKIP() << "FUSED_SM90 needs an sm_90 GPU and a build with its kernels";
+    const int dt = FLASHATTN_DTYPE_BFLOAT16;
+    const int64_t B = 2, H = 2, D = 128, cap = 64, sk0 = 8, row = H * D;
+    const std::vector<int32_t> used_h = {10, 40};
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    auto fresh = [&](size_t n) {
+        std::vector<uint16_t> x(n);
+        for (auto &e : x) e = from_f32(dt, nd(rng()));
+        return x;
+    };
+    DevBuf<uint16_t> pq(B * row), pk(B * sk0 * row), pv(B * sk0 * row), kn(B * row), vn(B * row);
+    DevBuf<uint16_t> kc(B * cap * row), vc(B * cap * row), q(B * row), o(B * row), o_ref(B * row);
+    DevBuf<int32_t> used(B);
+    used.upload(used_h);
+    // The producing call: attention over sk0 keys whose output, [B, 1, H, D], is the next call's
+    // new keys (one call) and values (a second call, so both come from kernels).
+    auto producer = [&](void *out) {
+        flashattn_fwd_params p;
+        flashattn_fwd_params_init(&p);
+        p.dtype = dt, p.batch = B, p.seqlen_q = 1, p.seqlen_k = sk0, p.heads_q = H, p.heads_kv = H, p.head_dim = D;
+        p.q = pq.p, p.k = pk.p, p.v = pv.p, p.o = out;
+        p.backend = FLASHATTN_BACKEND_FUSED_SM90;
+        EXPECT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_params_set_packed_strides(&p));
+        return p;
+    };
+    // The decode step: one query a sequence over the dense cache, one new key appended at used[b].
+    auto step = [&](void *out, int backend) {
+        flashattn_fwd_params p;
+        flashattn_fwd_params_init(&p);
+        p.dtype = dt, p.batch = B, p.seqlen_q = 1, p.seqlen_k = cap, p.heads_q = H, p.heads_kv = H, p.head_dim = D;
+        p.q = q.p, p.k = kc.p, p.v = vc.p, p.o = out;
+        EXPECT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_params_set_packed_strides(&p));
+        p.seqused_k = used.p;
+        p.k_new = kn.p, p.v_new = vn.p, p.seqlen_new = 1;
+        p.k_new_batch_stride = p.v_new_batch_stride = row, p.k_new_seq_stride = p.v_new_seq_stride = row;
+        p.k_new_head_stride = p.v_new_head_stride = D;
+        p.backend = backend;
+        return p;
+    };
+    for (int it = 0; it < 6; ++it) {
+        SCOPED_TRACE("round " + std::to_string(it));
+        pq.upload(fresh(pq.n)), pk.upload(fresh(pk.n)), pv.upload(fresh(pv.n)), q.upload(fresh(q.n));
+        const std::vector<uint16_t> k0 = fresh(kc.n), v0 = fresh(vc.n);
+        kc.upload(k0), vc.upload(v0);
+        for (auto *b : {&kn, &vn, &o}) CUDA_CHECK(cudaMemset(b->p, 0xff, b->n * 2));  // NaN until written
+        flashattn_fwd_params pk_call = producer(kn.p), pv_call = producer(vn.p), s = step(o.p, FLASHATTN_BACKEND_FUSED_SM90);
+        size_t need_p = 0, need_s = 0;
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_workspace_size(h, &pk_call, &need_p)) << flashattn_last_error();
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_workspace_size(h, &s, &need_s)) << flashattn_last_error();
+        DevBuf<char> ws_k(need_p), ws_v(need_p), ws_s(need_s);
+        // One stream, back to back: producer, producer, then the append and the attention.
+        cudaStream_t st;
+        CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd(h, &pk_call, ws_k.p, need_p, st)) << flashattn_last_error();
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd(h, &pv_call, ws_v.p, need_p, st)) << flashattn_last_error();
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd(h, &s, ws_s.p, need_s, st)) << flashattn_last_error();
+        CUDA_CHECK(cudaStreamSynchronize(st));
+        CUDA_CHECK(cudaStreamDestroy(st));
+        // The cache: row used[b] of each sequence is the producers' output, the rest as uploaded.
+        const std::vector<uint16_t> knh = kn.download(), vnh = vn.download(), kch = kc.download(), vch = vc.download();
+        size_t bad = 0, nan_new = 0;
+        for (int64_t b = 0; b < B; ++b)
+            for (int64_t pos = 0; pos < cap; ++pos)
+                for (int64_t e = 0; e < row; ++e) {
+                    const size_t at = (size_t)((b * cap + pos) * row + e);
+                    const bool fresh_row = pos == used_h[b];
+                    const uint16_t kw = fresh_row ? knh[b * row + e] : k0[at], vw = fresh_row ? vnh[b * row + e] : v0[at];
+                    bad += kch[at] != kw || vch[at] != vw;
+                    if (fresh_row) nan_new += std::isnan(to_f32(dt, knh[b * row + e])) || std::isnan(to_f32(dt, vnh[b * row + e]));
+                }
+        EXPECT_EQ(0u, nan_new) << "the producers left NaN: their output was not written";
+        EXPECT_EQ(0u, bad) << "cache elements other than the producers' output at used[b]";
+        // The attention saw the appended row: the same step (no append now: the cache holds it, so
+        // used + 1 keys) on REFERENCE, on an idle device.
+        std::vector<int32_t> grown = used_h;
+        for (auto &x : grown) ++x;
+        used.upload(grown);
+        flashattn_fwd_params r = step(o_ref.p, FLASHATTN_BACKEND_REFERENCE);
+        r.k_new = r.v_new = nullptr, r.seqlen_new = 0;
+        r.k_new_batch_stride = r.v_new_batch_stride = r.k_new_seq_stride = r.v_new_seq_stride = 0;
+        r.k_new_head_stride = r.v_new_head_stride = 0;
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, call(h, r, FLASHATTN_BACKEND_REFERENCE)) << flashattn_last_error();
+        used.upload(used_h);
+        const std::vector<uint16_t> oh = o.download(), orh = o_ref.download();
+        double worst = 0.0;
+        size_t nan_o = 0;
+        for (size_t x = 0; x < oh.size(); ++x) {
+            const float a = to_f32(dt, oh[x]), w = to_f32(dt, orh[x]);
+            nan_o += std::isnan(a);
+            worst = std::max(worst, (double)std::fabs(a - w));
+        }
+        EXPECT_EQ(0u, nan_o);
+        EXPECT_LT(worst, 2e-2) << "the attention after the append against REFERENCE over the grown cache";
+    }
+}
+
 }  // namespace
