@@ -516,10 +516,9 @@ __device__ __forceinline__ void produce(const tile<Tr> &tl, const smem_layout<Tr
  * sequence's keys and pages outside the pool are zero-filled. Warp w copies tile rows
  * [w kRowsW, (w + 1) kRowsW): lane l looks up the pages of rows w kRowsW + l (and + 32, where a
  * warp has more than 32 rows) a tile ahead of their use (so the table's latency hides behind the
- * wait for a free stage), and each copy instruction covers whole rows, the lanes of one row
- * reading its consecutive 16-byte chunks (a row's 2 x head_dim
- * bytes are contiguous in any page layout), the row's source offset passed from the lane that
- * looked it up. Each thread's arrival on the stage's full barrier (one per producer thread) takes
+ * wait for a free stage), and each copy instruction covers four rows, eight lanes a row reading
+ * 128 consecutive bytes of it (a row's 2 x head_dim bytes are contiguous in any page layout), the
+ * row's source offset passed from the lane that looked it up. Each thread's arrival on the stage's full barrier (one per producer thread) takes
  * place when its copies have landed; the consumers fence them for the tensor cores' proxy after
  * their wait. Q still comes by TMA. ptid: the thread's index in the producer warpgroup. */
 template <class Tr>
@@ -535,17 +534,15 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
     }
     const int32_t *table = p.block_table + sq.s.page0;
     const int rows_valid = sq.s.kv_valid ? sq.s.seqlen_k : 0;
-    /* kRowsW rows per warp; a copy instruction covers kRPI rows of kLPR lanes, one chunk each (at
-     * head dim 192, one row of 24 lanes: the other 8 lanes copy nothing). Lane l looks up the
-     * pages of the warp's rows l and l + 32 (kLook of them). */
-    constexpr int kRowsW = Tr::kBlockN / 4, kLPR = Tr::kChunks, kRPI = 32 / kLPR, kIters = kRowsW / kRPI;
+    /* kRowsW rows per warp; lane l looks up the pages of the warp's rows l and l + 32 (kLook of
+     * them). A copy instruction covers kRPI = 4 rows, 8 lanes a row, each lane one 16-byte chunk of
+     * the row's 128-byte column region cb (cb = 0 .. kCB - 1, one instruction each): lane l copies
+     * chunk l % 8 of each region of rows w kRowsW + l / 8 + 4 i, i = 0 .. kIters - 1. */
+    constexpr int kRowsW = Tr::kBlockN / 4, kRPI = 4, kIters = kRowsW / kRPI;
     constexpr int kLook = (kRowsW + 31) / 32;
-    static_assert(Tr::kBlockN % 4 == 0 && kLPR <= 32 && kRowsW % kRPI == 0 && kLook <= 2,
-                  "whole rows per copy instruction, at most two page lookups per lane");
+    static_assert(Tr::kChunks % 8 == 0 && kRowsW % kRPI == 0 && kLook <= 2,
+                  "whole 128-byte regions, whole rows per copy instruction, at most two page lookups per lane");
     const int w = ptid / 32, lane = ptid % 32;
-    const int ch = lane % kLPR;          /* the chunk this lane copies, of row w kRowsW + i kRPI + lane / kLPR */
-    const bool ch_valid = ch * 8 < p.head_dim;
-    const bool copier = 32 % kLPR == 0 || lane < kRPI * kLPR; /* lanes past the last whole row copy nothing */
     struct pages {
         int at[kLook];
     };
@@ -565,42 +562,47 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
     /* Each thread's arrival on a tile's full barrier takes place when its copies have landed
      * (cp.async.mbarrier.arrive): the producer never waits for its own copies, only for free stages,
      * and the consumers fence the proxies after their wait (the copies are generic-proxy writes). */
-    const int q = lane / kLPR; /* this lane's row within each copy instruction */
+    const int q = lane / 8, h = lane % 8; /* this lane's first row within the warp's, its chunk in a region */
     auto load_kv = [&](const T *base, int64_t page_stride, int64_t row_stride, uint32_t dst, uint32_t full, int tile,
                        const pages &pg) {
-        int64_t off[kLook];
+        /* Per looked-up row: the address of its first element (base where the row reads zeros) and
+         * whether it reads any, one bit a lane. */
+        const T *row[kLook];
+        uint32_t ok[kLook];
 #pragma unroll
         for (int l = 0; l < kLook; ++l) {
             const int j = (tl.tile_begin + tile) * Tr::kBlockN + w * kRowsW + lane + 32 * l;
             const int page = pg.at[l];
-            off[l] = page >= 0 && page < p.num_pages ? (int64_t)page * page_stride + (int64_t)(j % p.page_size) * row_stride
-                                                     : -1;
+            const bool valid = page >= 0 && page < p.num_pages;
+            row[l] = valid ? base + ((int64_t)page * page_stride + (int64_t)(j % p.page_size) * row_stride) : base;
+            ok[l] = __ballot_sync(0xffffffffu, valid);
         }
-        /* swz_off(w kRowsW + i kRPI + q, ch): row r's byte row r * 128, its chunk at
-         * (ch % 8 ^ r % 8) * 16 of the 64-column region ch / 8; the row's offset from lane
-         * (i kRPI) % 32 + q. With a producer that has the registers (a single consumer), the loop
-         * is unrolled, its lanes and places constants but for q: about 12 instructions a copy,
-         * where the rolled loop's 25, one dependent on the next, bounded how fast a tile was
-         * gathered. With 24 registers (two consumers) it is unrolled by two up to head dim 128:
-         * about 18.5 instructions a copy against 22 (docs/performance.md v25); the larger head
-         * dims keep the rolled loop (not measured unrolled). */
-        const uint32_t d = dst + (uint32_t)((ch / 8) * (Tr::kBlockN * 128) + (w * kRowsW + q) * 128);
-        const uint32_t r8 = (uint32_t)(w * kRowsW + q), c8 = (uint32_t)ch % 8;
-        const T *src = base + ch * 8;
-        constexpr bool kUnroll = Tr::kServingProducerRegs >= 128;
-        constexpr int kUnrollBy = kUnroll ? kIters : Tr::kChunks <= 16 ? 2 : 1; /* (kChunks 16: head dim 128) */
-#pragma unroll(kUnrollBy)
-        for (int i = 0; i < kIters; ++i) {
-            const int from = (i * kRPI) % 32 + q;
-            int64_t o = __shfl_sync(0xffffffffu, off[0], from);
-            if (kLook > 1) {
-                const int64_t o_hi = __shfl_sync(0xffffffffu, off[kLook - 1], from);
-                if (i * kRPI >= 32) o = o_hi;
+        /* Row r's chunk c lands at r * 128 + (c % 8 ^ r % 8) * 16 of region c / 8 (kBlockN * 128
+         * bytes each; dst is 1024-byte aligned). This lane's rows are r0 + 4 i, whose r % 8 is
+         * r0 % 8 with bit 2 flipped for odd i: its chunk's place moves by 512 bytes and bit 6 flips
+         * from one row to the next, and the regions are constants apart. The row's address comes
+         * from the lane that looked it up, once a row (a row's 2 x head_dim bytes are contiguous in
+         * any page layout); each instruction reads 4 rows x 128 contiguous bytes. */
+        const uint32_t r0 = (uint32_t)(w * kRowsW + q);
+        uint32_t a = dst + r0 * 128 + ((((uint32_t)h) ^ (r0 & 7u)) << 4); /* row r0 + 4 i's chunk h, region 0 */
+        bool cv[kCB]; /* the chunk is inside the head dim */
+#pragma unroll
+        for (int cb = 0; cb < kCB; ++cb) cv[cb] = (h + 8 * cb) * 8 < p.head_dim;
+        /* Rows q + 4 i of the warp's, looked up by lane (4 i) % 32 + q in slot 4 i / 32 (q < 4): a
+         * loop a slot. Rolled: the producer keeps 24 registers beside two consumers, and unrolled,
+         * the shuffles were hoisted and spilled. */
+#pragma unroll
+        for (int l = 0; l < kLook; ++l) {
+            const int i_end = kIters < (l + 1) * (32 / kRPI) ? kIters : (l + 1) * (32 / kRPI);
+#pragma unroll 1
+            for (int i = l * (32 / kRPI), from = q; i < i_end; ++i, from += kRPI) {
+                const T *rp = (const T *)__shfl_sync(0xffffffffu, (unsigned long long)row[l], from) + h * 8;
+                const bool row_ok = (ok[l] >> from) & 1u;
+#pragma unroll
+                for (int cb = 0; cb < kCB; ++cb)
+                    cp_async_16(a + (uint32_t)(cb * Tr::kBlockN * 128), rp + cb * 64, row_ok && cv[cb]);
+                a = (a + (uint32_t)(kRPI * 128)) ^ 64u; /* four rows on: r % 8 flips its bit 2 */
             }
-            const bool v = o >= 0 && ch_valid;
-            if (copier)
-                cp_async_16(d + (uint32_t)(i * kRPI * 128) + ((c8 ^ ((r8 + (uint32_t)(i * kRPI)) & 7u)) << 4),
-                            v ? src + o : base, v);
         }
         cp_async_mbar_arrive(full);
     };

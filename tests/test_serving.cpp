@@ -437,6 +437,29 @@ TEST_F(Serving, PagedKvAnyPageSize) {
     print_stats("paged K/V (block table, page lists), pages of 1, 16, 19, 64, 256 keys", st);
 }
 
+TEST_F(Serving, GatheredPagesEveryHeadDim) {
+    // Pages the tensor-map boxes cannot tile (1 and 19 keys) are gathered by FUSED_SM90's producer
+    // warpgroup with cp.async, four rows of 128 bytes a copy instruction: every kernel that gathers
+    // (head dim 64 on 128- and 192-key tiles, 96 and 128 on 128, 160 and 192 on 112, 256 on 80;
+    // one, two and three consumers), real head dims below the kernel's (96, 160: the columns past
+    // them zero-filled), ragged prefill causal and unmasked, and decode split over a capacity.
+    Stats st;
+    for (int64_t d : {64, 96, 128, 160, 192, 256})
+        for (int64_t page : {1, 19}) {
+            Spec s;
+            s.d = d, s.kv = kPagedSeqused, s.page_size = page, s.hq = 4, s.hkv = 2;
+            s.sq = {37, 129, 5, 200}, s.sk = {300, 129, 77, 200};
+            for (int mask : {(int)FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, (int)FLASHATTN_MASK_NONE}) {
+                s.mask = mask;
+                run_and_check(h, s, st, -1, ":gather");
+            }
+            s.packed_q = false, s.mask = FLASHATTN_MASK_NONE, s.cap_k = 4096;
+            s.sq = {1, 1, 1}, s.sk = {3001, 100, 1500};
+            run_and_check(h, s, st, -1, ":gather");
+        }
+    print_stats("gathered pages (1 and 19 keys), head dims 64, 96, 128, 160, 192, 256: prefill and split decode", st);
+}
+
 TEST_F(Serving, PagedKvBoxesCrossKeyTiles) {
     // Page sizes that neither divide FUSED_SM90's key tile nor are a multiple of it: TMA reads them
     // in boxes of gcd(page size, block_n) keys, so a page straddles two key tiles (block_n 128 at
