@@ -516,11 +516,12 @@ __device__ __forceinline__ void produce(const tile<Tr> &tl, const smem_layout<Tr
  * sequence's keys and pages outside the pool are zero-filled. Warp w copies tile rows
  * [w kRowsW, (w + 1) kRowsW): lane l looks up the pages of rows w kRowsW + l (and + 32, where a
  * warp has more than 32 rows) a tile ahead of their use (so the table's latency hides behind the
- * wait for a free stage), and each copy instruction covers four rows, eight lanes a row reading
- * 128 consecutive bytes of it (a row's 2 x head_dim bytes are contiguous in any page layout), the
- * row's source offset passed from the lane that looked it up. Each thread's arrival on the stage's full barrier (one per producer thread) takes
- * place when its copies have landed; the consumers fence them for the tensor cores' proxy after
- * their wait. Q still comes by TMA. ptid: the thread's index in the producer warpgroup. */
+ * wait for a free stage) and passes each row's address, once, to the lanes that copy the row;
+ * each copy instruction covers four rows, eight lanes a row reading 128 consecutive bytes of it (a
+ * row's 2 x head_dim bytes are contiguous in any page layout). Each thread's arrival on the
+ * stage's full barrier (one per producer thread) takes place when its copies have landed; the
+ * consumers fence them for the tensor cores' proxy after their wait. Q still comes by TMA. ptid:
+ * the thread's index in the producer warpgroup. */
 template <class Tr>
 __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, const seq_view<true> &sq, const tile<Tr> &tl,
                                                  const smem_layout<Tr> &sm, const CUtensorMap *tm_q, int ptid) {
@@ -589,8 +590,8 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
 #pragma unroll
         for (int cb = 0; cb < kCB; ++cb) cv[cb] = (h + 8 * cb) * 8 < p.head_dim;
         /* Rows q + 4 i of the warp's, looked up by lane (4 i) % 32 + q in slot 4 i / 32 (q < 4): a
-         * loop a slot. Rolled: the producer keeps 24 registers beside two consumers, and unrolled,
-         * the shuffles were hoisted and spilled. */
+         * loop a slot. Rolled in every kernel: beside two consumers the producer keeps 24
+         * registers, and unrolled, the shuffles were hoisted and spilled. */
 #pragma unroll
         for (int l = 0; l < kLook; ++l) {
             const int i_end = kIters < (l + 1) * (32 / kRPI) ? kIters : (l + 1) * (32 / kRPI);
