@@ -694,6 +694,8 @@ TEST_F(Gpu, ManyHostThreadsOneHandle) {
                     c.dtype = t % 2, c.d = 32 + 32 * (t % 4), c.sq = 50 + 37 * t + rep, c.sk = 90 + 29 * rep;
                     c.hq = 4, c.hkv = (t % 3 == 0) ? 1 : 2, c.mask = rep % 3;
                     Inputs in(c);
+                    // The inputs were copied on the legacy stream, which s (non-blocking) does not wait for.
+                    CUDA_CHECK(cudaStreamSynchronize(0));
                     const int backend = (t + rep) % 2 ? FLASHATTN_BACKEND_REFERENCE : FLASHATTN_BACKEND_AUTO;
                     const Result r = run(h, in, backend, false, false, s);
                     if (r.status != FLASHATTN_STATUS_SUCCESS || r.unwritten) continue;
