@@ -517,8 +517,8 @@ __device__ __forceinline__ void produce(const tile<Tr> &tl, const smem_layout<Tr
  * [w kRowsW, (w + 1) kRowsW): lane l looks up the pages of rows w kRowsW + l (and + 32, where a
  * warp has more than 32 rows) a tile ahead of their use (so the table's latency hides behind the
  * wait for a free stage) and passes each row's address, once, to the lanes that copy the row;
- * each copy instruction covers four rows, eight lanes a row reading 128 consecutive bytes of it (a
- * row's 2 x head_dim bytes are contiguous in any page layout). Each thread's arrival on the
+ * each copy instruction covers whole rows' 128- or 64-byte pieces (a row's 2 x head_dim bytes are
+ * contiguous in any page layout). Each thread's arrival on the
  * stage's full barrier (one per producer thread) takes place when its copies have landed; the
  * consumers fence them for the tensor cores' proxy after their wait. Q still comes by TMA. ptid:
  * the thread's index in the producer warpgroup. */
@@ -536,13 +536,16 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
     const int32_t *table = p.block_table + sq.s.page0;
     const int rows_valid = sq.s.kv_valid ? sq.s.seqlen_k : 0;
     /* kRowsW rows per warp; lane l looks up the pages of the warp's rows l and l + 32 (kLook of
-     * them). A copy instruction covers kRPI = 4 rows, 8 lanes a row, each lane one 16-byte chunk of
-     * the row's 128-byte column region cb (cb = 0 .. kCB - 1, one instruction each): lane l copies
-     * chunk l % 8 of each region of rows w kRowsW + l / 8 + 4 i, i = 0 .. kIters - 1. */
-    constexpr int kRowsW = Tr::kBlockN / 4, kRPI = 4, kIters = kRowsW / kRPI;
+     * them). A copy instruction covers kRPI = 32 / kLPR rows, kLPR lanes a row: lane l copies
+     * chunks l % kLPR + kLPR m (m = 0 .. kPerRow - 1, one instruction each) of rows
+     * w kRowsW + l / kLPR + kRPI i. Eight lanes a row (4 rows x 128 bytes an instruction) in the
+     * single-consumer (decode) kernels, four (8 rows x 64 bytes, half the shuffles a copy) beside
+     * two or three consumers. */
+    constexpr int kLPR = Tr::kServingProducerRegs >= 128 ? 8 : 4, kRPI = 32 / kLPR;
+    constexpr int kRowsW = Tr::kBlockN / 4, kPerRow = Tr::kChunks / kLPR;
     constexpr int kLook = (kRowsW + 31) / 32;
-    static_assert(Tr::kChunks % 8 == 0 && kRowsW % kRPI == 0 && kLook <= 2,
-                  "whole 128-byte regions, whole rows per copy instruction, at most two page lookups per lane");
+    static_assert(Tr::kChunks % 8 == 0 && Tr::kBlockN % 4 == 0 && kLook <= 2,
+                  "whole 128-byte regions, whole warps' rows, at most two page lookups per lane");
     const int w = ptid / 32, lane = ptid % 32;
     struct pages {
         int at[kLook];
@@ -563,7 +566,7 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
     /* Each thread's arrival on a tile's full barrier takes place when its copies have landed
      * (cp.async.mbarrier.arrive): the producer never waits for its own copies, only for free stages,
      * and the consumers fence the proxies after their wait (the copies are generic-proxy writes). */
-    const int q = lane / 8, h = lane % 8; /* this lane's first row within the warp's, its chunk in a region */
+    const int q = lane / kLPR, h = lane % kLPR; /* this lane's first row within the warp's, its first chunk */
     auto load_kv = [&](const T *base, int64_t page_stride, int64_t row_stride, uint32_t dst, uint32_t full, int tile,
                        const pages &pg) {
         /* Per looked-up row: the address of its first element (base where the row reads zeros) and
@@ -579,30 +582,39 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
             ok[l] = __ballot_sync(0xffffffffu, valid);
         }
         /* Row r's chunk c lands at r * 128 + (c % 8 ^ r % 8) * 16 of region c / 8 (kBlockN * 128
-         * bytes each; dst is 1024-byte aligned). This lane's rows are r0 + 4 i, whose r % 8 is
-         * r0 % 8 with bit 2 flipped for odd i: its chunk's place moves by 512 bytes and bit 6 flips
-         * from one row to the next, and the regions are constants apart. The row's address comes
-         * from the lane that looked it up, once a row (a row's 2 x head_dim bytes are contiguous in
-         * any page layout); each instruction reads 4 rows x 128 contiguous bytes. */
+         * bytes each; dst is 1024-byte aligned). This lane's chunk m is h + kLPR m: c % 8 is h with
+         * bit 2 set for odd m when kLPR is 4, so its place is a ^ ((kLPR m % 8) * 16) + region. Its
+         * rows are r0 + kRPI i: with kRPI 8 every row has r0's r % 8 (a moves 1024 bytes a row),
+         * with kRPI 4 the rows' r % 8 flip bit 2 in turn (a moves 512 bytes and bit 6 flips). */
         const uint32_t r0 = (uint32_t)(w * kRowsW + q);
-        uint32_t a = dst + r0 * 128 + ((((uint32_t)h) ^ (r0 & 7u)) << 4); /* row r0 + 4 i's chunk h, region 0 */
-        bool cv[kCB]; /* the chunk is inside the head dim */
-#pragma unroll
-        for (int cb = 0; cb < kCB; ++cb) cv[cb] = (h + 8 * cb) * 8 < p.head_dim;
-        /* Rows q + 4 i of the warp's, looked up by lane (4 i) % 32 + q in slot 4 i / 32 (q < 4): a
-         * loop a slot. Rolled in every kernel: beside two consumers the producer keeps 24
-         * registers, and unrolled, the shuffles were hoisted and spilled. */
+        uint32_t a = dst + r0 * 128 + ((((uint32_t)h) ^ (r0 & 7u)) << 4);
+        const int left = p.head_dim - h * 8; /* chunk m is inside the head dim when kLPR 8 m < left */
+        /* A row's first chunk may fetch the row's 128 or 256 bytes into the L2 (kRowPrefetch; 0:
+         * no hint). */
+        constexpr int kRowPrefetch = 0;
+        /* Rows q + kRPI i of the warp's (those below kRowsW), looked up by lane (kRPI i) % 32 + q in
+         * slot kRPI i / 32 (q < kRPI): a loop a slot, rolled in every kernel (beside two consumers
+         * the producer keeps 24 registers; unrolled, the shuffles were hoisted and spilled). */
+        constexpr int kIters = (kRowsW + kRPI - 1) / kRPI, kPerSlot = 32 / kRPI;
 #pragma unroll
         for (int l = 0; l < kLook; ++l) {
-            const int i_end = kIters < (l + 1) * (32 / kRPI) ? kIters : (l + 1) * (32 / kRPI);
+            const int n = kIters - l * kPerSlot < kPerSlot ? kIters - l * kPerSlot : kPerSlot;
 #pragma unroll 1
-            for (int i = l * (32 / kRPI), from = q; i < i_end; ++i, from += kRPI) {
+            for (int i = 0; i < n; ++i) {
+                const int from = q + kRPI * i;
                 const T *rp = (const T *)__shfl_sync(0xffffffffu, (unsigned long long)row[l], from) + h * 8;
                 const bool row_ok = (ok[l] >> from) & 1u;
+                /* (where kRowsW is not a multiple of kRPI, the last row is past the warp's for some
+                 * lanes: they shuffle with the others and copy nothing) */
+                if (kRowsW % kRPI == 0 || 32 * l + from < kRowsW)
 #pragma unroll
-                for (int cb = 0; cb < kCB; ++cb)
-                    cp_async_16(a + (uint32_t)(cb * Tr::kBlockN * 128), rp + cb * 64, row_ok && cv[cb]);
-                a = (a + (uint32_t)(kRPI * 128)) ^ 64u; /* four rows on: r % 8 flips its bit 2 */
+                    for (int m = 0; m < kPerRow; ++m) {
+                        const uint32_t at = (a ^ (uint32_t)((kLPR * m % 8) * 16)) + (uint32_t)((kLPR * m / 8) * Tr::kBlockN * 128);
+                        const bool v = row_ok && 8 * kLPR * m < left;
+                        if constexpr (kRowPrefetch > 0) cp_async_16_prefetch<kRowPrefetch>(at, rp + kLPR * 8 * m, v);
+                        else cp_async_16(at, rp + kLPR * 8 * m, v);
+                    }
+                a = kRPI == 8 ? a + 1024u : (a + 512u) ^ 64u;
             }
         }
         cp_async_mbar_arrive(full);
@@ -656,9 +668,11 @@ __device__ __forceinline__ void produce_serving(const fa_kernel_params &p, const
                                                 int nth = 0, int kv0 = 0) {
     constexpr int kCB = Tr::kChunks / 8; /* 64-column regions of a tile */
     const bool leader = lane == 0;
-    if (gathers_pages(p)) { /* (a block a tile: the planner keeps gathered pages off persistent blocks) */
-        produce_gathered(p, sq, tl, sm, tm_q, lane);
-        return;
+    if constexpr (!Tr::kPersistent) { /* (the planner keeps gathered pages off persistent blocks; the launcher checks) */
+        if (gathers_pages(p)) {
+            produce_gathered(p, sq, tl, sm, tm_q, lane);
+            return;
+        }
     }
     auto load_q = [&] {
         if (leader) produce_serving_q(sq, tl, sm.q, sm.bar_q, tm_q);
