@@ -540,7 +540,8 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
      * chunks l % kLPR + kLPR m (m = 0 .. kPerRow - 1, one instruction each) of rows
      * w kRowsW + l / kLPR + kRPI i. Eight lanes a row (4 rows x 128 bytes an instruction) in the
      * single-consumer (decode) kernels, four (8 rows x 64 bytes, half the shuffles a copy) beside
-     * two or three consumers. */
+     * two or three consumers: four made prefill over pages of one 5-12% faster but decode over
+     * shuffled pages 0.77-0.92x as fast, with or without an L2 prefetch-size hint (v34, v35). */
     constexpr int kLPR = Tr::kServingProducerRegs >= 128 ? 8 : 4, kRPI = 32 / kLPR;
     constexpr int kRowsW = Tr::kBlockN / 4, kPerRow = Tr::kChunks / kLPR;
     constexpr int kLook = (kRowsW + 31) / 32;
@@ -589,9 +590,6 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
         const uint32_t r0 = (uint32_t)(w * kRowsW + q);
         uint32_t a = dst + r0 * 128 + ((((uint32_t)h) ^ (r0 & 7u)) << 4);
         const int left = p.head_dim - h * 8; /* chunk m is inside the head dim when kLPR 8 m < left */
-        /* A row's first chunk may fetch the row's 128 or 256 bytes into the L2 (kRowPrefetch; 0:
-         * no hint). */
-        constexpr int kRowPrefetch = 0;
         /* Rows q + kRPI i of the warp's (those below kRowsW), looked up by lane (kRPI i) % 32 + q in
          * slot kRPI i / 32 (q < kRPI): a loop a slot, rolled in every kernel (beside two consumers
          * the producer keeps 24 registers; unrolled, the shuffles were hoisted and spilled). */
@@ -611,8 +609,7 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
                     for (int m = 0; m < kPerRow; ++m) {
                         const uint32_t at = (a ^ (uint32_t)((kLPR * m % 8) * 16)) + (uint32_t)((kLPR * m / 8) * Tr::kBlockN * 128);
                         const bool v = row_ok && 8 * kLPR * m < left;
-                        if constexpr (kRowPrefetch > 0) cp_async_16_prefetch<kRowPrefetch>(at, rp + kLPR * 8 * m, v);
-                        else cp_async_16(at, rp + kLPR * 8 * m, v);
+                        cp_async_16(at, rp + kLPR * 8 * m, v);
                     }
                 a = kRPI == 8 ? a + 1024u : (a + 512u) ^ 64u;
             }

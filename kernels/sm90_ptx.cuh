@@ -154,18 +154,6 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void *src, bool 
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
                  : "memory");
 }
-/* cp_async_16 with an L2 prefetch-size hint: a miss fetches the whole aligned kBytes (64, 128 or 256)
- * around src into the L2, so a row's later chunks, asked for by other instructions, find it there. */
-template <int kBytes>
-__device__ __forceinline__ void cp_async_16_prefetch(uint32_t dst, const void *src, bool valid) {
-    static_assert(kBytes == 64 || kBytes == 128 || kBytes == 256, "an L2 prefetch size of 64, 128 or 256 bytes");
-    if constexpr (kBytes == 256)
-        asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
-    else if constexpr (kBytes == 128)
-        asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
-    else
-        asm volatile("cp.async.cg.shared.global.L2::64B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
 /* An arrival on the mbarrier at `bar` that takes place once every cp.async this thread issued so far
  * has landed (counted as one of the barrier's expected arrivals: .noinc). The thread does not wait. */
 __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
