@@ -439,7 +439,8 @@ TEST_F(Serving, PagedKvAnyPageSize) {
 
 TEST_F(Serving, GatheredPagesEveryHeadDim) {
     // Pages the tensor-map boxes cannot tile (1 and 19 keys) are gathered by FUSED_SM90's producer
-    // warpgroup with cp.async, four rows of 128 bytes a copy instruction: every kernel that gathers
+    // warpgroup with cp.async (eight rows x 64 bytes a copy instruction beside two or three
+    // consumers, four rows x 128 bytes in the single-consumer decode kernels): every kernel that gathers
     // (head dim 64 on 128- and 192-key tiles, 96 and 128 on 128, 160 and 192 on 112, 256 on 80;
     // one, two and three consumers), real head dims below the kernel's (96, 160: the columns past
     // them zero-filled), ragged prefill causal and unmasked, and decode split over a capacity.
