@@ -518,10 +518,10 @@ __device__ __forceinline__ void produce(const tile<Tr> &tl, const smem_layout<Tr
  * warp has more than 32 rows) a tile ahead of their use (so the table's latency hides behind the
  * wait for a free stage) and passes each row's address, once, to the lanes that copy the row;
  * each copy instruction covers whole rows' 128- or 64-byte pieces (a row's 2 x head_dim bytes are
- * contiguous in any page layout). Each thread's arrival on the
- * stage's full barrier (one per producer thread) takes place when its copies have landed; the
- * consumers fence them for the tensor cores' proxy after their wait. Q still comes by TMA. ptid:
- * the thread's index in the producer warpgroup. */
+ * contiguous in any page layout). Each thread's arrival on the stage's full barrier (one per
+ * producer thread) takes place when its copies have landed; the consumers fence them for the
+ * tensor cores' proxy after their wait. Q still comes by TMA. ptid: the thread's index in the
+ * producer warpgroup. */
 template <class Tr>
 __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, const seq_view<true> &sq, const tile<Tr> &tl,
                                                  const smem_layout<Tr> &sm, const CUtensorMap *tm_q, int ptid) {
