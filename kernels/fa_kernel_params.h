@@ -323,6 +323,18 @@ static inline int64_t fa_sm90_smem_bytes(int head_dim, int block_m, int block_n,
     return base + two_q <= FA_SM90_SMEM_MAX ? base + two_q : base + q;
 }
 
+/* Whether a resident (persistent) serving block of this tile may gather its pages (page sizes the
+ * tensor-map boxes cannot tile): two consumers (128 query rows) and room for two Q buffers, so that
+ * its producer warpgroup has a warp for the tile records and Q (Tr::kTwoRecords), which copies its
+ * share of K and V beside the other three once it has posted a tile's record (head dims 64 and 128
+ * on 128-key tiles). Other tiles with gathered pages take a block a tile; the planner puts them on
+ * resident blocks under a causal mask alone. The planner's rule: the kernel's traits state the same
+ * (kGathersResident), and the launcher refuses a plan they do not allow. */
+static inline FA_HOST_DEVICE int fa_sm90_resident_gathers(int head_dim, int block_m, int block_n) {
+    const int64_t base = 1024 + 2 * (int64_t)head_dim * (block_m + 4 * (int64_t)block_n) + 128;
+    return block_m == 128 && base + 4 * (int64_t)head_dim * block_m + 128 <= FA_SM90_SMEM_MAX;
+}
+
 /* Kernel launchers (the .cu files under kernels/). Each returns a cudaError_t value (0 = cudaSuccess) and enqueues
  * on `stream` (a cudaStream_t). */
 typedef int (*fa_fused_launcher)(const fa_kernel_params *kp, const fa_launch *launch, void *stream);

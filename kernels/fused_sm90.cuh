@@ -126,6 +126,10 @@ struct traits {
      * block's record is there, so its barrier area is 256 bytes, the pair from bar_q + 128. */
     static constexpr bool kSplitQ = kPersistent && !kOwnO;
     static constexpr bool kServing = kServingBlock;
+    /* A resident serving block that may gather its pages (fa_sm90_resident_gathers: two consumers
+     * and two tile records): its producer warpgroup's four warps copy the rows (row_gather), warp 1
+     * after it has posted the tile's record and loaded its Q. */
+    static constexpr bool kGathersResident = kTwoRecords && kConsumers == 2;
     static constexpr int kBarBytes = kTwoRecords || (kSplitQ && kServingBlock) ? 256 : 128;
     static constexpr uint32_t kOBytes = kOwnO ? kQBytes : 0, kQBufBytes = (kTwoQ ? 2 : 1) * kQBytes;
     static constexpr int kSmemBytes = 1024 + (int)(kQBufBytes + kOBytes + 4 * kKVBytes) + kBarBytes;
@@ -176,11 +180,13 @@ template <class Tr> struct smem_layout {
     __device__ __forceinline__ uint32_t q_buf(int n) const { return Tr::kTwoQ ? q + (uint32_t)(n & 1) * Tr::kQBytes : q; }
     /* Thread 0, before the block's first barrier: a load arrives once (with its byte count), a
      * stage or Q is handed back once per consumer warp. */
-    /* The K/V stages are filled by `full_arrivals` producer threads: 1 with TMA, the whole producer
-     * warpgroup when a serving call gathers its pages with cp.async. `records`: a persistent
-     * serving block's tile records (post_record, post_tile_record), posted once by the producer and
-     * taken once by each consumer thread (and by each thread of the K/V warp: Tr::kTwoRecords). */
-    __device__ __forceinline__ void init_barriers(int full_arrivals = 1, bool records = false) const {
+    /* The K/V stages are filled by `full_arrivals` producer threads: 1 with TMA, the copying threads
+     * when a serving call gathers its pages with cp.async (the whole producer warpgroup).
+     * `records`: a persistent serving block's tile records
+     * (post_record, post_tile_record), posted once by the producer and taken once by each consumer
+     * thread (and with Tr::kTwoRecords by each of the `kv_takers` threads that load K and V: the K/V
+     * warp, or with gathered pages warps 0, 2 and 3). */
+    __device__ __forceinline__ void init_barriers(int full_arrivals = 1, bool records = false, int kv_takers = 32) const {
         mbar_init(bar_q, 1);
         if (Tr::kPersistent) mbar_init(empty_q, 4 * (Tr::kSplitQ ? 1 : Tr::kConsumers));
         if (Tr::kSplitQ)
@@ -188,7 +194,7 @@ template <class Tr> struct smem_layout {
         if (records)
             for (int n = 0; n < (Tr::kTwoRecords ? 2 : 1); ++n) {
                 mbar_init(rec_full_slot(n), 1);
-                mbar_init(rec_empty_slot(n), kWarpgroupThreads * Tr::kConsumers + (Tr::kTwoRecords ? 32 : 0));
+                mbar_init(rec_empty_slot(n), kWarpgroupThreads * Tr::kConsumers + (Tr::kTwoRecords ? kv_takers : 0));
             }
 #pragma unroll
         for (int st = 0; st < 2; ++st) {
@@ -509,52 +515,49 @@ __device__ __forceinline__ void produce(const tile<Tr> &tl, const smem_layout<Tr
     for (int j = 1; j < tl.n_tiles; ++j) step(j);
 }
 
-/* The producer of a serving call whose page size the tensor-map boxes cannot tile (1, 19, ...): the
- * whole producer warpgroup copies each K/V tile with cp.async into the same swizzled layout the
- * tensor memory accelerator writes (row r's 16-byte chunk c at (c ^ r % 8) * 16 of its 128-byte
+/* The rows of a serving call's K/V tiles whose page size the tensor-map boxes cannot tile (1, 19,
+ * ...), copied with cp.async by the producer warpgroup's four warps into the same swizzled layout
+ * the tensor memory accelerator writes (row r's 16-byte chunk c at (c ^ r % 8) * 16 of its 128-byte
  * row), key j of the sequence at row j % page_size of page table[j / page_size]; rows past the
  * sequence's keys and pages outside the pool are zero-filled. Warp w copies tile rows
  * [w kRowsW, (w + 1) kRowsW): lane l looks up the pages of rows w kRowsW + l (and + 32, where a
- * warp has more than 32 rows) a tile ahead of their use (so the table's latency hides behind the
- * wait for a free stage) and passes each row's address, once, to the lanes that copy the row;
- * each copy instruction covers whole rows' 128- or 64-byte pieces (a row's 2 x head_dim bytes are
- * contiguous in any page layout). Each thread's arrival on the stage's full barrier (one per
- * producer thread) takes place when its copies have landed; the consumers fence them for the
- * tensor cores' proxy after their wait. Q still comes by TMA. ptid: the thread's index in the
- * producer warpgroup. */
-template <class Tr>
-__device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, const seq_view<true> &sq, const tile<Tr> &tl,
-                                                 const smem_layout<Tr> &sm, const CUtensorMap *tm_q, int ptid) {
+ * warp has more than 32 rows) a tile ahead of their use (page_of: the table's latency hides behind
+ * the copies in between) and passes each row's address, once, to the lanes that copy the row (a
+ * row's 2 x head_dim bytes are contiguous in any page layout). A copy instruction covers kRPI = 32
+ * / kLPR rows, kLPR lanes a row: lane l copies chunks l % kLPR + kLPR m (m = 0 .. kPerRow - 1, one
+ * instruction each) of rows w kRowsW + l / kLPR + kRPI i. Eight lanes a row (4 rows x 128 bytes an
+ * instruction) in the single-consumer (decode) kernels, four (8 rows x 64 bytes, half the shuffles
+ * a copy) beside two or three consumers: four made prefill over pages of one 5-12% faster but
+ * decode over shuffled pages 0.77-0.92x as fast, with or without an L2 prefetch-size hint; two and
+ * sixteen were slower still (v34, v35). Each copying thread's arrival on the stage's full barrier
+ * (one per thread: 128 arrivals) takes place when its copies have landed
+ * (cp.async.mbarrier.arrive): the copying warps never wait for their own copies, only for free
+ * stages, and the consumers fence the proxies after their wait (the copies are generic-proxy
+ * writes). sq and tl: the tile's sequence and place, which the caller keeps. */
+template <class Tr> struct row_gather {
     using T = typename Tr::T;
-    constexpr int kCB = Tr::kChunks / 8;
-    if (ptid == 0) {
-        mbar_expect_tx(sm.bar_q, (uint32_t)(kCB * 128 * tl.rows_per_head * tl.heads));
-        const int qb = sq.packed_q ? 0 : tl.b, q0 = (int)sq.s.q_row0 + tl.m0;
-#pragma unroll
-        for (int cb = 0; cb < kCB; ++cb) tma_load(sm.q + cb * Tr::kBlockM * 128, tm_q, cb * 64, q0, tl.h0, qb, sm.bar_q);
-    }
-    const int32_t *table = p.block_table + sq.s.page0;
-    const int rows_valid = sq.s.kv_valid ? sq.s.seqlen_k : 0;
-    /* kRowsW rows per warp; lane l looks up the pages of the warp's rows l and l + 32 (kLook of
-     * them). A copy instruction covers kRPI = 32 / kLPR rows, kLPR lanes a row: lane l copies
-     * chunks l % kLPR + kLPR m (m = 0 .. kPerRow - 1, one instruction each) of rows
-     * w kRowsW + l / kLPR + kRPI i. Eight lanes a row (4 rows x 128 bytes an instruction) in the
-     * single-consumer (decode) kernels, four (8 rows x 64 bytes, half the shuffles a copy) beside
-     * two or three consumers: four made prefill over pages of one 5-12% faster but decode over
-     * shuffled pages 0.77-0.92x as fast, with or without an L2 prefetch-size hint (v34, v35). */
-    constexpr int kLPR = Tr::kServingProducerRegs >= 128 ? 8 : 4, kRPI = 32 / kLPR;
-    constexpr int kRowsW = Tr::kBlockN / 4, kPerRow = Tr::kChunks / kLPR;
-    constexpr int kLook = (kRowsW + 31) / 32;
+    static constexpr int kLPR = Tr::kServingProducerRegs >= 128 ? 8 : 4, kRPI = 32 / kLPR;
+    static constexpr int kRowsW = Tr::kBlockN / 4, kPerRow = Tr::kChunks / kLPR;
+    static constexpr int kLook = (kRowsW + 31) / 32;
     static_assert(Tr::kChunks % 8 == 0 && Tr::kBlockN % 4 == 0 && kLook <= 2,
                   "whole 128-byte regions, whole warps' rows, at most two page lookups per lane");
-    const int w = ptid / 32, lane = ptid % 32;
     struct pages {
         int at[kLook];
     };
+    const fa_kernel_params &p;
+    const seq_view<true> &sq;
+    const tile<Tr> &tl;
+    const int32_t *table;
+    int rows_valid, w, lane;
+    /* w: the copying warp (0-3). */
+    __device__ __forceinline__ row_gather(const fa_kernel_params &p_, const seq_view<true> &sq_, const tile<Tr> &tl_, int w_,
+                                          int lane_)
+        : p(p_), sq(sq_), tl(tl_), table(p_.block_table + sq_.s.page0), rows_valid(sq_.s.kv_valid ? sq_.s.seqlen_k : 0),
+          w(w_), lane(lane_) {}
     /* The pages of the rows this lane looks up in `tile` (-1: zeros), as read from the table: the
      * loads are issued a tile ahead of their use, and nothing reads their values (a page outside the
-     * pool is caught in load_kv) until then, so their latency hides behind the copies in between. */
-    auto page_of = [&](int tile) -> pages {
+     * pool is caught in load) until then. */
+    __device__ __forceinline__ pages page_of(int tile) const {
         pages r;
 #pragma unroll
         for (int l = 0; l < kLook; ++l) {
@@ -563,13 +566,11 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
             r.at[l] = tile < tl.n_tiles && rw < kRowsW && j < rows_valid && pi < sq.s.pages ? table[pi] : -1;
         }
         return r;
-    };
-    /* Each thread's arrival on a tile's full barrier takes place when its copies have landed
-     * (cp.async.mbarrier.arrive): the producer never waits for its own copies, only for free stages,
-     * and the consumers fence the proxies after their wait (the copies are generic-proxy writes). */
-    const int q = lane / kLPR, h = lane % kLPR; /* this lane's first row within the warp's, its first chunk */
-    auto load_kv = [&](const T *base, int64_t page_stride, int64_t row_stride, uint32_t dst, uint32_t full, int tile,
-                       const pages &pg) {
+    }
+    /* This thread's copies of `tile`'s rows of the tensor at base into the stage at dst, then its
+     * arrival on `full` once they land. */
+    __device__ __forceinline__ void load(const T *base, int64_t page_stride, int64_t row_stride, uint32_t dst,
+                                         uint32_t full, int tile, const pages &pg) const {
         /* Per looked-up row: the address of its first element (base where the row reads zeros) and
          * whether it reads any, one bit a lane. */
         const T *row[kLook];
@@ -587,6 +588,7 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
          * bit 2 set for odd m when kLPR is 4, so its place is a ^ ((kLPR m % 8) * 16) + region. Its
          * rows are r0 + kRPI i: with kRPI 8 every row has r0's r % 8 (a moves 1024 bytes a row),
          * with kRPI 4 the rows' r % 8 flip bit 2 in turn (a moves 512 bytes and bit 6 flips). */
+        const int q = lane / kLPR, h = lane % kLPR; /* this lane's first row within the warp's, its first chunk */
         const uint32_t r0 = (uint32_t)(w * kRowsW + q);
         uint32_t a = dst + r0 * 128 + ((((uint32_t)h) ^ (r0 & 7u)) << 4);
         const int left = p.head_dim - h * 8; /* chunk m is inside the head dim when kLPR 8 m < left */
@@ -615,20 +617,38 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
             }
         }
         cp_async_mbar_arrive(full);
-    };
+    }
+};
+
+/* The producer of a block a tile whose pages are gathered (row_gather): the whole producer
+ * warpgroup copies each K/V tile, Q still comes by TMA. ptid: the thread's index in the producer
+ * warpgroup. */
+template <class Tr>
+__device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, const seq_view<true> &sq, const tile<Tr> &tl,
+                                                 const smem_layout<Tr> &sm, const CUtensorMap *tm_q, int ptid) {
+    using T = typename Tr::T;
+    using G = row_gather<Tr>;
+    constexpr int kCB = Tr::kChunks / 8;
+    if (ptid == 0) {
+        mbar_expect_tx(sm.bar_q, (uint32_t)(kCB * 128 * tl.rows_per_head * tl.heads));
+        const int qb = sq.packed_q ? 0 : tl.b, q0 = (int)sq.s.q_row0 + tl.m0;
+#pragma unroll
+        for (int cb = 0; cb < kCB; ++cb) tma_load(sm.q + cb * Tr::kBlockM * 128, tm_q, cb * 64, q0, tl.h0, qb, sm.bar_q);
+    }
+    const G g(p, sq, tl, ptid / 32, ptid % 32);
     const T *k = (const T *)p.k + (int64_t)tl.hk * p.k_head_stride, *v = (const T *)p.v + (int64_t)tl.hk * p.v_head_stride;
-    pages page_j = page_of(0), page_next = page_of(1); /* tile j's (V_j), tile j + 1's (K_{j+1}) */
-    load_kv(k, p.k_batch_stride, p.k_seq_stride, sm.k, sm.full_k, 0, page_j);
+    typename G::pages page_j = g.page_of(0), page_next = g.page_of(1); /* tile j's (V_j), tile j + 1's (K_{j+1}) */
+    g.load(k, p.k_batch_stride, p.k_seq_stride, sm.k, sm.full_k, 0, page_j);
     for (int j = 0; j < tl.n_tiles; ++j) {
-        const pages page_after = page_of(j + 2); /* read now, used next iteration */
+        const typename G::pages page_after = g.page_of(j + 2); /* read now, used next iteration */
         if (j + 1 < tl.n_tiles) {
             const int st = (j + 1) & 1;
             if (j + 1 >= 2) mbar_wait(sm.empty_k + 8 * st, ((j - 1) >> 1) & 1);
-            load_kv(k, p.k_batch_stride, p.k_seq_stride, sm.k + st * Tr::kKVBytes, sm.full_k + 8 * st, j + 1, page_next);
+            g.load(k, p.k_batch_stride, p.k_seq_stride, sm.k + st * Tr::kKVBytes, sm.full_k + 8 * st, j + 1, page_next);
         }
         const int st = j & 1;
         if (j >= 2) mbar_wait(sm.empty_v + 8 * st, ((j - 2) >> 1) & 1);
-        load_kv(v, p.v_batch_stride, p.v_seq_stride, sm.v + st * Tr::kKVBytes, sm.full_v + 8 * st, j, page_j);
+        g.load(v, p.v_batch_stride, p.v_seq_stride, sm.v + st * Tr::kKVBytes, sm.full_v + 8 * st, j, page_j);
         page_j = page_next, page_next = page_after;
     }
     /* No wait here: the thread's last arrivals take place when its copies land, and the block lives
@@ -640,6 +660,14 @@ template <class Tr>
 __device__ __forceinline__ void produce_serving_q(const seq_view<true> &sq, const tile<Tr> &tl, uint32_t dst,
                                                   uint32_t bar_q, const CUtensorMap *tm_q) {
     produce_q<Tr>((int)sq.s.q_row0 + tl.m0, tl.h0, sq.packed_q ? 0 : tl.b, tl.rows_per_head * tl.heads, dst, bar_q, tm_q);
+}
+
+/* A resident block's row_gather (copying warp w), or nothing (G = int) where pages come in boxes. */
+template <class G, class Tr>
+__device__ __forceinline__ G make_gather(const fa_kernel_params &p, const seq_view<true> &sq, const tile<Tr> &tl, int w,
+                                         int lane) {
+    if constexpr (std::is_same_v<G, int>) return 0;
+    else return G(p, sq, tl, w, lane);
 }
 
 /* The producer of a serving call (the producer warpgroup's first warp; lane 0 issues): the same
@@ -657,20 +685,17 @@ __device__ __forceinline__ void produce_serving_q(const seq_view<true> &sq, cons
  * one another (nth, kv0: as in produce). With one Q buffer, the tile's Q loads after its first K,
  * once every consumer warp is done with the last one's (Tr::kSplitQ: each consumer's rows once its
  * warps are, as in produce); with two (Tr::kTwoQ), the block's record warp loads it
- * (produce_serving_q, in the kernel). */
-template <class Tr>
-__device__ __forceinline__ void produce_serving(const fa_kernel_params &p, const seq_view<true> &sq, const tile<Tr> &tl,
-                                                const smem_layout<Tr> &sm, const CUtensorMap *tm_q,
-                                                const CUtensorMap *tm_k, const CUtensorMap *tm_v, int lane,
-                                                int nth = 0, int kv0 = 0) {
+ * (produce_serving_q, in the kernel). kGather: a resident block's gathered pages, copied by the
+ * producer warpgroup's four warps (gw: this thread's, lane its lane; row_gather) in place of the
+ * boxes. */
+template <class Tr, bool kGather>
+__device__ __forceinline__ void produce_serving_tile(const fa_kernel_params &p, const seq_view<true> &sq, const tile<Tr> &tl,
+                                                     const smem_layout<Tr> &sm, const CUtensorMap *tm_q,
+                                                     const CUtensorMap *tm_k, const CUtensorMap *tm_v, int lane, int nth,
+                                                     int kv0, int gw) {
+    using T = typename Tr::T;
     constexpr int kCB = Tr::kChunks / 8; /* 64-column regions of a tile */
     const bool leader = lane == 0;
-    if constexpr (!Tr::kPersistent) { /* (the planner keeps gathered pages off persistent blocks; the launcher checks) */
-        if (gathers_pages(p)) {
-            produce_gathered(p, sq, tl, sm, tm_q, lane);
-            return;
-        }
-    }
     auto load_q = [&] {
         if (leader) produce_serving_q(sq, tl, sm.q, sm.bar_q, tm_q);
     };
@@ -689,7 +714,7 @@ __device__ __forceinline__ void produce_serving(const fa_kernel_params &p, const
     const int box = paged ? fa_sm90_page_box(p.page_size, Tr::kBlockN) : Tr::kBlockN, boxes = Tr::kBlockN / box;
     const int32_t *table = paged ? p.block_table + sq.s.page0 : nullptr;
     const int kv_b = p.cu_seqlens_k != nullptr ? 0 : (sq.s.kv_valid ? sq.s.kv_b : -1);
-    auto page_of = [&](int tile) -> int { /* this lane's box of `tile` */
+    auto box_page_of = [&](int tile) -> int { /* this lane's box of `tile` */
         const int n0 = (tl.tile_begin + tile) * Tr::kBlockN;
         const int entry = (n0 + lane * box) / p.page_size;
         if (!paged || tile >= tl.n_tiles || lane >= boxes || n0 + lane * box >= sq.s.seqlen_k || !sq.s.kv_valid ||
@@ -722,9 +747,25 @@ __device__ __forceinline__ void produce_serving(const fa_kernel_params &p, const
             for (int cb = 0; cb < kCB; ++cb)
                 tma_load(dst + cb * Tr::kBlockN * 128 + lane * box * 128, map, cb * 64, row0, tl.hk, my_page, full);
     };
-    int page_j = page_of(0), page_next = page_of(1); /* tile j's pages (for V_j), tile j + 1's (for K_{j+1}) */
+    /* Gathered pages: the rows' pages a tile ahead, and copies in place of the boxes. */
+    using G = std::conditional_t<kGather, row_gather<Tr>, int>;
+    const G g = make_gather<G>(p, sq, tl, gw, lane);
+    const T *k_rows = (const T *)p.k + (int64_t)tl.hk * p.k_head_stride, *v_rows = (const T *)p.v + (int64_t)tl.hk * p.v_head_stride;
+    auto page_of = [&](int tile) {
+        if constexpr (kGather) return g.page_of(tile);
+        else return box_page_of(tile);
+    };
+    auto load = [&](bool is_k, uint32_t dst, uint32_t full, int tile, const auto &pg) {
+        if constexpr (kGather) {
+            if (is_k) g.load(k_rows, p.k_batch_stride, p.k_seq_stride, dst, full, tile, pg);
+            else g.load(v_rows, p.v_batch_stride, p.v_seq_stride, dst, full, tile, pg);
+        } else {
+            load_kv(is_k ? tm_k : tm_v, dst, full, tile, pg);
+        }
+    };
+    auto page_j = page_of(0), page_next = page_of(1); /* tile j's pages (for V_j), tile j + 1's (for K_{j+1}) */
     uint32_t st = stage_free(sm.empty_k, kv0);
-    load_kv(tm_k, sm.k + st * Tr::kKVBytes, sm.full_k + 8 * st, 0, page_j);
+    load(true, sm.k + st * Tr::kKVBytes, sm.full_k + 8 * st, 0, page_j);
     if (!Tr::kTwoQ && nth > 0) { /* the last tile's K is in flight; Q once the consumers are done with the last one's */
         if (Tr::kSplitQ) {
             q_rows(0);
@@ -734,18 +775,35 @@ __device__ __forceinline__ void produce_serving(const fa_kernel_params &p, const
         }
     }
     for (int j = 0; j < tl.n_tiles; ++j) {
-        const int page_after = page_of(j + 2); /* read now, used next iteration */
+        const auto page_after = page_of(j + 2); /* read now, used next iteration */
         if (j + 1 < tl.n_tiles) {
             st = stage_free(sm.empty_k, kv0 + (j + 1));
-            load_kv(tm_k, sm.k + st * Tr::kKVBytes, sm.full_k + 8 * st, j + 1, page_next);
+            load(true, sm.k + st * Tr::kKVBytes, sm.full_k + 8 * st, j + 1, page_next);
         }
         st = stage_free(sm.empty_v, kv0 + j);
-        load_kv(tm_v, sm.v + st * Tr::kKVBytes, sm.full_v + 8 * st, j, page_j);
+        load(false, sm.v + st * Tr::kKVBytes, sm.full_v + 8 * st, j, page_j);
         page_j = page_next, page_next = page_after;
         if (Tr::kSplitQ && nth > 0 && j == 0) /* the other consumers' rows after the first's K_1 and V_0 */
 #pragma unroll
             for (int c = 1; c < Tr::kConsumers; ++c) q_rows(c);
     }
+}
+
+/* A serving tile's producer: a block a tile's gathered pages take the whole warpgroup
+ * (produce_gathered; lane: the thread's index in it); boxes of pages, packed or cached K/V take one
+ * warp, lane 0 issuing. (A resident block's gathered pages: produce_serving_tile, in the kernel.) */
+template <class Tr>
+__device__ __forceinline__ void produce_serving(const fa_kernel_params &p, const seq_view<true> &sq, const tile<Tr> &tl,
+                                                const smem_layout<Tr> &sm, const CUtensorMap *tm_q,
+                                                const CUtensorMap *tm_k, const CUtensorMap *tm_v, int lane,
+                                                int nth = 0, int kv0 = 0) {
+    if constexpr (!Tr::kPersistent) { /* (the planner keeps gathered pages off other resident blocks; the launcher checks) */
+        if (gathers_pages(p)) {
+            produce_gathered(p, sq, tl, sm, tm_q, lane);
+            return;
+        }
+    }
+    produce_serving_tile<Tr, false>(p, sq, tl, sm, tm_q, tm_k, tm_v, lane, nth, kv0, 0);
 }
 
 /* The rows from `valid` on of a serving call's V tile at `stage` (a tile that crosses the end of
@@ -878,9 +936,11 @@ template <class Tr> struct ragged_walk {
 
 /* kTransform: softcap and/or ALiBi present. kServing: a serving call (fa_kernel_params.serving):
  * the sequence's counts, offsets and rows from the device arrays (seq_view), ragged Q/K/V and page
- * pools through the tensor maps; its own instantiation, so the dense kernels carry none of it. */
+ * pools through the tensor maps; its own instantiation, so the dense kernels carry none of it.
+ * kResidentGather: a resident serving block whose pages are gathered (Tr::kGathersResident), also
+ * an instantiation of its own, so that the other serving calls' resident blocks carry none of it. */
 template <int kDtype, int kHeadDim, int kKeyTile, int kConsumers, bool kTransform, bool kServing = false,
-          bool kPersistent = false>
+          bool kPersistent = false, bool kResidentGather = false>
 __global__ void __launch_bounds__(kWarpgroupThreads * (kConsumers + 1), 1)
 fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_constant__ CUtensorMap tm_q,
                   const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
@@ -935,8 +995,14 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         }
     }
 
+    /* A resident block whose pages are gathered (the planner chooses it, the launcher checks): its
+     * warps 0, 2 and 3 follow the tile records, and all four copy K and V. */
+    static_assert(!kResidentGather || (Tr::kGathersResident && kServing && kPersistent), "resident gathered pages");
     if (tid == 0) {
-        if constexpr (kServing) sm.init_barriers(gathers_pages(p) ? kWarpgroupThreads : 1, kPersistent);
+        /* (gathered pages: one arrival a copying thread, each of the producer warpgroup's; with
+         * resident blocks three warps take each tile record besides the consumers) */
+        if constexpr (kServing)
+            sm.init_barriers(gathers_pages(p) ? kWarpgroupThreads : 1, kPersistent, kResidentGather ? 3 * 32 : 32);
         else sm.init_barriers();
     }
     __syncthreads();
@@ -945,57 +1011,77 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         release_registers<kProducerRegs>();
         if constexpr (kServing && kPersistent) {
             if constexpr (Tr::kTwoRecords) {
-                if (tid < 32) { /* warp 0: K and V, tile after tile, from the records */
-                    int nth = 0, kv0 = 0; /* tiles loaded, their K/V tiles */
-                    for (int n = 0;; ++n) {
-                        fa_seq s;
-                        int head, m0;
-                        mbar_wait(sm.rec_full_slot(n), sm.rec_parity(n));
-                        const int b = take_tile_record(sm.rec_slot(n), s, head, m0, true);
-                        mbar_arrive(sm.rec_empty_slot(n));
-                        if (b < 0) break;
-                        const seq_view<kServing> sq(p, s);
-                        const tile<Tr> tl(p, sq.bounds(p), b, head, m0);
-                        if (tl.n_tiles == 0) continue; /* no key: the consumers write O = 0, LSE = -inf */
-                        produce_serving(p, sq, tl, sm, &tm_q, &tm_k, &tm_v, tid, nth++, kv0);
-                        kv0 += tl.n_tiles;
-                    }
+                if (tid < 32 || (kResidentGather && tid >= 64)) {
+                    /* warp 0 (gathered pages: warps 0, 2 and 3): K and V, tile after tile, from the
+                     * records */
+                    auto follow = [&](auto gather) {
+                        const int gw = tid / 32; /* (the copying warp) */
+                        int nth = 0, kv0 = 0; /* tiles loaded, their K/V tiles */
+                        for (int n = 0;; ++n) {
+                            fa_seq s;
+                            int head, m0;
+                            mbar_wait(sm.rec_full_slot(n), sm.rec_parity(n));
+                            const int b = take_tile_record(sm.rec_slot(n), s, head, m0, true);
+                            mbar_arrive(sm.rec_empty_slot(n));
+                            if (b < 0) break;
+                            const seq_view<kServing> sq(p, s);
+                            const tile<Tr> tl(p, sq.bounds(p), b, head, m0);
+                            if (tl.n_tiles == 0) continue; /* no key: the consumers write O = 0, LSE = -inf */
+                            /* (boxes: warp 0 alone, whose lane is tid) */
+                            produce_serving_tile<Tr, decltype(gather)::value>(p, sq, tl, sm, &tm_q, &tm_k, &tm_v,
+                                                                              decltype(gather)::value ? lane : tid,
+                                                                              nth++, kv0, gw);
+                            kv0 += tl.n_tiles;
+                        }
+                    };
+                    follow(std::integral_constant<bool, kResidentGather>{});
                 } else if (tid < 64) { /* warp 1: the tiles' sequences, their records and Q */
-                    /* Record n in slot n % 2 once every consumer thread and every thread of warp 0
-                     * has taken the slot's last; tile nq's Q into buffer nq % 2, once every consumer
-                     * warp has seen the last Q land (and so is done with the buffer's last tile). */
-                    int nrec = 0, nq = 0;
-                    auto post = [&](int b, int head, int m0, const fa_seq &s) {
-                        if (nrec >= 2) mbar_wait(sm.rec_empty_slot(nrec), sm.rec_parity(nrec) ^ 1u);
-                        if (tid == 32) post_tile_record(sm.rec_slot(nrec), sm.rec_full_slot(nrec), b, head, m0, s);
-                        ++nrec;
-                    };
-                    auto hand_out = [&](const seq_view<kServing> &sq, const tile<Tr> &tl) {
-                        post(tl.b, tl.h0, tl.m0, sq.s);
-                        if (tl.n_tiles == 0) return;
-                        if (nq > 0) mbar_wait(sm.empty_q, (nq - 1) & 1);
-                        if (tid == 32) produce_serving_q(sq, tl, sm.q_buf(nq), sm.bar_q, &tm_q);
-                        ++nq;
-                    };
-                    if (p.cu_seqlens_q != nullptr) { /* ragged Q: the sequences' own tiles */
-                        ragged_walk<Tr> walk(p, lane);
-                        int b, head, m_block;
-                        while (walk.next(b, head, m_block)) {
-                            const seq_view<kServing> sq(p, b);
-                            hand_out(sq, tile<Tr>(p, sq.bounds(p), b, head, m_block * Tr::kBlockM));
+                    /* Record n in slot n % 2 once every consumer thread and every K/V thread (warp
+                     * 0, or warps 0, 2 and 3) has taken the slot's last; tile nq's Q into
+                     * buffer nq % 2, once every consumer warp has seen the last Q land (and so is
+                     * done with the buffer's last tile). */
+                    /* Gathered pages: after a tile's record and Q this warp copies its share of the
+                     * tile's K and V too (its rows as warp 1 of four), and posts the next record
+                     * once it has issued them. */
+                    auto records = [&](auto gather) {
+                        int nrec = 0, nq = 0, kv0 = 0; /* records posted, Q loaded, (gather) K/V tiles */
+                        auto post = [&](int b, int head, int m0, const fa_seq &s) {
+                            if (nrec >= 2) mbar_wait(sm.rec_empty_slot(nrec), sm.rec_parity(nrec) ^ 1u);
+                            if (tid == 32) post_tile_record(sm.rec_slot(nrec), sm.rec_full_slot(nrec), b, head, m0, s);
+                            ++nrec;
+                        };
+                        auto hand_out = [&](const seq_view<kServing> &sq, const tile<Tr> &tl) {
+                            post(tl.b, tl.h0, tl.m0, sq.s);
+                            if (tl.n_tiles == 0) return;
+                            if (nq > 0) mbar_wait(sm.empty_q, (nq - 1) & 1);
+                            if (tid == 32) produce_serving_q(sq, tl, sm.q_buf(nq), sm.bar_q, &tm_q);
+                            if constexpr (decltype(gather)::value) {
+                                produce_serving_tile<Tr, true>(p, sq, tl, sm, &tm_q, &tm_k, &tm_v, lane, nq, kv0, 1);
+                                kv0 += tl.n_tiles;
+                            }
+                            ++nq;
+                        };
+                        if (p.cu_seqlens_q != nullptr) { /* ragged Q: the sequences' own tiles */
+                            ragged_walk<Tr> walk(p, lane);
+                            int b, head, m_block;
+                            while (walk.next(b, head, m_block)) {
+                                const seq_view<kServing> sq(p, b);
+                                hand_out(sq, tile<Tr>(p, sq.bounds(p), b, head, m_block * Tr::kBlockM));
+                            }
+                        } else {
+                            for (int work = work0; work < works; work = next_work(work)) {
+                                int32_t m_block, bh; /* (worked out once) */
+                                fa_persistent_tile(&p, work, &m_block, &bh);
+                                const int b = bh / p.heads_q;
+                                const seq_view<kServing> sq(p, b);
+                                const tile<Tr> tl(p, sq.bounds(p), b, bh - b * p.heads_q, m_block * Tr::kBlockM);
+                                if (tl.m0 >= sq.s.seqlen_q) continue; /* no query: nothing for anyone to do */
+                                hand_out(sq, tl);
+                            }
                         }
-                    } else {
-                        for (int work = work0; work < works; work = next_work(work)) {
-                            int32_t m_block, bh; /* (worked out once) */
-                            fa_persistent_tile(&p, work, &m_block, &bh);
-                            const int b = bh / p.heads_q;
-                            const seq_view<kServing> sq(p, b);
-                            const tile<Tr> tl(p, sq.bounds(p), b, bh - b * p.heads_q, m_block * Tr::kBlockM);
-                            if (tl.m0 >= sq.s.seqlen_q) continue; /* no query: nothing for anyone to do */
-                            hand_out(sq, tl);
-                        }
-                    }
-                    post(-1, 0, 0, sq0.s);
+                        post(-1, 0, 0, sq0.s);
+                    };
+                    records(std::integral_constant<bool, kResidentGather>{});
                 }
             } else if (tid < 32) { /* one warp: each tile's record as it reaches the tile, then its loads */
                 int nth = 0, kv0 = 0, nrec = 0; /* tiles loaded, their K/V tiles, records posted */

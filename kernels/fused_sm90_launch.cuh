@@ -88,7 +88,8 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
         (kp->pack_gqa && (kp->pack_rows < 1 || kp->pack_rows * kp->head_group > Tr::kBlockM)) ||
         (kp->num_splits > 1 && (kp->o_accum == nullptr || kp->lse_accum == nullptr)) ||
         (kp->persistent && (kp->num_splits > 1 || kp->pack_gqa || kp->sched_heads || l->grid_y != 1 || l->grid_z != 1 ||
-                            (kp->serving && (!kServingPersistent || kp->gather_pages)))) ||
+                            (kp->serving && (!kServingPersistent ||
+                                             (kp->gather_pages && !TrS::kGathersResident))))) ||
         (kp->gather_pages != fa_sm90_gathers_pages(kp->serving && kp->block_table != nullptr, kp->page_size, Tr::kBlockN,
                                                    Tr::kBlockM, kp->num_splits)) ||
         (kp->kv_page_groups != 0 &&
@@ -146,9 +147,16 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
     args.o_tma = kp->persistent && encode_map(&to, kDtype, kp->o, kp->head_dim, q_seq, kp->heads_q, q_batch,
                                               kp->o_seq_stride, kp->o_head_stride, kp->o_batch_stride, 64, 1);
     const bool transform = kp->softcap > 0.0f || kp->alibi_slopes != nullptr;
-    static std::atomic<unsigned long long> configured[8]; /* per kernel below: devices configured */
-    const int which = (kp->serving ? 2 : 0) + (kp->persistent ? 4 : 0) + (transform ? 1 : 0);
-    auto kernel = kServingPersistent && kp->serving && kp->persistent
+    static std::atomic<unsigned long long> configured[10]; /* per kernel below: devices configured */
+    /* (a resident serving block whose pages are gathered: a kernel of its own, where compiled) */
+    constexpr bool kGR = TrS::kGathersResident;
+    const bool resident_gather = kGR && kp->serving && kp->persistent && kp->gather_pages;
+    const int which =
+        (resident_gather ? 8 : (kp->serving ? 2 : 0) + (kp->persistent ? 4 : 0)) + (transform ? 1 : 0);
+    auto kernel = resident_gather
+                      ? (transform ? fused_sm90_kernel<kDtype, kHeadDim, kKeyTile, kConsumers, true, true, kGR, kGR>
+                                   : fused_sm90_kernel<kDtype, kHeadDim, kKeyTile, kConsumers, false, true, kGR, kGR>)
+                  : kServingPersistent && kp->serving && kp->persistent
                       ? (transform ? fused_sm90_kernel<kDtype, kHeadDim, kKeyTile, kConsumers, true, true, kServingPersistent>
                                    : fused_sm90_kernel<kDtype, kHeadDim, kKeyTile, kConsumers, false, true, kServingPersistent>)
                   : kp->serving    ? (transform ? fused_sm90_kernel<kDtype, kHeadDim, kKeyTile, kConsumers, true, true>

@@ -470,7 +470,9 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
             ? fa_sm90_page_groups((int)p->head_dim, plan->cfg.head_dim, (int)p->page_size, p->num_pages,
                                   p->k_batch_stride, p->k_seq_stride, p->v_batch_stride, p->v_seq_stride)
             : 0;
-    if (sm90 && splits == 1 && !pack && !(serving && (gathered || plan->cfg.block_m == 64))) {
+    const int gathered_per_tile =
+        gathered && !fa_sm90_resident_gathers((int)plan->cfg.head_dim, (int)plan->cfg.block_m, (int)plan->cfg.block_n);
+    if (sm90 && splits == 1 && !pack && !(serving && (gathered_per_tile || plan->cfg.block_m == 64))) {
         /* More tiles than SMs, every tile with keys to see, and work that is the same for every tile
          * (no mask), or grows linearly with its query position (a causal mask, seqlen_q <= seqlen_k;
          * taken in pairs of equal work), or is bounded by a window (the same for every tile but the
@@ -478,9 +480,13 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
          * block per SM takes tile after tile (kp.persistent, fa_persistent_first /
          * fa_persistent_next). A window under which some row sees no key keeps a block a tile. A
          * serving call is planned on its capacities: its blocks skip the tiles past a sequence's
-         * queries, and write the answer of tiles that see no key; pages gathered with cp.async keep
-         * a block a tile (their producer is the whole warpgroup, for one tile), as does a single
-         * consumer's tile (no persistent serving kernel is compiled for it). */
+         * queries, and write the answer of tiles that see no key; pages gathered with cp.async go on
+         * resident blocks under a causal mask (pairs) where the block has a warp for the tile records
+         * besides its copies (fa_sm90_resident_gathers: two consumers, two Q buffers), and keep a
+         * block a tile elsewhere (their producer is then the whole warpgroup, for one tile), as does
+         * a single consumer's tile (no persistent serving kernel is compiled for it). Over pages of
+         * one, resident blocks made causal prefill 1.05x (head dim 128) and 1.20x (64) as fast, an
+         * unmasked call 0.96x (docs/performance.md v36). */
         const int64_t smem = fa_sm90_smem_bytes(plan->cfg.head_dim, plan->cfg.block_m, plan->cfg.block_n, 1, serving);
         /* Every row i sees keys [i + lo, i + hi] of [0, seqlen_k): some, for every i, exactly when
          * lo <= hi, hi >= 0 (the first row) and lo <= seqlen_k - seqlen_q (the last). */
@@ -491,11 +497,12 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
          * blocks then take the heaviest tiles first across sections of heads (the grid order cost
          * head dim 256 12% at 8192 tokens and a window of 4096; docs/performance.md v24). */
         const int window_in_grid_order = serving || fa_sched_heads(caps, p, mblocks) == 0;
-        const int kind = !every_row_sees_keys             ? 0
-                         : windowed                       ? window_in_grid_order
-                         : p->mask == FLASHATTN_MASK_NONE ? 1
-                         : p->seqlen_q <= p->seqlen_k     ? 2
-                                                          : 0;
+        int kind = !every_row_sees_keys             ? 0
+                   : windowed                       ? window_in_grid_order
+                   : p->mask == FLASHATTN_MASK_NONE ? 1
+                   : p->seqlen_q <= p->seqlen_k     ? 2
+                                                    : 0;
+        if (gathered && kind != 2) kind = 0; /* (gathered pages: resident blocks for causal pairs alone) */
         /* Pairs: m / 2 units a head, and with m odd its middle tile alone (fa_persistent_tile):
          * no more blocks than units and middle tiles, so that every block has work. */
         const int64_t takers = kind == 2 ? (mblocks / 2 + mblocks % 2) * plan->grid_y * p->batch : ctas;

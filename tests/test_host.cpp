@@ -909,8 +909,10 @@ TEST(Planning, Sm90UnmaskedCallsWithManyTilesArePersistent) {
     v.backend = FLASHATTN_BACKEND_FUSED_SM90;
     EXPECT_EQ(0, persistent(v));
     // Serving calls are planned on their capacities: 3 x 8 heads x 100 queries is 24 tiles; 3 x 8
-    // heads x 2000 is 384. TMA-read pages, packed K/V and caches go persistent; gathered pages (a
-    // size TMA cannot tile) keep a block a tile, as do windows.
+    // heads x 2000 is 384. TMA-read pages, packed K/V and caches go persistent; so do gathered pages
+    // (a size TMA cannot tile) under a causal mask where the resident block has two consumers and two
+    // Q buffers (its record warp copies rows too); unmasked, or on other tiles, they keep a block a
+    // tile.
     v.seqlen_q = 2000, v.seqlen_k = 2000, v.pages_per_seq = 125, v.block_table_batch_stride = 125, v.num_pages = 375;
     v.total_q = 6000;
     EXPECT_EQ(1, persistent(v));
@@ -928,8 +930,22 @@ TEST(Planning, Sm90UnmaskedCallsWithManyTilesArePersistent) {
     EXPECT_EQ(2, persistent(v));
     v.page_size = 1, v.pages_per_seq = 2000, v.block_table_batch_stride = 2000, v.num_pages = 6000;
     v.k_batch_stride = v.v_batch_stride = v.k_seq_stride;
-    EXPECT_EQ(0, persistent(v));  // gathered
+    EXPECT_EQ(2, persistent(v));  // gathered, on resident blocks (head dim 128: two consumers, 128-key tiles)
+    EXPECT_EQ(1, plan_ok(v, caps).kp.gather_pages);
     EXPECT_EQ(0, plan_ok(v, caps).kp.sched_heads);
+    // Which resident serving blocks gather: 128 query rows and room for two Q buffers beside an O
+    // tile and four K/V stages (head dims 64 and 128 on 128-key tiles); not the 192-row tile, the
+    // 176-key tile, head dims 192 or 256.
+    EXPECT_EQ(1, fa_sm90_resident_gathers(128, 128, 128));
+    EXPECT_EQ(1, fa_sm90_resident_gathers(64, 128, 128));
+    EXPECT_EQ(0, fa_sm90_resident_gathers(64, 192, 128));
+    EXPECT_EQ(0, fa_sm90_resident_gathers(128, 128, 176));
+    EXPECT_EQ(0, fa_sm90_resident_gathers(192, 128, 112));
+    EXPECT_EQ(0, fa_sm90_resident_gathers(256, 128, 80));
+    v.mask = FLASHATTN_MASK_NONE;
+    EXPECT_EQ(0, persistent(v));  // gathered and unmasked: a block a tile
+    v.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, v.window_left = 100;
+    EXPECT_EQ(0, persistent(v));  // gathered under a window: a block a tile
     flashattn_fwd_params w = valid_varlen_packed();
     w.backend = FLASHATTN_BACKEND_FUSED_SM90, w.seqlen_q = w.seqlen_k = 2000, w.total_q = w.total_k = 6000;
     EXPECT_EQ(1, persistent(w));
@@ -1902,8 +1918,9 @@ TEST(Serving, Sm90GathersSmallPagesInDecode) {
 
 // Head dim 64 serving prefill runs on resident blocks, on the dense call's 192-row (three-consumer)
 // tile, except a masked call over at most 2048 keys a sequence, which takes the two-consumer
-// (128-row) tile: a ragged batch of short sequences pads less of it. Pages the producer gathers keep
-// a block a tile; decode shapes keep their own rows.
+// (128-row) tile: a ragged batch of short sequences pads less of it. Pages the producer gathers go on
+// resident blocks with the 128-row tile and keep a block a tile with the 192-row one; decode shapes
+// keep their own rows.
 TEST(Serving, Sm90ServingPrefillTiles) {
     if (!fa_sm90_compiled(FLASHATTN_DTYPE_BFLOAT16, 64)) GTEST_SKIP() << "head dim 64 not compiled in this build";
     const fa_device_caps caps = h200_caps();
@@ -1938,7 +1955,8 @@ TEST(Serving, Sm90ServingPrefillTiles) {
     ragged.seqlen_q = ragged.seqlen_k = 2048;
     EXPECT_EQ(128, plan_ok(ragged, caps).cfg.block_m);
     ragged.window_left = ragged.window_right = -1;
-    // Pages of 16 (TMA boxes) as packed K/V; pages of 1 (gathered): the same tile, a block a tile.
+    // Pages of 16 (TMA boxes) as packed K/V; pages of 1 (gathered): the same tile, on resident blocks
+    // with 128 rows (causal), a block a tile with 192 (no mask).
     flashattn_fwd_params paged = ragged;
     paged.seqlen_q = paged.seqlen_k = 1024, paged.cu_seqlens_k = nullptr, paged.total_k = 0;
     paged.seqused_k = (const int32_t *)0x710000;
@@ -1951,7 +1969,7 @@ TEST(Serving, Sm90ServingPrefillTiles) {
             paged.k_batch_stride = paged.v_batch_stride = page * paged.k_seq_stride;
             const fa_plan r = plan_ok(paged, caps);
             EXPECT_EQ(mask == FLASHATTN_MASK_NONE ? 192 : 128, r.cfg.block_m) << "page " << page << " mask " << mask;
-            EXPECT_EQ(page == 1 ? 0 : mask == FLASHATTN_MASK_NONE ? 1 : 2, r.kp.persistent) << "page " << page << " mask " << mask;
+            EXPECT_EQ(mask == FLASHATTN_MASK_NONE ? (page == 1 ? 0 : 1) : 2, r.kp.persistent) << "page " << page << " mask " << mask;
         }
     // A decode-shaped serving call keeps its decode tile.
     flashattn_fwd_params decode = dense;
