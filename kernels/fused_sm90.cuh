@@ -180,12 +180,11 @@ template <class Tr> struct smem_layout {
     __device__ __forceinline__ uint32_t q_buf(int n) const { return Tr::kTwoQ ? q + (uint32_t)(n & 1) * Tr::kQBytes : q; }
     /* Thread 0, before the block's first barrier: a load arrives once (with its byte count), a
      * stage or Q is handed back once per consumer warp. */
-    /* The K/V stages are filled by `full_arrivals` producer threads: 1 with TMA, the copying threads
-     * when a serving call gathers its pages with cp.async (the whole producer warpgroup).
-     * `records`: a persistent serving block's tile records
-     * (post_record, post_tile_record), posted once by the producer and taken once by each consumer
-     * thread (and with Tr::kTwoRecords by each of the `kv_takers` threads that load K and V: the K/V
-     * warp, or with gathered pages warps 0, 2 and 3). */
+    /* The K/V stages are filled by `full_arrivals` producer threads: 1 with TMA, the whole producer
+     * warpgroup when a serving call gathers its pages with cp.async. `records`: a persistent
+     * serving block's tile records (post_record, post_tile_record), posted once by the producer and
+     * taken once by each consumer thread (and with Tr::kTwoRecords by each of the `kv_takers`
+     * threads that load K and V: the K/V warp, or with gathered pages warps 0, 2 and 3). */
     __device__ __forceinline__ void init_barriers(int full_arrivals = 1, bool records = false, int kv_takers = 32) const {
         mbar_init(bar_q, 1);
         if (Tr::kPersistent) mbar_init(empty_q, 4 * (Tr::kSplitQ ? 1 : Tr::kConsumers));
@@ -686,8 +685,8 @@ __device__ __forceinline__ G make_gather(const fa_kernel_params &p, const seq_vi
  * once every consumer warp is done with the last one's (Tr::kSplitQ: each consumer's rows once its
  * warps are, as in produce); with two (Tr::kTwoQ), the block's record warp loads it
  * (produce_serving_q, in the kernel). kGather: a resident block's gathered pages, copied by the
- * producer warpgroup's four warps (gw: this thread's, lane its lane; row_gather) in place of the
- * boxes. */
+ * producer warpgroup's four warps (gw: this thread's warp, lane: its lane; row_gather) in place
+ * of the boxes. */
 template <class Tr, bool kGather>
 __device__ __forceinline__ void produce_serving_tile(const fa_kernel_params &p, const seq_view<true> &sq, const tile<Tr> &tl,
                                                      const smem_layout<Tr> &sm, const CUtensorMap *tm_q,
@@ -1037,12 +1036,11 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                     follow(std::integral_constant<bool, kResidentGather>{});
                 } else if (tid < 64) { /* warp 1: the tiles' sequences, their records and Q */
                     /* Record n in slot n % 2 once every consumer thread and every K/V thread (warp
-                     * 0, or warps 0, 2 and 3) has taken the slot's last; tile nq's Q into
-                     * buffer nq % 2, once every consumer warp has seen the last Q land (and so is
-                     * done with the buffer's last tile). */
-                    /* Gathered pages: after a tile's record and Q this warp copies its share of the
-                     * tile's K and V too (its rows as warp 1 of four), and posts the next record
-                     * once it has issued them. */
+                     * 0, or warps 0, 2 and 3) has taken the slot's last; tile nq's Q into buffer
+                     * nq % 2, once every consumer warp has seen the last Q land (and so is done
+                     * with the buffer's last tile). Gathered pages: after a tile's record and Q
+                     * this warp copies its share of the tile's K and V too (its rows as warp 1 of
+                     * four), and posts the next record once it has issued them. */
                     auto records = [&](auto gather) {
                         int nrec = 0, nq = 0, kv0 = 0; /* records posted, Q loaded, (gather) K/V tiles */
                         auto post = [&](int b, int head, int m0, const fa_seq &s) {
