@@ -329,10 +329,13 @@ static inline int64_t fa_sm90_smem_bytes(int head_dim, int block_m, int block_n,
  * share of K and V beside the other three once it has posted a tile's record (head dims 64 and 128
  * on 128-key tiles). Other tiles with gathered pages take a block a tile; the planner puts them on
  * resident blocks under a causal mask alone. The planner's rule: the kernel's traits state the same
- * (kGathersResident), and the launcher refuses a plan they do not allow. */
-static inline FA_HOST_DEVICE int fa_sm90_resident_gathers(int head_dim, int block_m, int block_n) {
-    const int64_t base = 1024 + 2 * (int64_t)head_dim * (block_m + 4 * (int64_t)block_n) + 128;
-    return block_m == 128 && base + 4 * (int64_t)head_dim * block_m + 128 <= FA_SM90_SMEM_MAX;
+ * (kGathersResident), and the launcher refuses a plan they do not allow. (Two Q buffers: the
+ * persistent serving block is a block a tile's size plus two Q tiles and the records' 128 bytes,
+ * fa_sm90_smem_bytes.) */
+static inline int fa_sm90_resident_gathers(int head_dim, int block_m, int block_n) {
+    const int64_t tile = fa_sm90_smem_bytes(head_dim, block_m, block_n, 0, 1);
+    const int64_t resident = fa_sm90_smem_bytes(head_dim, block_m, block_n, 1, 1);
+    return block_m == 128 && resident == tile + 4 * (int64_t)head_dim * block_m + 128;
 }
 
 /* Kernel launchers (the .cu files under kernels/). Each returns a cudaError_t value (0 = cudaSuccess) and enqueues

@@ -470,9 +470,7 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
             ? fa_sm90_page_groups((int)p->head_dim, plan->cfg.head_dim, (int)p->page_size, p->num_pages,
                                   p->k_batch_stride, p->k_seq_stride, p->v_batch_stride, p->v_seq_stride)
             : 0;
-    const int gathered_per_tile =
-        gathered && !fa_sm90_resident_gathers((int)plan->cfg.head_dim, (int)plan->cfg.block_m, (int)plan->cfg.block_n);
-    if (sm90 && splits == 1 && !pack && !(serving && (gathered_per_tile || plan->cfg.block_m == 64))) {
+    if (sm90 && splits == 1 && !pack && !(serving && plan->cfg.block_m == 64)) {
         /* More tiles than SMs, every tile with keys to see, and work that is the same for every tile
          * (no mask), or grows linearly with its query position (a causal mask, seqlen_q <= seqlen_k;
          * taken in pairs of equal work), or is bounded by a window (the same for every tile but the
@@ -502,7 +500,10 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
                    : p->mask == FLASHATTN_MASK_NONE ? 1
                    : p->seqlen_q <= p->seqlen_k     ? 2
                                                     : 0;
-        if (gathered && kind != 2) kind = 0; /* (gathered pages: resident blocks for causal pairs alone) */
+        /* (gathered pages: resident blocks for causal pairs alone, where the block can gather) */
+        if (gathered && (kind != 2 || !fa_sm90_resident_gathers((int)plan->cfg.head_dim, (int)plan->cfg.block_m,
+                                                                  (int)plan->cfg.block_n)))
+            kind = 0;
         /* Pairs: m / 2 units a head, and with m odd its middle tile alone (fa_persistent_tile):
          * no more blocks than units and middle tiles, so that every block has work. */
         const int64_t takers = kind == 2 ? (mblocks / 2 + mblocks % 2) * plan->grid_y * p->batch : ctas;
