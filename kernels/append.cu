@@ -170,8 +170,7 @@ template <int kDtype, int kVec> cudaError_t launch(const fa_append_args *a, cuda
                           (a->q_out ? (int64_t)a->batch * a->seqlen_q * a->heads_q * chunks : 0);
     if (total == 0) return cudaSuccess;
     /* 32-bit chunk numbers where the last one a thread can reach (below total + the grid's stride) fits */
-    const int64_t blocks = (total + kAppendThreads - 1) / kAppendThreads;
-    const int64_t stride = (blocks < FA_GRID_STRIDE_MAX_BLOCKS ? blocks : FA_GRID_STRIDE_MAX_BLOCKS) * kAppendThreads;
+    const int64_t stride = grid_stride_blocks(total, kAppendThreads) * kAppendThreads;
     if (total + stride <= (int64_t)UINT32_MAX)
         return launch_grid_stride(append_kernel<kDtype, kVec, uint32_t>, total, kAppendThreads, s, a->programmatic != 0, *a);
     return launch_grid_stride(append_kernel<kDtype, kVec, int64_t>, total, kAppendThreads, s, a->programmatic != 0, *a);
