@@ -759,7 +759,7 @@ TEST(Planning, Sm90DecodePacksQueryGroupsAndSplitsKeys) {
 // FUSED_SM90 decode-shaped calls at head dims 64 and 128 with grouped query heads take the
 // single-consumer 64-row tile (192 keys at head dim 64, 128 at 128) when it holds a KV group's query
 // rows (seqlen_q x group <= 64, and 2 x seqlen_q <= 64); otherwise (and without groups) the 128-row
-// tile, as every other head dim does.
+// tile, as every other head dim does. (A dense call's 64-row tile has one consumer: 256 threads.)
 TEST(Planning, Sm90DecodeTakesTheSingleConsumerTileWhereTheGroupFits) {
     struct Case { int64_t sq, hq, hkv, d; int mask; int64_t block_m; const char *kernel; };
     const Case cases[] = {
@@ -791,6 +791,7 @@ TEST(Planning, Sm90DecodeTakesTheSingleConsumerTileWhereTheGroupFits) {
         ASSERT_EQ(FLASHATTN_BACKEND_FUSED_SM90, plan.backend);
         EXPECT_EQ(c.block_m, plan.cfg.block_m);
         EXPECT_EQ(c.block_m == 64 ? 256 : 384, plan.threads);
+        EXPECT_EQ(0, plan.kp.key_split);  // (dense calls: fa_sm90_key_split)
         if (c.block_m == 64) {  // packed, and so never on resident blocks
             EXPECT_EQ(1, plan.kp.pack_gqa);
             EXPECT_EQ(0, plan.kp.persistent);
@@ -803,6 +804,65 @@ TEST(Planning, Sm90DecodeTakesTheSingleConsumerTileWhereTheGroupFits) {
         }
     }
     if (checked == 0) GTEST_SKIP() << "no FUSED_SM90 kernel for head dims 64, 128, 192 or 256 in this build";
+}
+
+// Key-split blocks (kp.key_split, fa_sm90_key_split): a serving call's single-consumer (64-row)
+// blocks a tile whose keys TMA loads. Decode over pages TMA reads (64 or 256 keys), a cache or
+// packed K/V takes them (384 threads); pages gathered with cp.async (16 keys in a split decode, or
+// 19) keep one consumer (256 threads: the copies use the producer warpgroup's registers), as do
+// dense calls, the 128-row tiles and the portable backend.
+TEST(Planning, Sm90KeySplitBlocksWhereTmaLoadsTheKeys) {
+    EXPECT_EQ(1, fa_sm90_key_split(1, 64, 0, 0));
+    EXPECT_EQ(0, fa_sm90_key_split(0, 64, 0, 0));
+    EXPECT_EQ(0, fa_sm90_key_split(1, 64, 0, 1));
+    EXPECT_EQ(0, fa_sm90_key_split(1, 64, 1, 0));
+    EXPECT_EQ(0, fa_sm90_key_split(1, 128, 0, 0));
+    EXPECT_EQ(0, fa_sm90_key_split(1, 192, 0, 0));
+    if (!fa_sm90_compiled(FLASHATTN_DTYPE_BFLOAT16, 128)) GTEST_SKIP() << "no FUSED_SM90 d128 in this build";
+    const fa_device_caps caps = h200_caps();
+    flashattn_fwd_params v = valid_varlen_paged();  // decode: one query a sequence, 4096 keys of capacity
+    v.backend = FLASHATTN_BACKEND_FUSED_SM90;
+    v.heads_q = 32, v.heads_kv = 8, v.seqlen_q = 1, v.seqlen_k = 4096, v.total_q = 3;
+    flashattn_fwd_params_set_packed_strides(&v);
+    v.q_batch_stride = v.o_batch_stride = 0;
+    auto paged = [&](int64_t page) {
+        flashattn_fwd_params x = v;
+        x.page_size = page, x.pages_per_seq = (4096 + page - 1) / page, x.block_table_batch_stride = x.pages_per_seq;
+        x.num_pages = 3 * x.pages_per_seq, x.k_batch_stride = x.v_batch_stride = page * x.k_seq_stride;
+        return plan_ok(x, caps);
+    };
+    for (int64_t page : {256, 64, 16, 19}) {
+        SCOPED_TRACE("pages of " + std::to_string(page));
+        const fa_plan plan = paged(page);
+        ASSERT_EQ(64, plan.cfg.block_m);
+        const int split = !plan.kp.gather_pages;
+        EXPECT_EQ(page == 256 || page == 64 ? 1 : 0, split);  // (pages of 16 are gathered in a split decode)
+        EXPECT_EQ(split, plan.kp.key_split);
+        EXPECT_EQ(split ? 384 : 256, plan.threads);
+        flashattn_plan_info info;
+        flashattn_plan_info_init(&info);
+        fa_plan_describe(&plan, &info);
+        EXPECT_EQ(plan.threads / 32, info.num_warps);
+        EXPECT_EQ(std::string(split ? "fused_sm90_bf16_d128_m64_n128_w12" : "fused_sm90_bf16_d128_m64_n128_w8"),
+                  info.kernel_name);
+    }
+    flashattn_fwd_params c = v;  // a dense cache with per-sequence counts
+    c.block_table = nullptr, c.pages_per_seq = c.block_table_batch_stride = c.page_size = c.num_pages = 0;
+    c.cu_seqlens_q = nullptr, c.total_q = 0;
+    flashattn_fwd_params_set_packed_strides(&c);
+    EXPECT_EQ(1, plan_ok(c, caps).kp.key_split);
+    flashattn_fwd_params pre = valid_params();  // prefill: 128-row tiles
+    pre.backend = FLASHATTN_BACKEND_FUSED_SM90;
+    EXPECT_EQ(0, plan_ok(pre, caps).kp.key_split);
+    flashattn_fwd_params dec = valid_params();  // a dense decode: the 64-row tile, one consumer
+    dec.seqlen_q = 1, dec.heads_q = 32, dec.heads_kv = 8, dec.seqlen_k = 4096, dec.backend = FLASHATTN_BACKEND_FUSED_SM90;
+    flashattn_fwd_params_set_packed_strides(&dec);
+    const fa_plan dense = plan_ok(dec, caps);
+    EXPECT_EQ(64, dense.cfg.block_m);
+    EXPECT_EQ(0, dense.kp.key_split);
+    EXPECT_EQ(256, dense.threads);
+    dec.backend = FLASHATTN_BACKEND_FUSED;  // the portable kernel never
+    EXPECT_EQ(0, plan_ok(dec, caps).kp.key_split);
 }
 
 // FUSED_SM90 calls whose tiles are all the same work (no mask, no window) and outnumber the SMs run

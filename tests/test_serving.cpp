@@ -267,6 +267,7 @@ struct DeviceRun {
 
 struct Stats {
     int seqs = 0, calls[4] = {0, 0, 0, 0}, split_packed_q = 0;  // split_packed_q: fused calls with a packed Q that split
+    int key_split = 0;  // FUSED_SM90 calls on key-split blocks (64 query rows, 12 warps: fa_sm90_key_split)
     int not_built = 0;  // calls not made: a build restricted to other head dims (FLASHATTN_HEAD_DIMS) lacks the kernel
     double worst_ratio = 0, max_err = 0, max_lse_err = 0;
 };
@@ -369,6 +370,7 @@ void run_and_check(flashattn_handle *h, const Spec &spec, Stats &st, int only = 
         flashattn_plan_info_init(&info);
         ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_plan(h, &pb, &info)) << flashattn_last_error();
         st.split_packed_q += spec.packed_q && info.num_splits > 1;
+        st.key_split += backend == FLASHATTN_BACKEND_FUSED_SM90 && info.block_m == 64 && info.num_warps == 12;
         if (sm90_plan_has && backend == FLASHATTN_BACKEND_FUSED_SM90) {
             const std::string want = sm90_plan_has, desc = info.description;  // (parts joined by '&': each must be there)
             for (size_t at = 0; at <= want.size();) {
@@ -675,8 +677,12 @@ TEST_F(Serving, DecodeOverCaches) {
     g8.sq = {1, 1, 0, 1}, g8.sk = {2000, 1, 77, 0};
     run_and_check(h, g8, st);
     EXPECT_GT(st.split_packed_q, 0) << "no packed-Q decode call was split";
+    // FUSED_SM90's 64-row tiles over the caches (TMA loads: fa_sm90_key_split) split each key tile
+    // between two consumer warpgroups; over gathered pages of 16 they keep one.
+    if (serves_on_sm90()) EXPECT_GT(st.key_split, 0) << "no decode call ran on key-split blocks";
     print_stats("decode over paged, indexed and dense caches (dense and packed Q)", st);
-    printf("[ serving ] decode with packed Q: %d fused calls split their keys\n", st.split_packed_q);
+    printf("[ serving ] decode with packed Q: %d fused calls split their keys; %d FUSED_SM90 calls on key-split blocks\n",
+           st.split_packed_q, st.key_split);
 }
 
 TEST_F(Serving, UnusedRowsNeverReachTheOutput) {
