@@ -287,15 +287,18 @@ static inline FA_HOST_DEVICE int fa_sm90_gathers_pages(int paged, int page_size,
 }
 
 /* Whether a FUSED_SM90 call's blocks split each key tile between two consumer warpgroups
- * (kp.key_split): a serving call's single-consumer (decode) blocks a tile, whose keys TMA loads.
+ * (kp.key_split): a serving call's single-consumer (decode) blocks a tile on 128-key tiles (head
+ * dim 128), whose keys TMA loads.
  * Such a tile holds a few real query rows, and its one consumer spends more of its time on S, the
  * softmax and P V of whole key tiles than waiting for them; two consumers take half each. With the
  * L2 cold, a batch-1 decode's attention kernel took 0.92-0.97x the time over a cache, pages of 256
  * and packed K/V, but 1.03x over dense K/V (docs/performance.md v37): dense calls keep one
  * consumer. So do pages gathered with cp.async: the copies take the producer warpgroup's
- * registers, which a second consumer would need. */
-static inline FA_HOST_DEVICE int fa_sm90_key_split(int serving, int block_m, int persistent, int gather_pages) {
-    return serving && block_m == 64 && !persistent && !gather_pages;
+ * registers, which a second consumer would need. Head dim 64's 192-key tile is not split: its
+ * halves of 96 keys made ptxas spill 40-52 bytes, and were never timed. */
+static inline FA_HOST_DEVICE int fa_sm90_key_split(int serving, int block_m, int block_n, int persistent,
+                                                   int gather_pages) {
+    return serving && block_m == 64 && block_n == 128 && !persistent && !gather_pages;
 }
 
 /* Full-width page boxes (kp.kv_page_groups): a TMA box over a page's keys can hold every column of

@@ -86,9 +86,10 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
     const int smem = !kp->persistent ? Tr::kSmemBytes : kp->serving ? TrS::kSmemBytes : TrP::kSmemBytes;
     /* A key-split block (the planner's kp.key_split): a serving call's single-consumer block a tile
      * whose keys TMA loads, with two consumer warpgroups (traits::kKeySplit). */
-    const bool key_split = kConsumers == 1 && kp->key_split;
+    constexpr bool kKeySplits = kConsumers == 1 && kKeyTile == 128; /* (fa_sm90_key_split: compiled here only) */
+    const bool key_split = kKeySplits && kp->key_split;
     const int threads = key_split ? kWarpgroupThreads * 3 : Tr::kThreads;
-    if ((kp->key_split && (kConsumers != 1 || !kp->serving || kp->persistent || kp->gather_pages)) ||
+    if ((kp->key_split && (!kKeySplits || !kp->serving || kp->persistent || kp->gather_pages)) ||
         l->threads != threads ||
         l->smem_bytes != smem ||
         (kp->pack_gqa && (kp->pack_rows < 1 || kp->pack_rows * kp->head_group > Tr::kBlockM)) ||
@@ -173,7 +174,7 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
                                                 : fused_sm90_kernel<kDtype, kHeadDim, kKeyTile, kConsumers, false, false, true>)
                                    : (transform ? fused_sm90_kernel<kDtype, kHeadDim, kKeyTile, kConsumers, true, false>
                                                 : fused_sm90_kernel<kDtype, kHeadDim, kKeyTile, kConsumers, false, false>);
-    if constexpr (kConsumers == 1) {
+    if constexpr (kKeySplits) {
         if (key_split) /* (serving calls only: the launcher refused any other above) */
             kernel = transform ? fused_sm90_kernel<kDtype, kHeadDim, kKeyTile, 1, true, true, false, false, true>
                                : fused_sm90_kernel<kDtype, kHeadDim, kKeyTile, 1, false, true, false, false, true>;

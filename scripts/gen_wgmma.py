@@ -6,7 +6,7 @@ has no array operands), so they are generated rather than typed. Run after chang
 """
 import os
 
-SS_N = [32, 64, 80, 96, 112, 128, 176, 192]   # S = Q K^T: N = block_n (or half of it), A and B from shared memory
+SS_N = [32, 64, 80, 112, 128, 176, 192]   # S = Q K^T: N = block_n, A and B from shared memory
 RS_N = [64, 128, 192, 256]  # O += P V: N = head dim, A (P) from registers, B (V) transposed
 TYPES = [(0, "f16"), (1, "bf16")]
 

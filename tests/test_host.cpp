@@ -807,17 +807,19 @@ TEST(Planning, Sm90DecodeTakesTheSingleConsumerTileWhereTheGroupFits) {
 }
 
 // Key-split blocks (kp.key_split, fa_sm90_key_split): a serving call's single-consumer (64-row)
-// blocks a tile whose keys TMA loads. Decode over pages TMA reads (64 or 256 keys), a cache or
-// packed K/V takes them (384 threads); pages gathered with cp.async (16 keys in a split decode, or
-// 19) keep one consumer (256 threads: the copies use the producer warpgroup's registers), as do
-// dense calls, the 128-row tiles and the portable backend.
+// blocks a tile on 128-key tiles (head dim 128) whose keys TMA loads. Decode over pages TMA reads
+// (64 or 256 keys), a cache or packed K/V takes them (384 threads); pages gathered with cp.async (16
+// keys in a split decode, or 19) keep one consumer (256 threads: the copies use the producer
+// warpgroup's registers), as do dense calls, head dim 64's 192-key tile, the 128-row tiles and
+// the portable backend.
 TEST(Planning, Sm90KeySplitBlocksWhereTmaLoadsTheKeys) {
-    EXPECT_EQ(1, fa_sm90_key_split(1, 64, 0, 0));
-    EXPECT_EQ(0, fa_sm90_key_split(0, 64, 0, 0));
-    EXPECT_EQ(0, fa_sm90_key_split(1, 64, 0, 1));
-    EXPECT_EQ(0, fa_sm90_key_split(1, 64, 1, 0));
-    EXPECT_EQ(0, fa_sm90_key_split(1, 128, 0, 0));
-    EXPECT_EQ(0, fa_sm90_key_split(1, 192, 0, 0));
+    EXPECT_EQ(1, fa_sm90_key_split(1, 64, 128, 0, 0));
+    EXPECT_EQ(0, fa_sm90_key_split(0, 64, 128, 0, 0));  // dense
+    EXPECT_EQ(0, fa_sm90_key_split(1, 64, 192, 0, 0));  // head dim 64's 192-key tile
+    EXPECT_EQ(0, fa_sm90_key_split(1, 64, 128, 0, 1));  // gathered pages
+    EXPECT_EQ(0, fa_sm90_key_split(1, 64, 128, 1, 0));  // resident blocks
+    EXPECT_EQ(0, fa_sm90_key_split(1, 128, 128, 0, 0));
+    EXPECT_EQ(0, fa_sm90_key_split(1, 192, 112, 0, 0));
     if (!fa_sm90_compiled(FLASHATTN_DTYPE_BFLOAT16, 128)) GTEST_SKIP() << "no FUSED_SM90 d128 in this build";
     const fa_device_caps caps = h200_caps();
     flashattn_fwd_params v = valid_varlen_paged();  // decode: one query a sequence, 4096 keys of capacity
