@@ -946,7 +946,8 @@ template <class Tr> struct ragged_walk {
  * the sequence's counts, offsets and rows from the device arrays (seq_view), ragged Q/K/V and page
  * pools through the tensor maps; its own instantiation, so the dense kernels carry none of it.
  * kResidentGather: a resident serving block whose pages are gathered (Tr::kGathersResident), also
- * an instantiation of its own, so that the other serving calls' resident blocks carry none of it. */
+ * an instantiation of its own, so that the other serving calls' resident blocks carry none of it.
+ * kKeySplit: a key-split block (traits::kKeySplit), likewise its own instantiation. */
 template <int kDtype, int kHeadDim, int kKeyTile, int kConsumers, bool kTransform, bool kServing = false,
           bool kPersistent = false, bool kResidentGather = false, bool kKeySplit = false>
 __global__ void __launch_bounds__(kWarpgroupThreads * (kConsumers + 1 + (kKeySplit ? 1 : 0)), 1)
@@ -1450,27 +1451,31 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
          * consumer 0 takes both under the larger max and goes on alone. Element i of thread x at
          * word i x 128 + x: a warp's 32 words are consecutive. */
         if constexpr (Tr::kKeySplit) {
-            const uint32_t xo = sm.k + 4u * (uint32_t)(tid % kWarpgroupThreads), xs = xo + 4u * kON * kWarpgroupThreads;
+            static_assert((kON + 4) * kWarpgroupThreads * 4 <= 2 * (int)Tr::kKVBytes,
+                          "the hand-over fits in the K stages");
+            constexpr uint32_t kStep = 4u * kWarpgroupThreads; /* bytes from element i to i + 1 */
+            const uint32_t xo = sm.k + 4u * (uint32_t)(tid % kWarpgroupThreads), xs = xo + kON * kStep;
+            auto put = [](uint32_t at, float x) {
+                asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(at), "f"(x) : "memory");
+            };
+            auto get = [](uint32_t at) {
+                float x;
+                asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(x) : "r"(at) : "memory");
+                return x;
+            };
             named_sync(merge_barrier(kNC), kNC * kWarpgroupThreads); /* no product reads a stage now */
             if (c == 1) {
 #pragma unroll
-                for (int i = 0; i < kON; ++i)
-                    asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(xo + i * 4u * kWarpgroupThreads), "f"(o[i]) : "memory");
+                for (int i = 0; i < kON; ++i) put(xo + i * kStep, o[i]);
 #pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(xs + r * 4u * kWarpgroupThreads), "f"(row_max[r]) : "memory");
-                    asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(xs + (2 + r) * 4u * kWarpgroupThreads), "f"(row_sum[r])
-                                 : "memory");
-                }
+                for (int r = 0; r < 2; ++r) put(xs + r * kStep, row_max[r]), put(xs + (2 + r) * kStep, row_sum[r]);
             }
             named_sync(merge_barrier(kNC), kNC * kWarpgroupThreads); /* consumer 1's results are there */
             if (c == 1) return;
             float f0[2], f1[2];
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-                float m1, l1;
-                asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(m1) : "r"(xs + r * 4u * kWarpgroupThreads) : "memory");
-                asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(l1) : "r"(xs + (2 + r) * 4u * kWarpgroupThreads) : "memory");
+                const float m1 = get(xs + r * kStep), l1 = get(xs + (2 + r) * kStep);
                 const float m = fmaxf(row_max[r], m1), m_scaled = m == -INFINITY ? 0.0f : m * mult;
                 f0[r] = fast_exp2(row_max[r] * mult - m_scaled), f1[r] = fast_exp2(m1 * mult - m_scaled);
                 row_sum[r] = row_sum[r] * f0[r] + l1 * f1[r];
@@ -1478,10 +1483,8 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             }
 #pragma unroll
             for (int i = 0; i < kON; ++i) {
-                float x;
-                asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(x) : "r"(xo + i * 4u * kWarpgroupThreads) : "memory");
                 const int r = (i % 4) / 2; /* (element i of an accumulator fragment: row g + 8 r) */
-                o[i] = o[i] * f0[r] + x * f1[r];
+                o[i] = o[i] * f0[r] + get(xo + i * kStep) * f1[r];
             }
         }
 

@@ -857,7 +857,8 @@ TEST(Planning, Sm90KeySplitBlocksWhereTmaLoadsTheKeys) {
     pre.backend = FLASHATTN_BACKEND_FUSED_SM90;
     EXPECT_EQ(0, plan_ok(pre, caps).kp.key_split);
     flashattn_fwd_params dec = valid_params();  // a dense decode: the 64-row tile, one consumer
-    dec.seqlen_q = 1, dec.heads_q = 32, dec.heads_kv = 8, dec.seqlen_k = 4096, dec.backend = FLASHATTN_BACKEND_FUSED_SM90;
+    dec.seqlen_q = 1, dec.heads_q = 32, dec.heads_kv = 8, dec.seqlen_k = 4096;
+    dec.backend = FLASHATTN_BACKEND_FUSED_SM90;
     flashattn_fwd_params_set_packed_strides(&dec);
     const fa_plan dense = plan_ok(dec, caps);
     EXPECT_EQ(64, dense.cfg.block_m);

@@ -681,8 +681,8 @@ TEST_F(Serving, DecodeOverCaches) {
     // between two consumer warpgroups; over gathered pages of 16 they keep one.
     if (serves_on_sm90()) EXPECT_GT(st.key_split, 0) << "no decode call ran on key-split blocks";
     print_stats("decode over paged, indexed and dense caches (dense and packed Q)", st);
-    printf("[ serving ] decode with packed Q: %d fused calls split their keys; %d FUSED_SM90 calls on key-split blocks\n",
-           st.split_packed_q, st.key_split);
+    printf("[ serving ] decode with packed Q: %d fused calls split their keys; %d FUSED_SM90 calls on key-split "
+           "blocks\n", st.split_packed_q, st.key_split);
 }
 
 TEST_F(Serving, UnusedRowsNeverReachTheOutput) {
