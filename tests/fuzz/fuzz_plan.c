@@ -187,8 +187,13 @@ static void check_plan(const fa_device_caps *caps, const flashattn_fwd_params *p
         CHECK(plan.kp.seqlen_q == full.seqlen_q && plan.kp.heads_q == full.heads_q && plan.kp.q_group_rows == 0,
               "int32 kernel dims");
     CHECK(plan.kp.seqlen_k == full.seqlen_k && plan.kp.batch == full.batch, "int32 kernel dims");
+    /* gathered pages on resident blocks: causal pairs, where the resident serving block can copy
+     * them (fa_sm90_resident_gathers: two consumers, two Q buffers) */
+    const int resident_gather = plan.kp.persistent == 2 && plan.kp.serving && plan.kp.gather_pages &&
+                                fa_sm90_resident_gathers(plan.cfg.head_dim, plan.cfg.block_m, plan.cfg.block_n);
     if (plan.kp.persistent) { /* resident blocks: FUSED_SM90's unsplit, unpacked calls whose every row sees a key
-                               * (at the capacities for serving ones: two or three consumers, K/V not gathered) */
+                               * (at the capacities for serving ones: two or three consumers, K/V gathered
+                               * only as resident_gather says) */
         const int64_t tiles = (int64_t)plan.kp.num_m_blocks * plan.kp.batch * plan.kp.heads_q;
         const int windowed = full.window_left >= 0 || full.window_right >= 0;
         const int64_t units =
@@ -204,7 +209,7 @@ static void check_plan(const fa_device_caps *caps, const flashattn_fwd_params *p
         CHECK(plan.backend == FLASHATTN_BACKEND_FUSED_SM90 &&
                   (!plan.kp.serving ||
                    (plan.cfg.block_m != 64 &&
-                    !plan.kp.gather_pages)) &&
+                    (!plan.kp.gather_pages || resident_gather))) &&
                   plan.kp.num_splits == 1 && !plan.kp.pack_gqa && plan.kp.sched_heads == 0 && full.seqlen_k > 0 &&
                   /* a window: too few query tiles a head for the heaviest-first order (or serving) */
                   (!windowed || plan.kp.serving || fa_sched_heads(caps, &full, plan.kp.num_m_blocks) == 0) &&
@@ -219,12 +224,19 @@ static void check_plan(const fa_device_caps *caps, const flashattn_fwd_params *p
               "persistent plan");
     }
     /* FUSED_SM90's page path is the planner's, and the launcher's own answer must agree (it refuses
-     * a plan otherwise); gathered pages never run on resident blocks. */
+     * a plan otherwise); gathered pages run on resident blocks only as resident_gather says. */
     CHECK(plan.kp.gather_pages == (plan.backend == FLASHATTN_BACKEND_FUSED_SM90 &&
                                    fa_sm90_gathers_pages(plan.kp.serving && plan.kp.block_table != NULL, plan.kp.page_size,
                                                          plan.cfg.block_n, plan.cfg.block_m, plan.kp.num_splits)) &&
-              !(plan.kp.gather_pages && plan.kp.persistent),
+              !(plan.kp.gather_pages && plan.kp.persistent && !resident_gather),
           "gather_pages %d", plan.kp.gather_pages);
+    /* Key-split blocks: the planner's rule, 384 threads on a 64-row tile (the launcher refuses a plan
+     * whose thread count differs from the kernel's) */
+    CHECK(plan.kp.key_split == (plan.backend == FLASHATTN_BACKEND_FUSED_SM90 &&
+                                fa_sm90_key_split(plan.kp.serving, plan.cfg.block_m, plan.cfg.block_n,
+                                                  plan.kp.persistent, plan.kp.gather_pages)) &&
+              (!plan.kp.key_split || (plan.threads == 384 && plan.cfg.block_m == 64 && plan.cfg.warps == 12)),
+          "key_split %d", (int)plan.kp.key_split);
     /* Full-width page boxes: the launcher's own answer (it refuses a plan otherwise), TMA pages only,
      * a kernel head dim of several 64-column regions equal to the call's, and every group index the
      * kernel forms (page x G + i, any page of the pool) in int32 */
