@@ -1253,6 +1253,25 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             }
         }
         const int b = tl.b, m0 = tl.m0, row_last = tl.row_last, tile_begin = tl.tile_begin, n_tiles = tl.n_tiles;
+        /* The key tiles this consumer computes: the block's first n_mine. Where the tile's rows are
+         * its sequence's positions in order (no packed query heads), a consumer whose 64 rows all
+         * lie past the last query computes none, and one whose last row sees no key past some key
+         * tile (a causal mask: consumer 0's rows end before the others') stops there: every score
+         * of the tiles after it is masked for its rows, so they would add exactly nothing (the
+         * max, the sum and O unchanged). It still waits for those tiles, releases their stages and
+         * takes their turns (below, after the key loop), so the other consumers run as before. A
+         * key-split block's consumers share their rows: both take every tile. Dense calls only: a
+         * serving call's blocks take every tile in every consumer (with the rule, three serving
+         * tests over paged caches hung on the H200: docs/performance.md v38). */
+        int n_mine = n_tiles;
+        if constexpr (!Tr::kKeySplit && !kServing) {
+            if (tl.heads == 1) {
+                const int first = m0 + rc * 64, last = min(first + 63, row_last);
+                const int end = min(bnd.seqlen_k, last + bnd.key_hi_off + 1); /* (tile::key_end's form) */
+                n_mine = first > row_last ? 0 : max(0, min(n_tiles, (end + kBlockN - 1) / kBlockN - tile_begin));
+            }
+            n_mine = __shfl_sync(0xffffffffu, n_mine, 0); /* (uniform: the key loop's bound) */
+        }
         auto row_target = [&](int r, int &head, int &pos) { return tl.row_target(bnd, r, head, pos); };
         auto lse_slot = [&](int head, int pos) { return tl.lse_slot(p, head, pos, sq.lse_row0()); };
         int head_r[2], pos_r[2];
@@ -1401,24 +1420,33 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             kTailW > 0 && __shfl_sync(0xffffffffu, tl.key_end(bnd) - (tile_begin + n_tiles - 1) * kBlockN <= kTailW, 0);
         /* The last tile's P V over its first kW keys; a persistent block hands its V stage back for
          * the next tile. */
-        auto last_pv = [&](auto width) {
-            const int kv = kv0 + n_tiles - 1, st = kv & 1;
-            mbar_wait(sm.full_v + 8 * st, (kv >> 1) & 1);
-            if (gathered) fence_proxy_async_shared();
-            if constexpr (kServing) /* (the only tile that can cross the end of the sequence's keys) */
+        /* The block's last key tile's V (a serving call's: the only tile that can cross the end of
+         * the sequence's keys), its rows past them cleared by every consumer together. */
+        auto clear_last_v = [&](int st) {
+            if constexpr (kServing)
                 if (!gathered) clear_rows_past<Tr>(sm.v + (uint32_t)st * Tr::kKVBytes,
                                                    bnd.seqlen_k - (tile_begin + n_tiles - 1) * kBlockN, c,
                                                    tid % kWarpgroupThreads, kv_grouped);
+        };
+        /* This consumer's last tile's P V; its V stage released where a persistent block's next
+         * tile or another consumer's next key tile may load there. Its turn is the consumer's last
+         * of the tile unless tiles follow that it does not compute (n_mine). */
+        auto last_pv = [&](auto width) {
+            const int kv = kv0 + n_mine - 1, st = kv & 1;
+            mbar_wait(sm.full_v + 8 * st, (kv >> 1) & 1);
+            if (gathered) fence_proxy_async_shared();
+            if (n_mine == n_tiles) clear_last_v(st);
             if (kTurns) named_sync(my_turn, kTurnThreads);
             reg_fence(o);
             reg_fence_first<decltype(width)::value / 16>(pf);
             wgmma_fence();
             issue_pv(kv, width);
             wgmma_commit();
-            if (kTurns && (c != kNC - 1 || turn_on)) named_arrive(next_turn, kTurnThreads); /* (above) */
+            if (kTurns && (c != kNC - 1 || turn_on || n_mine < n_tiles)) /* (above) */
+                named_arrive(next_turn, kTurnThreads);
             wgmma_wait<0>();
             reg_fence(o);
-            if (Tr::kPersistent && lane == 0) mbar_arrive(sm.empty_v + 8 * st);
+            if ((Tr::kPersistent || n_mine < n_tiles) && lane == 0) mbar_arrive(sm.empty_v + 8 * st);
         };
 
         /* The key loop, S issued in `steps` k-steps (a copy of the loop per count: a branch between
@@ -1426,13 +1454,14 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
          * narrow last tiles, the last tile's P V too (the narrow tile's own copy: no register of P
          * is then live across it). */
         auto key_loop = [&](auto steps) {
-            const int full_tiles = kTailW > 0 && narrow ? n_tiles - 1 : n_tiles;
+            const bool narrow_mine = narrow && n_mine == n_tiles; /* (only the block's last tile is narrow) */
+            const int full_tiles = kTailW > 0 && narrow_mine ? n_mine - 1 : n_mine;
             for (int it = 0; it < full_tiles; ++it) key_step(it, steps, std::integral_constant<int, kKC>{});
             if constexpr (kTailW > 0) {
-                if (narrow) {
+                if (narrow_mine) {
                     key_step(n_tiles - 1, steps, std::integral_constant<int, kTailW>{});
                     last_pv(std::integral_constant<int, kTailW>{});
-                } else {
+                } else if (n_mine > 0) {
                     last_pv(std::integral_constant<int, kKC>{});
                 }
             }
@@ -1443,7 +1472,32 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         } else {
             key_loop(std::integral_constant<int, kHeadDim / 16>{});
         }
-        if constexpr (kTailW == 0) last_pv(std::integral_constant<int, kKC>{});
+        if constexpr (kTailW == 0)
+            if (n_mine > 0) last_pv(std::integral_constant<int, kKC>{});
+        /* The block's key tiles this consumer does not compute (n_mine): each waited for, its stages
+         * released, its turn taken and passed on; with none computed, the turn of the last P V too.
+         * The consumer's last turn passes on as last_pv's would. (Waiting for both stages to land
+         * before releasing them keeps each release in its own phase.) */
+        if (n_mine < n_tiles) {
+            for (int it = n_mine; it < n_tiles; ++it) {
+                const int kv = kv0 + it, st = kv & 1;
+                mbar_wait(sm.full_k + 8 * st, (kv >> 1) & 1);
+                mbar_wait(sm.full_v + 8 * st, (kv >> 1) & 1);
+                if (it == n_tiles - 1) clear_last_v(st);
+                if (kTurns) named_sync(my_turn, kTurnThreads);
+                if (lane == 0) {
+                    mbar_arrive(sm.empty_k + 8 * st);
+                    mbar_arrive(sm.empty_v + 8 * st);
+                    if (Tr::kPersistent && Tr::kOwnO && !Tr::kTwoQ && it == n_tiles - 1) mbar_arrive(sm.empty_q);
+                }
+                const bool last_turn = it == n_tiles - 1 && n_mine > 0;
+                if (kTurns && (!last_turn || c != kNC - 1 || turn_on)) named_arrive(next_turn, kTurnThreads);
+            }
+            if (kTurns && n_mine == 0) {
+                named_sync(my_turn, kTurnThreads);
+                if (c != kNC - 1 || turn_on) named_arrive(next_turn, kTurnThreads);
+            }
+        }
 
         /* A key-split block: consumer 1 hands its O, running max and sum (this thread's rows and
          * columns, which are consumer 0's same thread's) to consumer 0 through the K stages, which

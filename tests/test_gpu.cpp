@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdio>
 #include <thread>
+#include <vector>
 
 #include "gpu_util.h"
 
@@ -420,6 +421,82 @@ TEST_F(GpuSm90, PersistentBlocksTakeTileAfterTile) {
         }
     print_rule("persistent blocks (no mask, causal or windows; more tiles than SMs)", st, FLASHATTN_BACKEND_FUSED_SM90);
     EXPECT_EQ(cases, persistent) << "every case must take the persistent path";
+}
+
+// A FUSED_SM90 consumer warpgroup (64 rows of a block's tile) whose rows all lie past the last query
+// computes no key tile, and one whose last row sees no key past some key tile (a causal or
+// windowed upper bound: consumer 0's rows end first) stops there; it still takes its turns and
+// releases every stage. How many (tile, split, consumer) triples of a dense call do so, by the
+// kernel's rule, for a call without packed query heads (0 otherwise).
+int64_t consumers_stopping_early(const Case &c, const flashattn_plan_info &info) {
+    const std::string d = info.description;
+    if (d.find("gqa_") != std::string::npos || info.block_m % 64 != 0) return 0;
+    const int64_t sq = c.sq, sk = c.sk, off = sk - sq, bm = info.block_m, bn = info.block_n, splits = info.num_splits;
+    int64_t lo = -sq, hi = sk;  // key_lo_off <= j - i <= key_hi_off, as the planner folds them
+    if (c.mask == FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT) hi = std::min(hi, off);
+    if (c.mask == FLASHATTN_MASK_CAUSAL_TOP_LEFT) hi = std::min<int64_t>(hi, 0);
+    if (c.wr >= 0) hi = std::min(hi, off + std::min(c.wr, sq + sk));
+    if (c.wl >= 0) lo = std::max(lo, off - std::min(c.wl, sq + sk));
+    lo = std::max(-sq, std::min(lo, sk)), hi = std::max(-sq, std::min(hi, sk));
+    int64_t pairs = 0;
+    for (int64_t m0 = 0; m0 < sq; m0 += bm) {
+        const int64_t row_last = std::min(m0 + bm, sq) - 1;
+        const int64_t key_lo = std::max<int64_t>(0, m0 + lo), key_hi = std::min(sk, row_last + hi + 1);
+        const int64_t first_tile = key_lo / bn, all = key_hi > key_lo ? (key_hi + bn - 1) / bn - first_tile : 0;
+        const int64_t per_split = (all + splits - 1) / splits;
+        for (int64_t split = 0; split < splits; ++split) {  // (each split's tiles: the kernel's tile::set_key_tiles)
+            const int64_t begin = first_tile + split * per_split;
+            const int64_t tiles = std::max<int64_t>(0, std::min(per_split, all - split * per_split));
+            if (tiles == 0) continue;  // (no key: the block stores O = 0 and returns)
+            for (int64_t first = m0; first < m0 + bm; first += 64) {
+                const int64_t end = std::min(sk, std::min(first + 63, row_last) + hi + 1);
+                const int64_t mine =
+                    first > row_last ? 0 : std::max<int64_t>(0, std::min(tiles, (end + bn - 1) / bn - begin));
+                pairs += mine < tiles;
+            }
+        }
+    }
+    return pairs * c.b * c.hq;
+}
+
+// Calls whose tiles have such consumers: the last tile's rows filling one or two of three
+// consumers (head dim 64's 192-row tile) or one of two; causal and windowed edges on 128-, 112-
+// and 80-key tiles; blocks a tile and resident blocks; softcap, ALiBi, fp16, padded strides. By
+// FlashAttention's rule; each case must have such pairs.
+TEST_F(GpuSm90, ConsumersStopAtTheLastKeyTileTheirRowsSee) {
+    RuleStats st;
+    std::vector<Case> cases;
+    auto add = [&cases](int64_t d, int64_t b, int64_t hq, int64_t hkv, int64_t sq, int64_t sk, int mask) {
+        Case c;
+        c.d = d, c.b = b, c.hq = hq, c.hkv = hkv, c.sq = sq, c.sk = sk, c.mask = mask;
+        cases.push_back(c);
+        return &cases.back();
+    };
+    add(64, 2, 4, 4, 1024, 1024, FLASHATTN_MASK_NONE);                 // the last tile's 64 rows: two idle
+    add(64, 2, 4, 2, 512, 700, FLASHATTN_MASK_NONE)->dtype = FLASHATTN_DTYPE_FLOAT16;  // 128 rows: one
+    add(64, 3, 8, 8, 1000, 1000, FLASHATTN_MASK_NONE);                 // resident blocks
+    add(64, 1, 4, 2, 2000, 2000, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT);  // 192 rows on 128 keys
+    add(64, 3, 8, 4, 1150, 1150, FLASHATTN_MASK_CAUSAL_TOP_LEFT);      // resident, causal pairs
+    add(64, 1, 4, 4, 1500, 1500, FLASHATTN_MASK_NONE)->wl = 100;
+    cases.back().wr = 0;                                                // a sliding window
+    add(128, 2, 4, 4, 60, 300, FLASHATTN_MASK_NONE);                   // 60 rows of 128
+    add(128, 2, 16, 16, 2100, 2100, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT)->lse = false;  // resident
+    add(160, 1, 4, 4, 60, 500, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT);
+    add(192, 1, 4, 2, 700, 900, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT)->layout = kPadded;  // 112-key tiles
+    add(256, 2, 4, 4, 1000, 1000, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT)->dtype = FLASHATTN_DTYPE_FLOAT16;
+    add(256, 1, 4, 2, 333, 512, FLASHATTN_MASK_CAUSAL_TOP_LEFT)->softcap = 4.0f;  // 80-key tiles
+    cases.back().alibi = true;
+    int64_t pairs = 0;
+    for (const Case &c : cases) {
+        const flashattn_plan_info info = plan_for(h, Inputs(c), FLASHATTN_BACKEND_FUSED_SM90);
+        const int64_t n = consumers_stopping_early(c, info);
+        EXPECT_GT(n, 0) << c.str() << ": " << info.description << " (no consumer stops early: the case tests nothing)";
+        pairs += n;
+        check_fa_rule(h, c, st, FLASHATTN_BACKEND_FUSED_SM90);
+    }
+    print_rule("consumers past the last query or the causal edge", st, FLASHATTN_BACKEND_FUSED_SM90);
+    printf("[ fused_sm90 ] consumers past the last query or the causal edge: %lld (tile, split, consumer) triples\n",
+           (long long)pairs);
 }
 
 // Calls with no mask and no window over at least 8192 keys, head dims 65-128, take 176-key tiles
