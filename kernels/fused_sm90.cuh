@@ -1261,8 +1261,8 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
          * max, the sum and O unchanged). It still waits for those tiles, releases their stages and
          * takes their turns (below, after the key loop), so the other consumers run as before. A
          * key-split block's consumers share their rows: both take every tile. Dense calls only: a
-         * serving call's blocks take every tile in every consumer (with the rule, three serving
-         * tests over paged caches hung on the H200: docs/performance.md v38). */
+         * serving call's consumers take every tile (with the rule its prefill calls read 0.97-0.99x
+         * warm, those where no consumer stops early among them: docs/performance.md v38). */
         int n_mine = n_tiles;
         if constexpr (!Tr::kKeySplit && !kServing) {
             if (tl.heads == 1) {
@@ -1476,26 +1476,35 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             if (n_mine > 0) last_pv(std::integral_constant<int, kKC>{});
         /* The block's key tiles this consumer does not compute (n_mine): each waited for, its stages
          * released, its turn taken and passed on; with none computed, the turn of the last P V too.
-         * The consumer's last turn passes on as last_pv's would. (Waiting for both stages to land
-         * before releasing them keeps each release in its own phase.) */
+         * Every consumer takes n_tiles + 1 turns a tile. The consumers of a serving call (which take
+         * every tile today: n_mine above) clear their shares of its last V tile together
+         * (clear_last_v), each just before its last turn, turn n_tiles: in last_pv, in the release
+         * of the last tile (n_mine > 0), or, with none computed, after every release; a consumer
+         * that cleared in an earlier turn would wait there for the others while they wait for that
+         * turn (three serving tests hung so: docs/performance.md v38). The consumer's last turn
+         * passes on as last_pv's would. (Waiting for both stages to land before releasing them
+         * keeps each release in its own phase.) */
         if (n_mine < n_tiles) {
             for (int it = n_mine; it < n_tiles; ++it) {
                 const int kv = kv0 + it, st = kv & 1;
+                const bool last_turn = it == n_tiles - 1 && n_mine > 0;
                 mbar_wait(sm.full_k + 8 * st, (kv >> 1) & 1);
                 mbar_wait(sm.full_v + 8 * st, (kv >> 1) & 1);
-                if (it == n_tiles - 1) clear_last_v(st);
+                if (last_turn) clear_last_v(st);
                 if (kTurns) named_sync(my_turn, kTurnThreads);
                 if (lane == 0) {
                     mbar_arrive(sm.empty_k + 8 * st);
                     mbar_arrive(sm.empty_v + 8 * st);
                     if (Tr::kPersistent && Tr::kOwnO && !Tr::kTwoQ && it == n_tiles - 1) mbar_arrive(sm.empty_q);
                 }
-                const bool last_turn = it == n_tiles - 1 && n_mine > 0;
                 if (kTurns && (!last_turn || c != kNC - 1 || turn_on)) named_arrive(next_turn, kTurnThreads);
             }
-            if (kTurns && n_mine == 0) {
-                named_sync(my_turn, kTurnThreads);
-                if (c != kNC - 1 || turn_on) named_arrive(next_turn, kTurnThreads);
+            if (n_mine == 0) {
+                clear_last_v((kv0 + n_tiles - 1) & 1); /* (the stage still holds it: the others release it later) */
+                if (kTurns) {
+                    named_sync(my_turn, kTurnThreads);
+                    if (c != kNC - 1 || turn_on) named_arrive(next_turn, kTurnThreads);
+                }
             }
         }
 
