@@ -1418,8 +1418,6 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
          * block, taken through a shuffle so that ptxas sees it uniform. */
         const bool narrow =
             kTailW > 0 && __shfl_sync(0xffffffffu, tl.key_end(bnd) - (tile_begin + n_tiles - 1) * kBlockN <= kTailW, 0);
-        /* The last tile's P V over its first kW keys; a persistent block hands its V stage back for
-         * the next tile. */
         /* The block's last key tile's V (a serving call's: the only tile that can cross the end of
          * the sequence's keys), its rows past them cleared by every consumer together. */
         auto clear_last_v = [&](int st) {
@@ -1428,9 +1426,9 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                                                    bnd.seqlen_k - (tile_begin + n_tiles - 1) * kBlockN, c,
                                                    tid % kWarpgroupThreads, kv_grouped);
         };
-        /* This consumer's last tile's P V; its V stage released where a persistent block's next
-         * tile or another consumer's next key tile may load there. Its turn is the consumer's last
-         * of the tile unless tiles follow that it does not compute (n_mine). */
+        /* This consumer's last tile's P V over its first kW keys; its V stage handed back where a
+         * persistent block's next tile, or a key tile after this consumer's (n_mine), may load
+         * there. Its turn is the consumer's last of the tile unless such key tiles follow. */
         auto last_pv = [&](auto width) {
             const int kv = kv0 + n_mine - 1, st = kv & 1;
             mbar_wait(sm.full_v + 8 * st, (kv >> 1) & 1);
