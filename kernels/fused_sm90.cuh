@@ -1418,14 +1418,6 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
          * block, taken through a shuffle so that ptxas sees it uniform. */
         const bool narrow =
             kTailW > 0 && __shfl_sync(0xffffffffu, tl.key_end(bnd) - (tile_begin + n_tiles - 1) * kBlockN <= kTailW, 0);
-        /* The block's last key tile's V (a serving call's: the only tile that can cross the end of
-         * the sequence's keys), its rows past them cleared by every consumer together. */
-        auto clear_last_v = [&](int st) {
-            if constexpr (kServing)
-                if (!gathered) clear_rows_past<Tr>(sm.v + (uint32_t)st * Tr::kKVBytes,
-                                                   bnd.seqlen_k - (tile_begin + n_tiles - 1) * kBlockN, c,
-                                                   tid % kWarpgroupThreads, kv_grouped);
-        };
         /* This consumer's last tile's P V over its first kW keys; its V stage handed back where a
          * persistent block's next tile, or a key tile after this consumer's (n_mine), may load
          * there. Its turn is the consumer's last of the tile unless such key tiles follow. */
@@ -1433,7 +1425,10 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             const int kv = kv0 + n_mine - 1, st = kv & 1;
             mbar_wait(sm.full_v + 8 * st, (kv >> 1) & 1);
             if (gathered) fence_proxy_async_shared();
-            if (n_mine == n_tiles) clear_last_v(st);
+            if constexpr (kServing) /* (the block's last tile: the only one that can cross the keys' end) */
+                if (!gathered) clear_rows_past<Tr>(sm.v + (uint32_t)st * Tr::kKVBytes,
+                                                   bnd.seqlen_k - (tile_begin + n_tiles - 1) * kBlockN, c,
+                                                   tid % kWarpgroupThreads, kv_grouped);
             if (kTurns) named_sync(my_turn, kTurnThreads);
             reg_fence(o);
             reg_fence_first<decltype(width)::value / 16>(pf);
@@ -1474,35 +1469,30 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             if (n_mine > 0) last_pv(std::integral_constant<int, kKC>{});
         /* The block's key tiles this consumer does not compute (n_mine): each waited for, its stages
          * released, its turn taken and passed on; with none computed, the turn of the last P V too.
-         * Every consumer takes n_tiles + 1 turns a tile. The consumers of a serving call (which take
-         * every tile today: n_mine above) clear their shares of its last V tile together
-         * (clear_last_v), each just before its last turn, turn n_tiles: in last_pv, in the release
-         * of the last tile (n_mine > 0), or, with none computed, after every release; a consumer
-         * that cleared in an earlier turn would wait there for the others while they wait for that
-         * turn (three serving tests hung so: docs/performance.md v38). The consumer's last turn
-         * passes on as last_pv's would. (Waiting for both stages to land before releasing them
-         * keeps each release in its own phase.) */
+         * Every consumer takes n_tiles + 1 turns a tile; the last passes on as last_pv's would.
+         * (Waiting for both stages to land before releasing them keeps each release in its own
+         * phase.) Dense calls only (n_mine above): a serving call's consumers clear their shares of
+         * its last V tile together (clear_rows_past) just before their last turn, and one that
+         * stopped early would have to clear there too, not in an earlier turn of its releases, where
+         * it would wait for the others while they wait for that turn (three serving tests hung so:
+         * docs/performance.md v38). */
         if (n_mine < n_tiles) {
             for (int it = n_mine; it < n_tiles; ++it) {
                 const int kv = kv0 + it, st = kv & 1;
-                const bool last_turn = it == n_tiles - 1 && n_mine > 0;
                 mbar_wait(sm.full_k + 8 * st, (kv >> 1) & 1);
                 mbar_wait(sm.full_v + 8 * st, (kv >> 1) & 1);
-                if (last_turn) clear_last_v(st);
                 if (kTurns) named_sync(my_turn, kTurnThreads);
                 if (lane == 0) {
                     mbar_arrive(sm.empty_k + 8 * st);
                     mbar_arrive(sm.empty_v + 8 * st);
                     if (Tr::kPersistent && Tr::kOwnO && !Tr::kTwoQ && it == n_tiles - 1) mbar_arrive(sm.empty_q);
                 }
+                const bool last_turn = it == n_tiles - 1 && n_mine > 0;
                 if (kTurns && (!last_turn || c != kNC - 1 || turn_on)) named_arrive(next_turn, kTurnThreads);
             }
-            if (n_mine == 0) {
-                clear_last_v((kv0 + n_tiles - 1) & 1); /* (the stage still holds it: the others release it later) */
-                if (kTurns) {
-                    named_sync(my_turn, kTurnThreads);
-                    if (c != kNC - 1 || turn_on) named_arrive(next_turn, kTurnThreads);
-                }
+            if (kTurns && n_mine == 0) {
+                named_sync(my_turn, kTurnThreads);
+                if (c != kNC - 1 || turn_on) named_arrive(next_turn, kTurnThreads);
             }
         }
 
