@@ -1262,9 +1262,14 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
          * takes their turns (below, after the key loop), so the other consumers run as before. A
          * key-split block's consumers share their rows: both take every tile. Dense calls only: a
          * serving call's consumers take every tile (with the rule its prefill calls read 0.97-0.99x
-         * warm, those where no consumer stops early among them: docs/performance.md v38). */
+         * warm, those where no consumer stops early among them: docs/performance.md v38). And only
+         * where a key tile is narrower than the block's rows (head dim 64's 192 rows on 128-key
+         * tiles, 128 rows on 112- or 80-key tiles): elsewhere a consumer would stop early only in a
+         * last tile with rows to spare, or under a causal offset that is not a whole number of key
+         * tiles, and those kernels leave the rule's code out. */
+        constexpr bool kStopEarly = !Tr::kKeySplit && !kServing && kBlockN < kBlockM;
         int n_mine = n_tiles;
-        if constexpr (!Tr::kKeySplit && !kServing) {
+        if constexpr (kStopEarly) {
             if (tl.heads == 1) {
                 const int first = m0 + rc * 64, last = min(first + 63, row_last);
                 const int end = min(bnd.seqlen_k, last + bnd.key_hi_off + 1); /* (tile::key_end's form) */
@@ -1454,7 +1459,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                 if (narrow_mine) {
                     key_step(n_tiles - 1, steps, std::integral_constant<int, kTailW>{});
                     last_pv(std::integral_constant<int, kTailW>{});
-                } else if (n_mine > 0) {
+                } else if (!kStopEarly || n_mine > 0) { /* (without the rule: every consumer) */
                     last_pv(std::integral_constant<int, kKC>{});
                 }
             }
@@ -1466,7 +1471,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             key_loop(std::integral_constant<int, kHeadDim / 16>{});
         }
         if constexpr (kTailW == 0)
-            if (n_mine > 0) last_pv(std::integral_constant<int, kKC>{});
+            if (!kStopEarly || n_mine > 0) last_pv(std::integral_constant<int, kKC>{});
         /* The block's key tiles this consumer does not compute (n_mine): each waited for, its stages
          * released, its turn taken and passed on; with none computed, the turn of the last P V too.
          * Every consumer takes n_tiles + 1 turns a tile; the last passes on as last_pv's would.
@@ -1476,7 +1481,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
          * stopped early would have to clear there too, not in an earlier turn of its releases, where
          * it would wait for the others while they wait for that turn (three serving tests hung so:
          * docs/performance.md v38). */
-        if (n_mine < n_tiles) {
+        if (kStopEarly && n_mine < n_tiles) {
             for (int it = n_mine; it < n_tiles; ++it) {
                 const int kv = kv0 + it, st = kv & 1;
                 mbar_wait(sm.full_k + 8 * st, (kv >> 1) & 1);
