@@ -1,8 +1,10 @@
 """Side by side on one GPU, in one process: libflashattn (through the ctypes package) against
 PyTorch's scaled_dot_product_attention with its FLASH (FlashAttention-2) and CUDNN backends, on the
 same tensors, for every prefill and decode shape of the peer table (prefill: 16k tokens, hidden
-2048; decode: one query row against a long KV cache, grouped-query heads 32/8), and prefill at head
-dims 96, 160 and 192 (summarised apart, so the peer table's lines keep their shapes).
+2048; decode: one query row against a long KV cache, grouped-query heads 32/8), prefill at head
+dims 96, 160 and 192, and more prefill shapes (grouped-query heads 64/8, 64k tokens causal, a
+chunked prefill of 1024 queries over 16k keys); the last two kinds are summarised apart, so the
+peer table's lines keep their shapes.
 
     FLASHATTN_LIBRARY=build/libflashattn.so PYTHONPATH=python python3 benchmarks/compare_peers.py --json out.json
 
@@ -18,8 +20,11 @@ a server where other layers ran in between), and the events bracket only the cal
 has enqueued while the GPU was still busy with the flush (so no host time is counted). Both are
 reported; for decode the flushed GPU time is what the kernel costs.
 FLOPs = 4*B*Hq*Sq*Sk*D, halved for causal when Sq == Sk; decode rows report K+V bytes read per second
-instead. The causal mask is bottom-right for libflashattn and top-left for PyTorch; with Sq == Sk
-they are the same mask.
+instead. The causal mask is bottom-right for libflashattn and top-left for PyTorch's is_causal; with
+Sq == Sk they are the same mask. The chunked prefill's causal row (Sq < Sk) needs the bottom-right
+mask: FA2 runs it through PyTorch's flash kernel called directly (what
+torch.nn.attention.bias.causal_lower_right dispatches to; its mask is bottom-right), and cuDNN has no
+such path in PyTorch, so that row has no cuDNN figure. Every row checks the output against a peer's.
 """
 import argparse
 import json
@@ -73,6 +78,13 @@ def shapes():
             for c in (False, True):
                 h = 2048 // d if 2048 % d == 0 else 16
                 out.append(("prefill-hd", torch.bfloat16, 16384 // s, h, h, s, s, d, c))
+    # More prefill shapes, reported apart: grouped-query heads 64/8 (hidden 8192),
+    # 64k tokens causal, a chunked prefill (1024 new queries over a 16k-key context).
+    for s, c in ((4096, False), (4096, True), (16384, True)):
+        out.append(("prefill-more", torch.bfloat16, 16384 // s, 64, 8, s, s, 128, c))
+    out.append(("prefill-more", torch.bfloat16, 1, 16, 16, 65536, 65536, 128, True))
+    for c in (False, True):
+        out.append(("prefill-more", torch.bfloat16, 4, 16, 16, 1024, 16384, 128, c))
     return out
 
 
@@ -133,7 +145,7 @@ def main():
         o = torch.empty_like(q)
         decode = kind == "decode"
         # work per call: FLOPs (prefill, rate in TFLOP/s) or K+V bytes (decode, rate in GB/s)
-        work = 2 * b * sk * hkv * d * 2 if decode else 4 * b * hq * s * sk * d / (2 if causal else 1)
+        work = 2 * b * sk * hkv * d * 2 if decode else 4 * b * hq * s * sk * d / (2 if causal and s == sk else 1)
         unit, key, per_ms = ("GB/s", "_gbps", 1e6) if decode else ("TFLOP/s", "_tflops", 1e9)
         row = dict(kind=kind, dtype=str(dt).split(".")[-1], b=b, hq=hq, hkv=hkv, sq=s, sk=sk, d=d, causal=causal,
                    unit=unit)
@@ -144,10 +156,17 @@ def main():
             row["ours_cold_ms"] = bench(fn, args.iters, flush=flush)
         qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         peer_out = None
+        bottom_right = causal and s != sk  # (SDPA's is_causal is top-left: see the module's note)
         for name, be in (("fa2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+            if bottom_right and name == "cudnn":
+                row[name + "_error"] = "no bottom-right causal mask for Sq != Sk in PyTorch's cuDNN path"
+                continue
             try:
                 with sdpa_kernel([be]):
-                    f = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=hq != hkv)
+                    if bottom_right:
+                        f = lambda: torch.ops.aten._scaled_dot_product_flash_attention(qt, kt, vt, 0.0, True)[0]
+                    else:
+                        f = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=hq != hkv)
                     row[name + "_ms"] = bench(f, args.iters)
                     if flush is not None:
                         row[name + "_cold_ms"] = bench(f, args.iters, flush=flush)
@@ -182,17 +201,23 @@ def main():
         del q, k, v, o, qt, kt, vt, peer_out
     for label, sel in (("prefill", [r for r in rows if r["kind"] in ("prefill", "prefill-gqa")]),
                        ("decode", [r for r in rows if r["kind"] == "decode"]),
-                       ("prefill, head dims 96/160/192", [r for r in rows if r["kind"] == "prefill-hd"])):
+                       ("prefill, head dims 96/160/192", [r for r in rows if r["kind"] == "prefill-hd"]),
+                       ("prefill, more shapes", [r for r in rows if r["kind"] == "prefill-more"])):
         if not sel:
             continue
         for mode, pre in (("end to end", ""), ("cold L2, GPU time", "cold_")):
             if pre and flush is None:
                 continue
-            beats = sum(r[pre + "ratio_vs_fa2"] >= 1.0 for r in sel)
-            beats_cudnn = sum(r[pre + "ratio_vs_cudnn"] >= 1.0 for r in sel)
-            print(f"{label} ({mode}): ours >= FA2 on {beats}/{len(sel)} shapes, >= cuDNN on {beats_cudnn}/{len(sel)}; "
-                  f"geomean vs FA2 {torch.tensor([r[pre + 'ratio_vs_fa2'] for r in sel]).log().mean().exp():.3f}, "
-                  f"vs cuDNN {torch.tensor([r[pre + 'ratio_vs_cudnn'] for r in sel]).log().mean().exp():.3f}")
+            # (a row without a peer's figure, NaN, counts for neither side: the shapes say how many had one)
+            parts = []
+            for peer, name in (("fa2", "FA2"), ("cudnn", "cuDNN")):
+                rs = [r[pre + "ratio_vs_" + peer] for r in sel]
+                rs = [x for x in rs if x == x]
+                gm = torch.tensor(rs).log().mean().exp().item() if rs else float("nan")
+                parts.append((name, sum(x >= 1.0 for x in rs), len(rs), gm))
+            print(f"{label} ({mode}): ours >= {parts[0][0]} on {parts[0][1]}/{parts[0][2]} shapes, "
+                  f">= {parts[1][0]} on {parts[1][1]}/{parts[1][2]}; geomean vs {parts[0][0]} {parts[0][3]:.3f}, "
+                  f"vs {parts[1][0]} {parts[1][3]:.3f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(gpu=props.name, torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
