@@ -172,7 +172,7 @@ def main():
                         row[name + "_cold_ms"] = bench(f, args.iters, flush=flush)
                     if peer_out is None:
                         peer_out = f().transpose(1, 2)
-            except RuntimeError as e:
+            except (RuntimeError, TypeError) as e:  # (TypeError: a private op whose signature moved)
                 row[name + "_error"] = str(e).splitlines()[0]
         for name in ("ours", "fa2", "cudnn"):
             if name + "_ms" in row:
