@@ -113,6 +113,12 @@ typedef struct fa_kernel_params {
      * (fa_sm90_key_split): 1 when two consumer warpgroups each take half of every key tile of the
      * block's 64 query rows and merge their results at the end (the block has 384 threads), else 0. */
     int32_t key_split;
+    /* FUSED calls whose every block has warps with no query row (fa_fused_idle_warps > 0: each
+     * block holds at most seqlen_q <= block_m - block_m / warps rows, a decode's grouped heads or a
+     * few queries) and no softcap or ALiBi: the number of such warps a block has at least, and the
+     * kernel instantiation in which they run a key loop of their own, of the K/V loads, waits and
+     * barriers only, instead of computing scores and P V for rows no one stores. 0 otherwise. */
+    int32_t idle_warps;
 } fa_kernel_params;
 
 #ifdef __CUDACC__
@@ -229,6 +235,14 @@ typedef struct fa_fused_config {
 static inline int64_t fa_fused_smem_bytes(const fa_fused_config *c) {
     const int64_t row_bytes = (int64_t)(c->head_dim + FA_SMEM_PAD) * 2;
     return row_bytes * (c->block_m + 2 * (int64_t)c->stages * c->block_n);
+}
+
+/* FUSED: the warps a block has with no query row when no block holds more than `rows` query rows
+ * (a warp owns block_m / warps rows): 0 when rows is 0 or exceeds a block. */
+static inline int32_t fa_fused_idle_warps(const fa_fused_config *c, int64_t rows) {
+    const int64_t per_warp = c->block_m / c->warps;
+    if (rows <= 0 || rows > c->block_m) return 0;
+    return (int32_t)(c->warps - (rows + per_warp - 1) / per_warp);
 }
 
 /* The FUSED kernel's blocks an SM keeps resident as far as registers go (its __launch_bounds__

@@ -274,11 +274,23 @@ template <typename Tr> struct serving_ctx {
     __device__ __forceinline__ int64_t lse_stride() const { return group_rows() ? p.total_q : 1; }
 };
 
+/* A barrier of the whole block. kAligned: every thread reaches it at the same instruction
+ * (__syncthreads, bar.sync). Otherwise warps may wait at different instructions of barrier 0 (the
+ * unaligned barrier.sync 0), as the rowless warps of the kIdleWarps kernel do. */
+template <bool kAligned> __device__ __forceinline__ void block_barrier() {
+    if constexpr (kAligned)
+        __syncthreads();
+    else
+        asm volatile("barrier.sync 0;\n" ::: "memory");
+}
+
 /* One block's work: kBlockM query rows (query tile blockIdx.x, heaviest first) of one (batch entry,
  * head); ctx says where its inputs and outputs are (dense_ctx or serving_ctx). kTransform: softcap
  * and/or ALiBi present. kSplit: the call splits each tile's keys num_splits ways (blockIdx.x =
- * query tile x num_splits + split); this block writes its split's partial result. */
-template <int kDtype, int kHeadDim, bool kTransform, bool kSplit, class Ctx>
+ * query tile x num_splits + split); this block writes its split's partial result. kIdleWarps
+ * (p.idle_warps > 0): a warp whose rows all lie past the block's last query runs a key loop of the
+ * loads, waits and barriers alone, and writes nothing. */
+template <int kDtype, int kHeadDim, bool kTransform, bool kSplit, bool kIdleWarps, class Ctx>
 __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const Ctx &ctx) {
     using Tr = fused_traits<kDtype, kHeadDim>;
     using T = typename Tr::T;
@@ -388,15 +400,45 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
     const uint32_t vb_off = (uint32_t)((((lane % 8) + 8 * ((lane / 8) % 2)) * kStride + 8 * (lane / 16)) * 2);
     const uint32_t sQ_warp = smem_u32(sQ) + (uint32_t)(warp * 16 * kMT * kStride * 2) + a_off;
 
-    for (int it = 0; it < n_tiles; ++it) {
+    /* kIdleWarps: this warp has no query row (the same for all its lanes). It loads its share of
+     * every tile and meets the others at each barrier, at instructions of its own (so every
+     * barrier of this kernel is the unaligned one). */
+    const bool idle = kIdleWarps && warp_row0 >= bnd.seqlen_q;
+    constexpr bool kAligned = !kIdleWarps;
+    if (idle) {
+        for (int it = 0; it < n_tiles; ++it) {
+            const int n0 = (tile_begin + it) * kBlockN;
+            if constexpr (Tr::kStages == 2) {
+                cp_async_wait<1>();
+                block_barrier<kAligned>();
+                block_barrier<kAligned>();
+                if (it + 2 < n_tiles) {
+                    const int stage = it & 1;
+                    kv.load(sK + stage * kBlockN * kStride, sV + stage * kBlockN * kStride, n0 + 2 * kBlockN);
+                }
+                cp_async_commit();
+            } else {
+                cp_async_wait<0>();
+                block_barrier<kAligned>();
+                kv.load_v(sV, n0);
+                cp_async_commit();
+                cp_async_wait<0>();
+                block_barrier<kAligned>();
+                if (it + 1 < n_tiles) kv.load_k(sK, n0 + kBlockN);
+                cp_async_commit();
+            }
+        }
+    }
+    const int n_compute = idle ? 0 : n_tiles; /* the key loop of the warps with rows */
+    for (int it = 0; it < n_compute; ++it) {
         const int stage = Tr::kStages == 2 ? (it & 1) : 0;
         const int n0 = (tile_begin + it) * kBlockN;
         if constexpr (Tr::kStages == 2) {
-            cp_async_wait<1>(); /* tile `it` (and Q) have landed for this thread ... */
-            __syncthreads();    /* ... and for every thread */
+            cp_async_wait<1>();         /* tile `it` (and Q) have landed for this thread ... */
+            block_barrier<kAligned>(); /* ... and for every thread */
         } else {
-            cp_async_wait<0>(); /* K of tile `it` (and Q) have landed for this thread ... */
-            __syncthreads();    /* ... and for every thread, and every warp is done with V of tile it - 1 */
+            cp_async_wait<0>();         /* K of tile `it` (and Q) have landed for this thread ... */
+            block_barrier<kAligned>(); /* ... and for every thread, and every warp is done with V of tile it - 1 */
             kv.load_v(sV, n0);
             cp_async_commit();
         }
@@ -452,8 +494,8 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
         }
 
         if constexpr (Tr::kStages == 1) {
-            cp_async_wait<0>(); /* V of tile `it` has landed for this thread ... */
-            __syncthreads();    /* ... and for every thread, and every warp is done with K of tile it */
+            cp_async_wait<0>();         /* V of tile `it` has landed for this thread ... */
+            block_barrier<kAligned>(); /* ... and for every thread, and every warp is done with K of tile it */
             if (it + 1 < n_tiles) kv.load_k(sK, n0 + kBlockN);
             cp_async_commit(); /* possibly empty: keeps the wait_group count uniform */
         }
@@ -502,7 +544,7 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
             }
         }
         if constexpr (Tr::kStages == 2) {
-            __syncthreads(); /* every warp is done with this stage; refill it with tile it + 2 */
+            block_barrier<kAligned>(); /* every warp is done with this stage; refill it with tile it + 2 */
             if (it + 2 < n_tiles) {
                 const int n2 = (tile_begin + it + 2) * kBlockN;
                 kv.load(sK + stage * kBlockN * kStride, sV + stage * kBlockN * kStride, n2);
@@ -514,6 +556,7 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
 
     /* A split's epilogue: its normalised O in fp32, straight from the registers, and its LSE. */
     if constexpr (kSplit) {
+        if (idle) return;
         const int64_t row0 = part_row0();
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt)
@@ -537,21 +580,23 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
     /* Epilogue: normalise, stage O through sQ (free now: every warp read its Q last before the
      * loop's last barrier), store. */
     T *sO = sQ;
+    if (!idle) {
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
+        for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const float l = quad_sum(row_sum[mt][r]);
-            const float inv = softmax_inv(l);
-            const int row_local = (warp * kMT + mt) * 16 + g + 8 * r;
+            for (int r = 0; r < 2; ++r) {
+                const float l = quad_sum(row_sum[mt][r]);
+                const float inv = softmax_inv(l);
+                const int row_local = (warp * kMT + mt) * 16 + g + 8 * r;
 #pragma unroll
-            for (int j = 0; j < Tr::kOTiles; ++j)
-                *reinterpret_cast<uint32_t *>(sO + row_local * kStride + 8 * j + 2 * t) =
-                    pack_pair<kDtype>(o_acc[mt][j][2 * r] * inv, o_acc[mt][j][2 * r + 1] * inv);
-            if (lse && t == 0 && m0 + row_local < bnd.seqlen_q)
-                lse[(m0 + row_local) * ctx.lse_stride()] = softmax_lse(l, row_max[mt][r], mult);
-        }
-    __syncthreads();
+                for (int j = 0; j < Tr::kOTiles; ++j)
+                    *reinterpret_cast<uint32_t *>(sO + row_local * kStride + 8 * j + 2 * t) =
+                        pack_pair<kDtype>(o_acc[mt][j][2 * r] * inv, o_acc[mt][j][2 * r + 1] * inv);
+                if (lse && t == 0 && m0 + row_local < bnd.seqlen_q)
+                    lse[(m0 + row_local) * ctx.lse_stride()] = softmax_lse(l, row_max[mt][r], mult);
+            }
+    }
+    block_barrier<kAligned>();
     for (int c = threadIdx.x; c < kBlockM * Tr::kChunks; c += Tr::kThreads) {
         const int r = c / Tr::kChunks, ch = c % Tr::kChunks;
         if (m0 + r < bnd.seqlen_q && ch * 8 < p.head_dim)
@@ -566,25 +611,30 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
  * each sequence's counts, offsets and rows from the device arrays; its own instantiation, so the
  * dense kernels carry none of it. kSplit: the keys are split (num_splits > 1); its own
  * instantiation too, so unsplit calls run the kernel they always did. */
-template <int kDtype, int kHeadDim, bool kTransform, bool kServing, bool kSplit>
+template <int kDtype, int kHeadDim, bool kTransform, bool kServing, bool kSplit, bool kIdleWarps = false>
 __global__ void __launch_bounds__(fused_traits<kDtype, kHeadDim>::kThreads,
                                   fused_traits<kDtype, kHeadDim>::kMinBlocks)
 fused_fwd_kernel(const __grid_constant__ fa_kernel_params p) {
     using Tr = fused_traits<kDtype, kHeadDim>;
     if constexpr (!kServing)
-        fused_fwd_block<kDtype, kHeadDim, kTransform, kSplit>(p, dense_ctx<Tr>{p});
+        fused_fwd_block<kDtype, kHeadDim, kTransform, kSplit, kIdleWarps>(p, dense_ctx<Tr>{p});
     else
-        fused_fwd_block<kDtype, kHeadDim, kTransform, kSplit>(p, serving_ctx<Tr>{p, serving_seq(p, blockIdx.z)});
+        fused_fwd_block<kDtype, kHeadDim, kTransform, kSplit, kIdleWarps>(
+            p, serving_ctx<Tr>{p, serving_seq(p, blockIdx.z)});
 }
 
 template <int kDtype, int kHeadDim, bool kSplit> struct fused_kernels {
     using Kernel = void (*)(fa_kernel_params);
-    /* The instantiation for (serving, transform). */
+    /* The instantiation for (serving, transform), or with idle warps (no transform) for serving. */
     static Kernel pick(bool serving, bool transform) {
         return serving ? (transform ? fused_fwd_kernel<kDtype, kHeadDim, true, true, kSplit>
                                     : fused_fwd_kernel<kDtype, kHeadDim, false, true, kSplit>)
                        : (transform ? fused_fwd_kernel<kDtype, kHeadDim, true, false, kSplit>
                                     : fused_fwd_kernel<kDtype, kHeadDim, false, false, kSplit>);
+    }
+    static Kernel pick_idle(bool serving) {
+        return serving ? fused_fwd_kernel<kDtype, kHeadDim, false, true, kSplit, true>
+                       : fused_fwd_kernel<kDtype, kHeadDim, false, false, kSplit, true>;
     }
 };
 
@@ -595,10 +645,16 @@ int launch_fused(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
         (kp->num_splits > 1 && (kp->o_accum == nullptr || kp->lse_accum == nullptr)))
         return (int)cudaErrorInvalidConfiguration; /* planner and kernel disagree: refuse */
     const bool transform = kp->softcap > 0.0f || kp->alibi_slopes != nullptr, split = kp->num_splits > 1;
-    static std::atomic<unsigned long long> configured[8]; /* per kernel below: devices configured */
-    const int which = (split ? 4 : 0) + (kp->serving ? 2 : 0) + (transform ? 1 : 0);
-    auto kernel = split ? fused_kernels<kDtype, kHeadDim, true>::pick(kp->serving, transform)
-                        : fused_kernels<kDtype, kHeadDim, false>::pick(kp->serving, transform);
+    const bool idle = kp->idle_warps > 0;
+    if (idle && (transform || kp->seqlen_q > Tr::kBlockM - 16 * Tr::kMTiles))
+        return (int)cudaErrorInvalidConfiguration; /* no such instantiation, or no rowless warp */
+    static std::atomic<unsigned long long> configured[12]; /* per kernel below: devices configured */
+    const int which = idle ? 8 + (split ? 2 : 0) + (kp->serving ? 1 : 0)
+                           : (split ? 4 : 0) + (kp->serving ? 2 : 0) + (transform ? 1 : 0);
+    auto kernel = idle ? (split ? fused_kernels<kDtype, kHeadDim, true>::pick_idle(kp->serving)
+                                : fused_kernels<kDtype, kHeadDim, false>::pick_idle(kp->serving))
+                       : split ? fused_kernels<kDtype, kHeadDim, true>::pick(kp->serving, transform)
+                               : fused_kernels<kDtype, kHeadDim, false>::pick(kp->serving, transform);
     const cudaError_t err = set_smem_once(kernel, Tr::kSmemBytes, configured[which]);
     if (err != cudaSuccess) return (int)err;
     kernel<<<dim3(l->grid_x, l->grid_y, l->grid_z), Tr::kThreads, Tr::kSmemBytes,

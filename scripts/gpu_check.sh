@@ -72,7 +72,7 @@ if [[ " $steps " == *" quick "* ]]; then
 fi
 if want sanitize; then
   : > "$OUT/sanitizer.log"
-  for tool in memcheck racecheck initcheck; do
+  for tool in memcheck racecheck initcheck synccheck; do
     compute-sanitizer --tool $tool --error-exitcode 1 ./build/tests/test_gpu --gtest_filter='Gpu.SanitizerSubset:GpuSm90.SanitizerSubset' \
       >> "$OUT/sanitizer.log" 2>&1
     summary+=("sanitizer $tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.log" | tail -1)")

@@ -620,6 +620,11 @@ flashattn_status fa_plan_make(const fa_device_caps *caps, const flashattn_fwd_pa
                            "seqlen_q x head_dim = %d x %lld x %lld x %lld x %lld) overflows int64 bytes",
                            plan.kp.num_splits, (ll)p->batch, (ll)p->heads_q, (ll)p->seqlen_q,
                            (ll)p->head_dim);
+        /* FUSED blocks with rowless warps (a decode's grouped heads, a few queries): those warps
+         * skip the matrix products in the instantiation that has them (not with softcap or ALiBi,
+         * which keep the full-tile kernel). */
+        if (!sm90 && !(plan.kp.softcap > 0.0f) && plan.kp.alibi_slopes == NULL)
+            plan.kp.idle_warps = fa_fused_idle_warps(&plan.cfg, plan.kp.seqlen_q);
     } else {
         const int64_t rows = p->batch * p->heads_q * p->seqlen_q;
         plan.grid_x = (int32_t)min64(rows, FA_GRID_STRIDE_MAX_BLOCKS);
@@ -696,6 +701,7 @@ void fa_plan_describe(const fa_plan *plan, flashattn_plan_info *info) {
     char order[32] = "";
     if (kp->sched_heads > 0) snprintf(order, sizeof order, " heaviest_first=%d", kp->sched_heads);
     if (kp->persistent) snprintf(order, sizeof order, " persistent%s", kp->persistent == 2 ? "=pairs" : "");
+    if (kp->idle_warps > 0) snprintf(order, sizeof order, " idle_warps=%d", kp->idle_warps);
     snprintf(info->description, sizeof info->description,
              "backend=%s kernel=%s grid=(%d,%d,%d) threads=%d smem=%lld splits=%d workspace=%lld%s%s%s",
              bname, info->kernel_name,

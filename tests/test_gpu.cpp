@@ -318,8 +318,9 @@ TEST_F(GpuSm90, NarrowLastKeyTile) {
                FLASHATTN_BACKEND_FUSED_SM90);
 }
 
-// A small, representative set for compute-sanitizer (memcheck, racecheck, initcheck): every
-// compiled head dim, ragged lengths, each mask, softcap/ALiBi, GQA, padded strides, both backends.
+// A small, representative set for compute-sanitizer (memcheck, racecheck, initcheck, synccheck):
+// every compiled head dim, ragged lengths, each mask, softcap/ALiBi, GQA, padded strides, blocks
+// with rowless warps (decode, a few queries), both backends.
 TEST_F(Gpu, SanitizerSubset) {
     RuleStats st;
     for (int64_t d : {32, 64, 96, 128, 160, 192, 256}) {
@@ -330,6 +331,12 @@ TEST_F(Gpu, SanitizerSubset) {
         Case f = c;
         f.softcap = 2.0f, f.alibi = true, f.layout = kPadded, f.wl = 40, f.wr = 5, f.sq = 150, f.sk = 77;
         check_fa_rule(h, f, st);
+        Case dec = c;  // a decode's grouped heads, and five queries: blocks with rowless warps
+        dec.sq = 1, dec.hq = 8, dec.sk = 300 + d;
+        check_fa_rule(h, dec, st);
+        Case few = c;
+        few.sq = 5, few.hq = few.hkv = 2, few.mask = FLASHATTN_MASK_CAUSAL_TOP_LEFT;
+        check_fa_rule(h, few, st);
     }
     print_rule("sanitizer subset", st);
 }
@@ -364,6 +371,50 @@ TEST_F(GpuSm90, SanitizerSubset) {
         EXPECT_LE(max_abs_diff(a.lse, b.lse), 1e-4) << q.str();
     }
     print_rule("sanitizer subset", st, FLASHATTN_BACKEND_FUSED_SM90);
+}
+
+// FUSED blocks whose warps are not all given query rows: a decode's grouped query heads (2 to 48
+// rows of a tile), a few queries of one head, the keys split or not, both causal masks, padded
+// strides, fp16, no LSE, every head dim; the plan takes the idle-warp kernel exactly where a
+// block has a rowless warp and no softcap or ALiBi (which keep the full-tile kernel, checked too).
+TEST_F(Gpu, FusedWarpsWithNoQueryRowComputeNothing) {
+    RuleStats st;
+    int idle_calls = 0, idle_split = 0, full_calls = 0;
+    struct Shape { int64_t b, hq, hkv, sq, sk; };
+    const Shape shapes[] = {{1, 8, 4, 1, 4099},   {3, 32, 8, 1, 1000},  {2, 16, 1, 1, 777}, {1, 48, 1, 1, 3000},
+                            {2, 4, 4, 1, 2500},   {1, 4, 4, 5, 300},     {2, 2, 2, 17, 129}, {1, 2, 1, 33, 1500},
+                            {1, 2, 2, 96, 250},   {1, 2, 2, 97, 250},    {1, 2, 2, 48, 4000}, {2, 64, 4, 1, 600}};
+    for (int64_t d : {32, 64, 96, 128, 160, 192, 256}) {
+        if (!fa_fused_compiled(FLASHATTN_DTYPE_BFLOAT16, fa_fused_kernel_head_dim(d))) continue;
+        int i = 0;
+        for (const Shape &sh : shapes) {
+            Case c;
+            c.b = sh.b, c.hq = sh.hq, c.hkv = sh.hkv, c.sq = sh.sq, c.sk = sh.sk, c.d = d;
+            const int v = (i++ + (int)(d / 32)) % 6;
+            if (v == 1) c.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, c.dtype = FLASHATTN_DTYPE_FLOAT16;
+            if (v == 2) c.mask = FLASHATTN_MASK_CAUSAL_TOP_LEFT, c.layout = kPadded;
+            if (v == 3) c.lse = false, c.wl = 100, c.wr = 0;
+            if (v == 4) c.layout = kHeadMajor;
+            if (v == 5) c.softcap = 5.0f;
+            const flashattn_plan_info info = plan_for(h, Inputs(c), FLASHATTN_BACKEND_FUSED);
+            const std::string desc = info.description;
+            const int64_t rows = desc.find(" gqa_rows") != std::string::npos ? c.hq / c.hkv : c.sq;
+            const int64_t per_warp = info.block_m / info.num_warps;
+            const int64_t want = c.softcap > 0 || rows > info.block_m ? 0 : info.num_warps - (rows + per_warp - 1) / per_warp;
+            const size_t at = desc.find(" idle_warps=");
+            EXPECT_EQ(want > 0, at != std::string::npos) << c.str() << ": " << desc;
+            if (at != std::string::npos) EXPECT_EQ(want, std::atoll(desc.c_str() + at + 12)) << desc;
+            idle_calls += want > 0, idle_split += want > 0 && info.num_splits > 1;
+            full_calls += want == 0;
+            check_fa_rule(h, c, st, FLASHATTN_BACKEND_FUSED);
+        }
+    }
+    print_rule("blocks with rowless warps (grouped decode heads, a few queries)", st);
+    printf("[ fused ] blocks with rowless warps: %d calls on the idle-warp kernel (%d split), %d on the full-tile one\n",
+           idle_calls, idle_split, full_calls);
+    EXPECT_GT(idle_calls, 30);
+    EXPECT_GT(idle_split, 10);
+    EXPECT_GT(full_calls, 5);
 }
 
 // Decode-shaped calls: query heads of a KV group packed into one tile, and the key range split

@@ -1216,6 +1216,61 @@ TEST(Planning, FusedDecodeRunsAGroupsQueryHeadsAsTheRowsOfOneTile) {
     EXPECT_EQ(0, plan_ok(r, a100_caps()).gqa_rows);
 }
 
+TEST(Planning, FusedBlocksWithRowlessWarpsTakeTheIdleWarpKernel) {
+    if (!fa_fused_compiled(FLASHATTN_DTYPE_BFLOAT16, 128)) GTEST_SKIP() << "d128 not compiled in";
+    // FUSED blocks hold block_m rows, block_m / warps a warp. Where no block can hold more rows than
+    // leave a warp empty (a decode's grouped heads, a few queries), and there is no softcap or ALiBi,
+    // the plan takes the kernel whose rowless warps skip the matrix products, and says how many
+    // such warps a block has at least.
+    flashattn_fwd_params p = valid_params();
+    p.batch = 3, p.seqlen_q = 1, p.seqlen_k = 4096, p.heads_q = 32, p.heads_kv = 8, p.head_dim = 128;
+    flashattn_fwd_params_set_packed_strides(&p);
+    auto idle = [](flashattn_fwd_params q) {
+        flashattn_fwd_params_set_packed_strides(&q);
+        const fa_plan plan = plan_ok(q, a100_caps());
+        EXPECT_EQ(FLASHATTN_BACKEND_FUSED, plan.backend);
+        flashattn_plan_info info;
+        flashattn_plan_info_init(&info);
+        fa_plan_describe(&plan, &info);
+        const std::string want = " idle_warps=" + std::to_string(plan.kp.idle_warps);
+        EXPECT_EQ(plan.kp.idle_warps > 0, std::string(info.description).find(want) != std::string::npos)
+            << info.description;
+        return plan.kp.idle_warps;
+    };
+    EXPECT_EQ(3, idle(p));  // 4 grouped heads: rows 0-3 of 128, 32 a warp
+    flashattn_fwd_params c = p;
+    c.heads_q = 8 * 12;  // 12 rows: still one warp's
+    EXPECT_EQ(3, idle(c));
+    c.heads_q = 8 * 40, c.heads_kv = 8;  // 40 rows: two warps'
+    EXPECT_EQ(2, idle(c));
+    c = p, c.heads_kv = 32, c.seqlen_q = 96;  // no grouping: 96 rows, the fourth warp rowless
+    EXPECT_EQ(1, idle(c));
+    c.seqlen_q = 97;  // a row for every warp
+    EXPECT_EQ(0, idle(c));
+    c.seqlen_q = 300;  // three tiles
+    EXPECT_EQ(0, idle(c));
+    c = p, c.softcap = 30.0f;  // softcap and ALiBi keep the full-tile kernel
+    EXPECT_EQ(0, idle(c));
+    c = p, c.alibi_slopes = (const float *)0x500000;
+    EXPECT_EQ(0, idle(c));
+    if (fa_fused_compiled(FLASHATTN_DTYPE_BFLOAT16, 256)) {
+        c = p, c.head_dim = 256;  // 64-row tiles, 16 rows a warp
+        EXPECT_EQ(3, idle(c));
+        c.heads_q = 8 * 40;
+        EXPECT_EQ(1, idle(c));
+    }
+    c = p, c.mask = FLASHATTN_MASK_CAUSAL_TOP_LEFT;  // one head a block, one row of 128
+    EXPECT_EQ(3, idle(c));
+    // A packed Q of one query per sequence (varlen decode): the capacity's rows, as the dense call.
+    c = p;
+    c.cu_seqlens_q = (const int32_t *)0x700000, c.total_q = 3;
+    c.q_batch_stride = c.o_batch_stride = 0;
+    const fa_plan packed = plan_ok(c, a100_caps());
+    EXPECT_EQ(3, packed.kp.idle_warps);
+    // FUSED_SM90 has no such kernel.
+    if (fa_sm90_compiled(FLASHATTN_DTYPE_BFLOAT16, 128)) EXPECT_EQ(0, plan_ok(p, h200_caps()).kp.idle_warps);
+}
+
 TEST(Planning, PackGqaDecision) {
     EXPECT_TRUE(fa_should_pack_gqa(1, 4, 128, 1));     // decode, 4 query heads per KV head
     EXPECT_TRUE(fa_should_pack_gqa(1, 4, 128, 64));    // Sq = block_m / 2 still packs

@@ -350,8 +350,10 @@ void check_outputs(flashattn_handle *h, const ServingRun &r, const std::vector<u
 
 // The call on every backend (REFERENCE, FUSED, and FUSED_SM90 on Hopper: TMA pages or gathered
 // ones, by the page size), or on `only` alone, each checked sequence by sequence; with
-// `sm90_plan_has`, FUSED_SM90's plan description must contain it (or each of its parts joined by '&').
-void run_and_check(flashattn_handle *h, const Spec &spec, Stats &st, int only = -1, const char *sm90_plan_has = nullptr) {
+// `sm90_plan_has` (`fused_plan_has`), FUSED_SM90's (FUSED's) plan description must contain it (or
+// each of its parts joined by '&').
+void run_and_check(flashattn_handle *h, const Spec &spec, Stats &st, int only = -1, const char *sm90_plan_has = nullptr,
+                   const char *fused_plan_has = nullptr) {
     SCOPED_TRACE(spec.str());
     ServingRun r(spec);
     DeviceRun dev(r);
@@ -371,8 +373,11 @@ void run_and_check(flashattn_handle *h, const Spec &spec, Stats &st, int only = 
         ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_plan(h, &pb, &info)) << flashattn_last_error();
         st.split_packed_q += spec.packed_q && info.num_splits > 1;
         st.key_split += backend == FLASHATTN_BACKEND_FUSED_SM90 && info.block_m == 64 && info.num_warps == 12;
-        if (sm90_plan_has && backend == FLASHATTN_BACKEND_FUSED_SM90) {
-            const std::string want = sm90_plan_has, desc = info.description;  // (parts joined by '&': each must be there)
+        const char *plan_has = backend == FLASHATTN_BACKEND_FUSED_SM90 ? sm90_plan_has
+                               : backend == FLASHATTN_BACKEND_FUSED    ? fused_plan_has
+                                                                       : nullptr;
+        if (plan_has) {
+            const std::string want = plan_has, desc = info.description;  // (parts joined by '&': each must be there)
             for (size_t at = 0; at <= want.size();) {
                 const size_t end = std::min(want.find('&', at), want.size());
                 EXPECT_NE(desc.find(want.substr(at, end - at)), std::string::npos) << desc;
@@ -683,6 +688,30 @@ TEST_F(Serving, DecodeOverCaches) {
     print_stats("decode over paged, indexed and dense caches (dense and packed Q)", st);
     printf("[ serving ] decode with packed Q: %d fused calls split their keys; %d FUSED_SM90 calls on key-split "
            "blocks\n", st.split_packed_q, st.key_split);
+}
+
+TEST_F(Serving, FusedDecodeWarpsWithNoQueryRowComputeNothing) {
+    // FUSED decode whose blocks leave warps without a query row: one query per sequence with its
+    // KV group's 4 heads as a tile's rows, or up to 5 queries of one head each (groups of one),
+    // packed Q, over pages of 16 and 19, page lists, packed K/V and an indexed
+    // cache, split over a capacity of 3100 keys or not; head dims 64, 128 and 256, both dtypes. Each
+    // FUSED plan must take the idle-warp kernel (" idle_warps=").
+    Stats st;
+    for (int64_t d : {64, 128, 256})
+        for (KvMode kv : {kPagedSeqused, kPagedCsr, kPackedKv, kIndexedCache}) {
+            Spec s;
+            s.d = d, s.kv = kv, s.page_size = kv == kPagedCsr ? 19 : 16, s.hq = 16, s.hkv = 4;
+            s.dtype = d == 128 ? FLASHATTN_DTYPE_FLOAT16 : FLASHATTN_DTYPE_BFLOAT16;
+            s.mask = kv == kPackedKv ? FLASHATTN_MASK_NONE : FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+            s.cap_k = kv == kPackedKv ? 0 : 3100;
+            s.sq = {1, 1, 0, 1, 1}, s.sk = {3000, 1, 77, 0, 1500};
+            run_and_check(h, s, st, FLASHATTN_BACKEND_FUSED, nullptr, " idle_warps=3&gqa_rows");
+            s.hq = s.hkv = 2, s.cap_q = 5;
+            s.sq = {3, 5, 0, 2, 1};
+            run_and_check(h, s, st, FLASHATTN_BACKEND_FUSED, nullptr, " idle_warps=3");
+        }
+    print_stats("FUSED decode with rowless warps (grouped heads as rows, a few queries)", st);
+    EXPECT_GT(st.split_packed_q, 0) << "no packed-Q decode call was split";
 }
 
 TEST_F(Serving, UnusedRowsNeverReachTheOutput) {
