@@ -457,8 +457,9 @@ typedef struct flashattn_plan_info {
                                   tiles: "gqa_packed" / "gqa_rows" (a KV group's query heads in one
                                   tile), "persistent" (one resident block per SM taking tile after
                                   tile; "persistent=pairs": causal tiles in pairs of equal work),
-                                  "heaviest_first=N" (heaviest tiles first across N heads), and a
-                                  serving call's paths */
+                                  "heaviest_first=N" (heaviest tiles first across N heads),
+                                  "idle_warps=N" (FUSED: N warps a block have no query row and only
+                                  load and wait), and a serving call's paths */
 } flashattn_plan_info;
 
 /* The struct's size in release 0.1.0. */
