@@ -115,9 +115,9 @@ typedef struct fa_kernel_params {
     int32_t key_split;
     /* FUSED calls whose every block has warps with no query row (fa_fused_idle_warps > 0: each
      * block holds at most seqlen_q <= block_m - block_m / warps rows, a decode's grouped heads or a
-     * few queries) and no softcap or ALiBi: the number of such warps a block has at least, and the
-     * kernel instantiation in which they run a key loop of their own, of the K/V loads, waits and
-     * barriers only, instead of computing scores and P V for rows no one stores. 0 otherwise. */
+     * few queries): the number of such warps a block has at least, and the kernel instantiation in
+     * which they run a key loop of their own, of the K/V loads, waits and barriers only, instead of
+     * computing scores and P V for rows no one stores. 0 otherwise. */
     int32_t idle_warps;
 } fa_kernel_params;
 

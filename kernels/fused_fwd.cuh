@@ -625,16 +625,15 @@ fused_fwd_kernel(const __grid_constant__ fa_kernel_params p) {
 
 template <int kDtype, int kHeadDim, bool kSplit> struct fused_kernels {
     using Kernel = void (*)(fa_kernel_params);
-    /* The instantiation for (serving, transform), or with idle warps (no transform) for serving. */
-    static Kernel pick(bool serving, bool transform) {
-        return serving ? (transform ? fused_fwd_kernel<kDtype, kHeadDim, true, true, kSplit>
-                                    : fused_fwd_kernel<kDtype, kHeadDim, false, true, kSplit>)
-                       : (transform ? fused_fwd_kernel<kDtype, kHeadDim, true, false, kSplit>
-                                    : fused_fwd_kernel<kDtype, kHeadDim, false, false, kSplit>);
+    /* The instantiation for (serving, transform), with or without idle warps. */
+    template <bool kIdle> static Kernel pick(bool serving, bool transform) {
+        return serving ? (transform ? fused_fwd_kernel<kDtype, kHeadDim, true, true, kSplit, kIdle>
+                                    : fused_fwd_kernel<kDtype, kHeadDim, false, true, kSplit, kIdle>)
+                       : (transform ? fused_fwd_kernel<kDtype, kHeadDim, true, false, kSplit, kIdle>
+                                    : fused_fwd_kernel<kDtype, kHeadDim, false, false, kSplit, kIdle>);
     }
-    static Kernel pick_idle(bool serving) {
-        return serving ? fused_fwd_kernel<kDtype, kHeadDim, false, true, kSplit, true>
-                       : fused_fwd_kernel<kDtype, kHeadDim, false, false, kSplit, true>;
+    static Kernel pick(bool serving, bool transform, bool idle) {
+        return idle ? pick<true>(serving, transform) : pick<false>(serving, transform);
     }
 };
 
@@ -646,15 +645,12 @@ int launch_fused(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
         return (int)cudaErrorInvalidConfiguration; /* planner and kernel disagree: refuse */
     const bool transform = kp->softcap > 0.0f || kp->alibi_slopes != nullptr, split = kp->num_splits > 1;
     const bool idle = kp->idle_warps > 0;
-    if (idle && (transform || kp->seqlen_q > Tr::kBlockM - 16 * Tr::kMTiles))
-        return (int)cudaErrorInvalidConfiguration; /* no such instantiation, or no rowless warp */
-    static std::atomic<unsigned long long> configured[12]; /* per kernel below: devices configured */
-    const int which = idle ? 8 + (split ? 2 : 0) + (kp->serving ? 1 : 0)
-                           : (split ? 4 : 0) + (kp->serving ? 2 : 0) + (transform ? 1 : 0);
-    auto kernel = idle ? (split ? fused_kernels<kDtype, kHeadDim, true>::pick_idle(kp->serving)
-                                : fused_kernels<kDtype, kHeadDim, false>::pick_idle(kp->serving))
-                       : split ? fused_kernels<kDtype, kHeadDim, true>::pick(kp->serving, transform)
-                               : fused_kernels<kDtype, kHeadDim, false>::pick(kp->serving, transform);
+    if (idle && kp->seqlen_q > Tr::kBlockM - 16 * Tr::kMTiles)
+        return (int)cudaErrorInvalidConfiguration; /* a block could fill every warp: no rowless warp */
+    static std::atomic<unsigned long long> configured[16]; /* per kernel below: devices configured */
+    const int which = (idle ? 8 : 0) + (split ? 4 : 0) + (kp->serving ? 2 : 0) + (transform ? 1 : 0);
+    auto kernel = split ? fused_kernels<kDtype, kHeadDim, true>::pick(kp->serving, transform, idle)
+                        : fused_kernels<kDtype, kHeadDim, false>::pick(kp->serving, transform, idle);
     const cudaError_t err = set_smem_once(kernel, Tr::kSmemBytes, configured[which]);
     if (err != cudaSuccess) return (int)err;
     kernel<<<dim3(l->grid_x, l->grid_y, l->grid_z), Tr::kThreads, Tr::kSmemBytes,

@@ -1219,9 +1219,8 @@ TEST(Planning, FusedDecodeRunsAGroupsQueryHeadsAsTheRowsOfOneTile) {
 TEST(Planning, FusedBlocksWithRowlessWarpsTakeTheIdleWarpKernel) {
     if (!fa_fused_compiled(FLASHATTN_DTYPE_BFLOAT16, 128)) GTEST_SKIP() << "d128 not compiled in";
     // FUSED blocks hold block_m rows, block_m / warps a warp. Where no block can hold more rows than
-    // leave a warp empty (a decode's grouped heads, a few queries), and there is no softcap or ALiBi,
-    // the plan takes the kernel whose rowless warps skip the matrix products, and says how many
-    // such warps a block has at least.
+    // leave a warp empty (a decode's grouped heads, a few queries), the plan takes the kernel whose
+    // rowless warps skip the matrix products, and says how many such warps a block has at least.
     flashattn_fwd_params p = valid_params();
     p.batch = 3, p.seqlen_q = 1, p.seqlen_k = 4096, p.heads_q = 32, p.heads_kv = 8, p.head_dim = 128;
     flashattn_fwd_params_set_packed_strides(&p);
@@ -1249,10 +1248,10 @@ TEST(Planning, FusedBlocksWithRowlessWarpsTakeTheIdleWarpKernel) {
     EXPECT_EQ(0, idle(c));
     c.seqlen_q = 300;  // three tiles
     EXPECT_EQ(0, idle(c));
-    c = p, c.softcap = 30.0f;  // softcap and ALiBi keep the full-tile kernel
-    EXPECT_EQ(0, idle(c));
-    c = p, c.alibi_slopes = (const float *)0x500000;
-    EXPECT_EQ(0, idle(c));
+    c = p, c.softcap = 30.0f;  // with softcap too
+    EXPECT_EQ(3, idle(c));
+    c = p, c.alibi_slopes = (const float *)0x500000;  // and ALiBi (one head a block, one row of 128)
+    EXPECT_EQ(3, idle(c));
     if (fa_fused_compiled(FLASHATTN_DTYPE_BFLOAT16, 256)) {
         c = p, c.head_dim = 256;  // 64-row tiles, 16 rows a warp
         EXPECT_EQ(3, idle(c));

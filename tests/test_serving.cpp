@@ -693,9 +693,9 @@ TEST_F(Serving, DecodeOverCaches) {
 TEST_F(Serving, FusedDecodeWarpsWithNoQueryRowComputeNothing) {
     // FUSED decode whose blocks leave warps without a query row: one query per sequence with its
     // KV group's 4 heads as a tile's rows, or up to 5 queries of one head each (groups of one),
-    // packed Q, over pages of 16 and 19, page lists, packed K/V and an indexed
-    // cache, split over a capacity of 3100 keys or not; head dims 64, 128 and 256, both dtypes. Each
-    // FUSED plan must take the idle-warp kernel (" idle_warps=").
+    // packed Q, over pages of 16 and 19, page lists, packed K/V and an indexed cache, split over a
+    // capacity of 3100 keys or not; softcap (page lists), ALiBi (the cache's few queries); head
+    // dims 64, 128 and 256, both dtypes. Each FUSED plan must take the idle-warp kernel.
     Stats st;
     for (int64_t d : {64, 128, 256})
         for (KvMode kv : {kPagedSeqused, kPagedCsr, kPackedKv, kIndexedCache}) {
@@ -705,9 +705,11 @@ TEST_F(Serving, FusedDecodeWarpsWithNoQueryRowComputeNothing) {
             s.mask = kv == kPackedKv ? FLASHATTN_MASK_NONE : FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
             s.cap_k = kv == kPackedKv ? 0 : 3100;
             s.sq = {1, 1, 0, 1, 1}, s.sk = {3000, 1, 77, 0, 1500};
+            if (kv == kPagedCsr) s.softcap = 30.0f;
             run_and_check(h, s, st, FLASHATTN_BACKEND_FUSED, nullptr, " idle_warps=3&gqa_rows");
             s.hq = s.hkv = 2, s.cap_q = 5;
             s.sq = {3, 5, 0, 2, 1};
+            if (kv == kIndexedCache) s.alibi = true;
             run_and_check(h, s, st, FLASHATTN_BACKEND_FUSED, nullptr, " idle_warps=3");
         }
     print_stats("FUSED decode with rowless warps (grouped heads as rows, a few queries)", st);
