@@ -337,6 +337,17 @@ TEST_F(Gpu, SanitizerSubset) {
         Case few = c;
         few.sq = 5, few.hq = few.hkv = 2, few.mask = FLASHATTN_MASK_CAUSAL_TOP_LEFT;
         check_fa_rule(h, few, st);
+        // The same two on the idle-warp kernel's softcap/ALiBi instantiation: a softcapped decode
+        // (its keys split where d puts fewer blocks than the GPU holds), five queries with ALiBi.
+        Case dec_cap = dec, few_alibi = few;
+        dec_cap.softcap = 5.0f, dec_cap.sk = 2000 + 7 * d;
+        few_alibi.alibi = true;
+        for (const Case *x : {&dec, &few, &dec_cap, &few_alibi}) {
+            const std::string desc = plan_for(h, Inputs(*x), FLASHATTN_BACKEND_FUSED).description;
+            EXPECT_NE(std::string::npos, desc.find(" idle_warps=")) << x->str() << ": " << desc;
+        }
+        check_fa_rule(h, dec_cap, st);
+        check_fa_rule(h, few_alibi, st);
     }
     print_rule("sanitizer subset", st);
 }

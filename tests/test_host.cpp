@@ -1240,7 +1240,7 @@ TEST(Planning, FusedBlocksWithRowlessWarpsTakeTheIdleWarpKernel) {
     flashattn_fwd_params c = p;
     c.heads_q = 8 * 12;  // 12 rows: still one warp's
     EXPECT_EQ(3, idle(c));
-    c.heads_q = 8 * 40, c.heads_kv = 8;  // 40 rows: two warps'
+    c.heads_q = 8 * 40;  // 40 rows: two warps'
     EXPECT_EQ(2, idle(c));
     c = p, c.heads_kv = 32, c.seqlen_q = 96;  // no grouping: 96 rows, the fourth warp rowless
     EXPECT_EQ(1, idle(c));
