@@ -400,11 +400,100 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
     const uint32_t vb_off = (uint32_t)((((lane % 8) + 8 * ((lane / 8) % 2)) * kStride + 8 * (lane / 16)) * 2);
     const uint32_t sQ_warp = smem_u32(sQ) + (uint32_t)(warp * 16 * kMT * kStride * 2) + a_off;
 
-    /* kIdleWarps: this warp has no query row (the same for all its lanes). It loads its share of
-     * every tile and meets the others at each barrier, at instructions of its own (so every
-     * barrier of this kernel is the unaligned one). */
-    const bool idle = kIdleWarps && warp_row0 >= bnd.seqlen_q;
+    /* kIdleWarps, and every row of the block in its first 16 (a decode's group of at most 16 query
+     * heads, or at most 16 queries): the warps split each key tile instead, kBlockN / kWarps keys a
+     * warp, all over those 16 rows, each with its own running max and sum; at the end the others
+     * hand their O, max and sum to warp 0 through the K/V stages, and warp 0 merges and stores.
+     * One warp's chain of products and exponentials a key tile bounded such decodes (one m16 tile
+     * of 4 real rows among 32, or 16, a warp). */
+    const bool warp_keys = kIdleWarps && bnd.seqlen_q - m0 <= 16;
+    /* kIdleWarps otherwise: this warp has no query row (the same for all its lanes). It loads its
+     * share of every tile and meets the others at each barrier, at instructions of its own (so
+     * every barrier of this kernel is the unaligned one). */
+    bool idle = kIdleWarps && !warp_keys && warp_row0 >= bnd.seqlen_q;
     constexpr bool kAligned = !kIdleWarps;
+    if constexpr (kIdleWarps) {
+        if (warp_keys) {
+            constexpr int kWN = kBlockN / Tr::kWarps, kWS = kWN / 8, kWP = kWN / 16;
+            static_assert(kWN % 16 == 0, "a warp's share of a key tile: whole k16 steps");
+            const uint32_t sQ_rows = smem_u32(sQ) + a_off; /* rows 0-15, every warp */
+            const int kw0 = warp * kWN;                   /* this warp's keys in a tile */
+            for (int it = 0; it < n_tiles; ++it) {
+                const int stage = Tr::kStages == 2 ? (it & 1) : 0;
+                const int n0 = (tile_begin + it) * kBlockN;
+                if constexpr (Tr::kStages == 2) {
+                    cp_async_wait<1>();
+                    block_barrier<kAligned>();
+                } else {
+                    cp_async_wait<0>();
+                    block_barrier<kAligned>();
+                    kv.load_v(sV, n0);
+                    cp_async_commit();
+                }
+                const uint32_t sK_st = smem_u32(sK + stage * kBlockN * kStride) + kb_off + (uint32_t)(kw0 * kStride * 2);
+                const uint32_t sV_st = smem_u32(sV + stage * kBlockN * kStride) + vb_off + (uint32_t)(kw0 * kStride * 2);
+                float s[kWS][4];
+#pragma unroll
+                for (int j = 0; j < kWS; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+                for (int ks = 0; ks < Tr::kKSteps; ++ks) {
+                    uint32_t a[4];
+                    ldmatrix_x4(a, sQ_rows + (uint32_t)(ks * 32));
+#pragma unroll
+                    for (int nb = 0; nb < kWS / 2; ++nb) {
+                        uint32_t kb[4];
+                        ldmatrix_x4(kb, sK_st + (uint32_t)(nb * 16 * kStride * 2 + ks * 32));
+                        mma_16816<kDtype>(s[2 * nb], a, kb[0], kb[1]);
+                        mma_16816<kDtype>(s[2 * nb + 1], a, kb[2], kb[3]);
+                    }
+                }
+                auto s_at = [&s](int j, int e) -> float & { return s[j][e]; };
+                auto row_at = [&](int r) { return m0 + g + 8 * r; };
+                if constexpr (kTransform) {
+#pragma unroll
+                    for (int j = 0; j < kWS; ++j)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e)
+                            s[j][e] = kLog2e * transform_raw_score(p, bnd, s[j][e], slope, m0 + g + 8 * (e / 2),
+                                                                   n0 + kw0 + 8 * j + 2 * t + (e % 2));
+                }
+                if (FA_TILE_NEEDS_MASK(bnd, n0, kBlockN, m0, row_last))
+                    mask_scores_keywise<kWS>(s_at, bnd, row_at, n0 + kw0, t);
+                if constexpr (Tr::kStages == 1) {
+                    cp_async_wait<0>();
+                    block_barrier<kAligned>();
+                    if (it + 1 < n_tiles) kv.load_k(sK, n0 + kBlockN);
+                    cp_async_commit();
+                }
+                auto o_at = [&o_acc](int j, int e) -> float & { return o_acc[0][j][e]; };
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    float m_scaled;
+                    const float corr = softmax_new_max<kWS>(s_at, r, row_max[0][r], mult, m_scaled);
+                    rescale_row<Tr::kOTiles>(o_at, r, corr);
+                    row_sum[0][r] = softmax_exp<kWS>(s_at, r, mult, m_scaled, row_sum[0][r] * corr);
+                }
+#pragma unroll
+                for (int kk = 0; kk < kWP; ++kk) {
+                    uint32_t a[4];
+                    pack_p<kDtype>(s_at, kk, a);
+#pragma unroll
+                    for (int dn = 0; dn < Tr::kOTiles / 2; ++dn) {
+                        uint32_t vb[4];
+                        ldmatrix_x4_trans(vb, sV_st + (uint32_t)(kk * 16 * kStride * 2 + dn * 32));
+                        mma_16816<kDtype>(o_acc[0][2 * dn], a, vb[0], vb[1]);
+                        mma_16816<kDtype>(o_acc[0][2 * dn + 1], a, vb[2], vb[3]);
+                    }
+                }
+                if constexpr (Tr::kStages == 2) {
+                    block_barrier<kAligned>();
+                    if (it + 2 < n_tiles)
+                        kv.load(sK + stage * kBlockN * kStride, sV + stage * kBlockN * kStride, n0 + 2 * kBlockN);
+                    cp_async_commit();
+                }
+            }
+        }
+    }
     if (idle) {
         for (int it = 0; it < n_tiles; ++it) {
             const int n0 = (tile_begin + it) * kBlockN;
@@ -429,7 +518,7 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
             }
         }
     }
-    const int n_compute = idle ? 0 : n_tiles; /* the key loop of the warps with rows */
+    const int n_compute = idle || warp_keys ? 0 : n_tiles; /* the key loop of the warps with rows */
     for (int it = 0; it < n_compute; ++it) {
         const int stage = Tr::kStages == 2 ? (it & 1) : 0;
         const int n0 = (tile_begin + it) * kBlockN;
@@ -553,6 +642,63 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
         }
     }
     cp_async_wait<0>();
+
+    if constexpr (kIdleWarps) {
+        if (warp_keys) {
+            /* Warps 1.. hand warp 0 their O fragments (lane by lane, as held) and each row's max
+             * and sum, in the K/V stages (every warp is done with them after the barrier). */
+            constexpr int kPartFloats = (Tr::kWarps - 1) * Tr::kOTiles * 32 * 4;
+            static_assert((kPartFloats + Tr::kWarps * 16 * 2) * 4 <= 2 * Tr::kStages * kBlockN * kStride * 2,
+                          "the partial results fit the K/V stages");
+            float *part = reinterpret_cast<float *>(sK), *ml = part + kPartFloats;
+            block_barrier<kAligned>();
+            if (warp > 0) {
+#pragma unroll
+                for (int j = 0; j < Tr::kOTiles; ++j)
+                    *reinterpret_cast<float4 *>(part + (((warp - 1) * Tr::kOTiles + j) * 32 + lane) * 4) =
+                        make_float4(o_acc[0][j][0], o_acc[0][j][1], o_acc[0][j][2], o_acc[0][j][3]);
+            }
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const float l = quad_sum(row_sum[0][r]);
+                if (t == 0) ml[(warp * 16 + g + 8 * r) * 2] = row_max[0][r], ml[(warp * 16 + g + 8 * r) * 2 + 1] = l;
+            }
+            block_barrier<kAligned>();
+            idle = warp != 0; /* warp 0 stores for all */
+            if (warp == 0) {
+                float f[2][Tr::kWarps];
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const int row = g + 8 * r;
+                    float mx = -INFINITY;
+#pragma unroll
+                    for (int w = 0; w < Tr::kWarps; ++w) mx = fmaxf(mx, ml[(w * 16 + row) * 2]);
+                    const float m_scaled = mx == -INFINITY ? 0.0f : mx * mult;
+                    float l = 0.0f;
+#pragma unroll
+                    for (int w = 0; w < Tr::kWarps; ++w) {
+                        f[r][w] = fast_exp2(ml[(w * 16 + row) * 2] * mult - m_scaled);
+                        l += f[r][w] * ml[(w * 16 + row) * 2 + 1];
+                    }
+                    row_max[0][r] = mx;
+                    row_sum[0][r] = t == 0 ? l : 0.0f; /* (quad-summed again below) */
+                }
+#pragma unroll
+                for (int j = 0; j < Tr::kOTiles; ++j) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) o_acc[0][j][e] *= f[e / 2][0];
+#pragma unroll
+                    for (int w = 1; w < Tr::kWarps; ++w) {
+                        const float4 v = *reinterpret_cast<const float4 *>(part + (((w - 1) * Tr::kOTiles + j) * 32 + lane) * 4);
+                        o_acc[0][j][0] = fmaf(v.x, f[0][w], o_acc[0][j][0]);
+                        o_acc[0][j][1] = fmaf(v.y, f[0][w], o_acc[0][j][1]);
+                        o_acc[0][j][2] = fmaf(v.z, f[1][w], o_acc[0][j][2]);
+                        o_acc[0][j][3] = fmaf(v.w, f[1][w], o_acc[0][j][3]);
+                    }
+                }
+            }
+        }
+    }
 
     /* A split's epilogue: its normalised O in fp32, straight from the registers, and its LSE. */
     if constexpr (kSplit) {
