@@ -459,7 +459,9 @@ typedef struct flashattn_plan_info {
                                   tile; "persistent=pairs": causal tiles in pairs of equal work),
                                   "heaviest_first=N" (heaviest tiles first across N heads),
                                   "idle_warps=N" (FUSED: N warps a block have no query row and only
-                                  load and wait), and a serving call's paths */
+                                  load and wait; where all of a block's rows fit in 16, its warps
+                                  split each key tile among them instead), and a serving call's
+                                  paths */
 } flashattn_plan_info;
 
 /* The struct's size in release 0.1.0. */

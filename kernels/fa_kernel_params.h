@@ -117,7 +117,9 @@ typedef struct fa_kernel_params {
      * block holds at most seqlen_q <= block_m - block_m / warps rows, a decode's grouped heads or a
      * few queries): the number of such warps a block has at least, and the kernel instantiation in
      * which they run a key loop of their own, of the K/V loads, waits and barriers only, instead of
-     * computing scores and P V for rows no one stores. 0 otherwise. */
+     * computing scores and P V for rows no one stores; where a block's rows all lie in its first 16,
+     * that kernel's warps split each key tile among them over those rows instead, and merge. 0
+     * otherwise. */
     int32_t idle_warps;
 } fa_kernel_params;
 

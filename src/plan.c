@@ -621,7 +621,8 @@ flashattn_status fa_plan_make(const fa_device_caps *caps, const flashattn_fwd_pa
                            plan.kp.num_splits, (ll)p->batch, (ll)p->heads_q, (ll)p->seqlen_q,
                            (ll)p->head_dim);
         /* FUSED blocks with rowless warps (a decode's grouped heads, a few queries): those warps
-         * skip the matrix products in the instantiation that has them. */
+         * skip the matrix products in the instantiation that has them (or, where a block's rows
+         * fit in 16, all its warps share each key tile's products over those rows). */
         if (!sm90) plan.kp.idle_warps = fa_fused_idle_warps(&plan.cfg, plan.kp.seqlen_q);
     } else {
         const int64_t rows = p->batch * p->heads_q * p->seqlen_q;
