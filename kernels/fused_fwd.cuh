@@ -288,8 +288,10 @@ template <bool kAligned> __device__ __forceinline__ void block_barrier() {
  * head); ctx says where its inputs and outputs are (dense_ctx or serving_ctx). kTransform: softcap
  * and/or ALiBi present. kSplit: the call splits each tile's keys num_splits ways (blockIdx.x =
  * query tile x num_splits + split); this block writes its split's partial result. kIdleWarps
- * (p.idle_warps > 0): a warp whose rows all lie past the block's last query runs a key loop of the
- * loads, waits and barriers alone, and writes nothing. */
+ * (p.idle_warps > 0): where the block's rows all lie in its first 16, every warp takes its share of
+ * each key tile over those rows and warp 0 merges the shares (warp_keys); otherwise a warp whose
+ * rows all lie past the block's last query runs a key loop of the loads, waits and barriers alone,
+ * and writes nothing. */
 template <int kDtype, int kHeadDim, bool kTransform, bool kSplit, bool kIdleWarps, class Ctx>
 __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const Ctx &ctx) {
     using Tr = fused_traits<kDtype, kHeadDim>;
