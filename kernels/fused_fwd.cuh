@@ -86,6 +86,20 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
     }
 }
 
+/* O += P V over one 16-key step kk of P (its A fragment `a`), for every pair of O's 8-column tiles:
+ * V's rows 16 kk.. from the stage at sV (rows `stride` elements apart), read transposed. */
+template <int kDtype, int kOTiles>
+__device__ __forceinline__ void mma_pv_step(float (&o)[kOTiles][4], const uint32_t (&a)[4], uint32_t sV, int kk,
+                                            int stride) {
+#pragma unroll
+    for (int dn = 0; dn < kOTiles / 2; ++dn) {
+        uint32_t vb[4];
+        ldmatrix_x4_trans(vb, sV + (uint32_t)(kk * 16 * stride * 2 + dn * 32));
+        mma_16816<kDtype>(o[2 * dn], a, vb[0], vb[1]);
+        mma_16816<kDtype>(o[2 * dn + 1], a, vb[2], vb[3]);
+    }
+}
+
 /* ---- the kernel ---------------------------------------------------------------------------- */
 
 template <int kDtype, int kHeadDim>
@@ -479,13 +493,7 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
                 for (int kk = 0; kk < kWP; ++kk) {
                     uint32_t a[4];
                     pack_p<kDtype>(s_at, kk, a);
-#pragma unroll
-                    for (int dn = 0; dn < Tr::kOTiles / 2; ++dn) {
-                        uint32_t vb[4];
-                        ldmatrix_x4_trans(vb, sV_st + (uint32_t)(kk * 16 * kStride * 2 + dn * 32));
-                        mma_16816<kDtype>(o_acc[0][2 * dn], a, vb[0], vb[1]);
-                        mma_16816<kDtype>(o_acc[0][2 * dn + 1], a, vb[2], vb[3]);
-                    }
+                    mma_pv_step<kDtype>(o_acc[0], a, sV_st, kk, kStride);
                 }
                 if constexpr (Tr::kStages == 2) {
                     block_barrier<kAligned>();
@@ -625,13 +633,7 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
             for (int kk = 0; kk < Tr::kPSteps; ++kk) {
                 uint32_t a[4];
                 pack_p<kDtype>(s_at, kk, a);
-#pragma unroll
-                for (int dn = 0; dn < Tr::kOTiles / 2; ++dn) {
-                    uint32_t vb[4];
-                    ldmatrix_x4_trans(vb, sV_st + (uint32_t)(kk * 16 * kStride * 2 + dn * 32));
-                    mma_16816<kDtype>(o_acc[mt][2 * dn], a, vb[0], vb[1]);
-                    mma_16816<kDtype>(o_acc[mt][2 * dn + 1], a, vb[2], vb[3]);
-                }
+                mma_pv_step<kDtype>(o_acc[mt], a, sV_st, kk, kStride);
             }
         }
         if constexpr (Tr::kStages == 2) {
