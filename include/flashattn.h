@@ -460,8 +460,9 @@ typedef struct flashattn_plan_info {
                                   "heaviest_first=N" (heaviest tiles first across N heads),
                                   "idle_warps=N" (FUSED: N warps a block have no query row and only
                                   load and wait; where all of a block's rows fit in 16, its warps
-                                  split each key tile among them instead), and a serving call's
-                                  paths */
+                                  split each key tile among them instead), "kv_evict_first"
+                                  (FUSED_SM90 split decode: K and V, each read once, are loaded
+                                  with an evict-first L2 policy), and a serving call's paths */
 } flashattn_plan_info;
 
 /* The struct's size in release 0.1.0. */

@@ -221,6 +221,12 @@ __device__ __forceinline__ bool gathers_pages(const fa_kernel_params &p) {
     return p.gather_pages != 0;
 }
 
+/* Whether the K/V loads carry an evict-first L2 policy (l2_evict_first_policy): a split decode whose
+ * every K/V tile is read by one block, once (the planner's fa_sm90_kv_evict_first). */
+__device__ __forceinline__ bool kv_read_once(const fa_kernel_params &p) {
+    return p.kv_evict_first != 0;
+}
+
 /* The block's work: query positions [m0, m0 + rows_per_head) of `heads` query heads starting at h0
  * (one head, or with pack_gqa the head_group heads of KV head hk); tile row r is head
  * h0 + r / rows_per_head, position m0 + r % rows_per_head. Split `split` of num_splits takes its
@@ -478,13 +484,19 @@ __device__ __forceinline__ void prefetch_q_rows(int m0, int h0, int b, const CUt
 template <class Tr, class NextQ>
 __device__ __forceinline__ void produce(const tile<Tr> &tl, const smem_layout<Tr> &sm, const CUtensorMap *tm_q,
                                         const CUtensorMap *tm_k, const CUtensorMap *tm_v, int nth, int kv0,
-                                        NextQ &&next_q) {
+                                        bool once, NextQ &&next_q) {
     constexpr int kCB = Tr::kChunks / 8; /* 64-column regions of a tile */
+    const uint64_t pol = once ? l2_evict_first_policy() : 0;
     auto load_kv = [&](const CUtensorMap *map, uint32_t dst, uint32_t full, int tile) {
         mbar_expect_tx(full, Tr::kKVBytes);
+        const int n0 = (tl.tile_begin + tile) * Tr::kBlockN;
+        if (once) {
 #pragma unroll
-        for (int cb = 0; cb < kCB; ++cb)
-            tma_load(dst + cb * Tr::kBlockN * 128, map, cb * 64, (tl.tile_begin + tile) * Tr::kBlockN, tl.hk, tl.b, full);
+            for (int cb = 0; cb < kCB; ++cb) tma_load_hint(dst + cb * Tr::kBlockN * 128, map, cb * 64, n0, tl.hk, tl.b, full, pol);
+        } else {
+#pragma unroll
+            for (int cb = 0; cb < kCB; ++cb) tma_load(dst + cb * Tr::kBlockN * 128, map, cb * 64, n0, tl.hk, tl.b, full);
+        }
     };
     auto q_rows = [&](int c) { produce_q_rows(sm, c, nth, tl.m0, tl.h0, tl.b, tm_q); };
     if (Tr::kSplitQ && nth > 0) prefetch_q_rows<Tr>(tl.m0, tl.h0, tl.b, tm_q);
@@ -730,14 +742,22 @@ __device__ __forceinline__ void produce_serving_tile(const fa_kernel_params &p, 
             return -1;
         return table[entry];
     };
+    const bool once = kv_read_once(p);
+    const uint64_t pol = once ? l2_evict_first_policy() : 0;
     auto load_kv = [&](const CUtensorMap *map, uint32_t dst, uint32_t full, int tile, int my_page) {
         const int n0 = (tl.tile_begin + tile) * Tr::kBlockN;
         if (leader) mbar_expect_tx(full, Tr::kKVBytes);
         if (!paged) {
-            if (leader)
+            if (leader) {
+                const int k0 = (int)sq.s.k_row0 + n0;
+                if (once) {
 #pragma unroll
-                for (int cb = 0; cb < kCB; ++cb)
-                    tma_load(dst + cb * Tr::kBlockN * 128, map, cb * 64, (int)sq.s.k_row0 + n0, tl.hk, kv_b, full);
+                    for (int cb = 0; cb < kCB; ++cb) tma_load_hint(dst + cb * Tr::kBlockN * 128, map, cb * 64, k0, tl.hk, kv_b, full, pol);
+                } else {
+#pragma unroll
+                    for (int cb = 0; cb < kCB; ++cb) tma_load(dst + cb * Tr::kBlockN * 128, map, cb * 64, k0, tl.hk, kv_b, full);
+                }
+            }
             return;
         }
         /* Lane i issues box i (after the leader has announced the tile's bytes). */
@@ -747,13 +767,23 @@ __device__ __forceinline__ void produce_serving_tile(const fa_kernel_params &p, 
             /* one full-width box: its box / 8 groups of 8 rows x every region; a page outside the
              * pool (or none: -1) as a negative group, which reads zeros */
             const int g = (unsigned)my_page < (unsigned)p.num_pages ? my_page * p.kv_page_groups + row0 / 8 : -1;
-            if (lane < boxes) tma_load_5d(dst + lane * box * kCB * 128, map, 0, 0, 0, g, tl.hk, full);
+            if (lane < boxes) {
+                if (once) tma_load_5d_hint(dst + lane * box * kCB * 128, map, 0, 0, 0, g, tl.hk, full, pol);
+                else tma_load_5d(dst + lane * box * kCB * 128, map, 0, 0, 0, g, tl.hk, full);
+            }
             return;
         }
-        if (lane < boxes)
+        if (lane < boxes) {
+            if (once) {
 #pragma unroll
-            for (int cb = 0; cb < kCB; ++cb)
-                tma_load(dst + cb * Tr::kBlockN * 128 + lane * box * 128, map, cb * 64, row0, tl.hk, my_page, full);
+                for (int cb = 0; cb < kCB; ++cb)
+                    tma_load_hint(dst + cb * Tr::kBlockN * 128 + lane * box * 128, map, cb * 64, row0, tl.hk, my_page, full, pol);
+            } else {
+#pragma unroll
+                for (int cb = 0; cb < kCB; ++cb)
+                    tma_load(dst + cb * Tr::kBlockN * 128 + lane * box * 128, map, cb * 64, row0, tl.hk, my_page, full);
+            }
+        }
     };
     /* Gathered pages: the rows' pages a tile ahead, and copies in place of the boxes. */
     using G = std::conditional_t<kGather, row_gather<Tr>, int>;
@@ -1146,7 +1176,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                     post_tile(sm.rec + 16 * ((nth + 1) & 1), b, head, m0, more);
                     produce_q<Tr>(m0, head, b, Tr::kBlockM, sm.q_buf(nth + 1), sm.bar_q, &tm_q);
                 };
-                produce(tl, sm, &tm_q, &tm_k, &tm_v, nth, kv0, next_q);
+                produce(tl, sm, &tm_q, &tm_k, &tm_v, nth, kv0, kv_read_once(p), next_q);
                 ++nth, kv0 += tl.n_tiles;
                 if ((work = next) >= works) break;
             }

@@ -127,6 +127,9 @@ FA_HIDDEN int64_t fa_fused_blocks_per_sm(const fa_device_caps *caps, const fa_fu
 /* Query tiles a head from which FUSED_SM90's causal calls take their tiles heaviest first across heads. */
 #define FA_SCHED_MIN_M_BLOCKS 32
 FA_HIDDEN int64_t fa_sched_heads(const fa_device_caps *caps, const flashattn_fwd_params *p, int64_t m_blocks);
+/* Whether FUSED_SM90's K/V loads of this split decode carry an evict-first L2 policy. */
+FA_HIDDEN int fa_sm90_kv_evict_first(const fa_device_caps *caps, const flashattn_fwd_params *p, int64_t splits,
+                                     int64_t m_blocks, int pack);
 /* Whether AUTO prefers FUSED_SM90 over FUSED for this head dim (when both can run the call). */
 FA_HIDDEN int fa_sm90_auto_prefers(int64_t head_dim);
 FA_HIDDEN void fa_plan_describe(const fa_plan *plan, flashattn_plan_info *info);

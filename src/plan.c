@@ -426,6 +426,20 @@ int64_t fa_sched_heads(const fa_device_caps *caps, const flashattn_fwd_params *p
     return max64(1, min64(min64(pairs, INT32_MAX), l2 * 2 / 3 / kv));
 }
 
+/* FUSED_SM90 split decode (splits > 1, one query tile a KV head when the tile packs the group's
+ * query heads, or a head with one query head a KV head: every K/V tile is read by one block, once)
+ * over at most three L2s of keys and values: its K/V loads carry an evict-first L2 policy, so that
+ * they give up each other's lines before any other (kp.kv_evict_first). On the H200, with the L2 cold
+ * (flushed by a fill or by a read), batch 1-2 decode over 8k-32k keys was 1.04-1.12x as fast; over
+ * more bytes (131k keys, or batch 8 and up, unsplit) the policy cost 3-4% with a filled L2 and gained
+ * nothing with a read one (docs/performance.md v43). */
+int fa_sm90_kv_evict_first(const fa_device_caps *caps, const flashattn_fwd_params *p, int64_t splits,
+                           int64_t m_blocks, int pack) {
+    const double l2 = caps->l2_bytes > 0 ? (double)caps->l2_bytes : (double)(50ll << 20);
+    const double kv_bytes = 4.0 * (double)p->batch * (double)p->heads_kv * (double)p->seqlen_k * (double)p->head_dim;
+    return splits > 1 && m_blocks == 1 && (pack || p->heads_q == p->heads_kv) && kv_bytes <= 3.0 * l2;
+}
+
 /* The split partial results in the workspace: float32 O [splits, batch, heads_q, seqlen_q, head_dim],
  * then float32 LSE [splits, batch, heads_q, seqlen_q]. 0 if the size overflows int64. */
 static int split_workspace(const flashattn_fwd_params *p, int64_t splits, fa_plan *plan) {
@@ -459,6 +473,7 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
     const int64_t slots = sm90 ? caps->sm_count : caps->sm_count * fa_fused_blocks_per_sm(caps, &plan->cfg);
     const int64_t splits = no_split ? 1 : fa_num_splits(slots, ctas, key_tiles);
     plan->kp.num_splits = (int32_t)splits;
+    plan->kp.kv_evict_first = sm90 && fa_sm90_kv_evict_first(caps, p, splits, mblocks, pack);
     plan->grid_x = (int32_t)(mblocks * splits);
     const int serving = fa_is_serving(p);
     const int gathered = sm90 && fa_sm90_gathers_pages(p->block_table != NULL, (int)p->page_size, plan->cfg.block_n,
@@ -701,6 +716,7 @@ void fa_plan_describe(const fa_plan *plan, flashattn_plan_info *info) {
     if (kp->sched_heads > 0) snprintf(order, sizeof order, " heaviest_first=%d", kp->sched_heads);
     if (kp->persistent) snprintf(order, sizeof order, " persistent%s", kp->persistent == 2 ? "=pairs" : "");
     if (kp->idle_warps > 0) snprintf(order, sizeof order, " idle_warps=%d", kp->idle_warps);
+    if (kp->kv_evict_first) snprintf(order + strlen(order), sizeof order - strlen(order), " kv_evict_first");
     snprintf(info->description, sizeof info->description,
              "backend=%s kernel=%s grid=(%d,%d,%d) threads=%d smem=%lld splits=%d workspace=%lld%s%s%s",
              bname, info->kernel_name,

@@ -756,6 +756,47 @@ TEST(Planning, Sm90DecodePacksQueryGroupsAndSplitsKeys) {
     EXPECT_EQ(0, pre.workspace_bytes);
 }
 
+// FUSED_SM90 split decode whose K/V tiles are each read by one block, over at most three L2s of
+// keys and values, loads them with an evict-first L2 policy (fa_sm90_kv_evict_first); more bytes, no
+// split, or query tiles that share K/V do not, nor does the portable FUSED kernel.
+TEST(Planning, Sm90SplitDecodeLoadsKeysAndValuesEvictFirst) {
+    if (!fa_sm90_compiled(FLASHATTN_DTYPE_BFLOAT16, 128)) GTEST_SKIP() << "no FUSED_SM90 d128 in this build";
+    fa_device_caps caps = h200_caps();
+    caps.l2_bytes = 50LL << 20;
+    struct Case {
+        int64_t batch, heads_q, heads_kv, seqlen_q, seqlen_k;
+        int want;
+    } cases[] = {
+        {1, 32, 8, 1, 8192, 1},     // 32 MB of K/V, 16 splits
+        {2, 32, 8, 1, 8192, 1},
+        {1, 32, 8, 1, 32768, 1},    // 128 MB: under 150
+        {1, 32, 8, 1, 65536, 0},    // 256 MB
+        {1, 32, 8, 1, 131072, 0},
+        {16, 32, 8, 1, 8192, 0},    // 128 tiles: no split
+        {1, 16, 16, 1, 8192, 1},    // one query head a KV head
+        {1, 32, 8, 200, 8192, 0},   // query tiles: K/V shared across them
+    };
+    for (const Case &c : cases) {
+        flashattn_fwd_params p = valid_params();
+        p.batch = c.batch, p.seqlen_q = c.seqlen_q, p.seqlen_k = c.seqlen_k, p.heads_q = c.heads_q,
+        p.heads_kv = c.heads_kv, p.head_dim = 128;
+        flashattn_fwd_params_set_packed_strides(&p);
+        const fa_plan plan = plan_ok(p, caps);
+        const std::string what = std::to_string(c.batch) + "x" + std::to_string(c.heads_q) + "/" +
+                                 std::to_string(c.heads_kv) + " " + std::to_string(c.seqlen_q) + "x" +
+                                 std::to_string(c.seqlen_k);
+        ASSERT_EQ(FLASHATTN_BACKEND_FUSED_SM90, plan.backend) << what;
+        EXPECT_EQ(c.want, plan.kp.kv_evict_first) << what << " splits " << plan.kp.num_splits;
+        flashattn_plan_info info;
+        flashattn_plan_info_init(&info);
+        fa_plan_describe(&plan, &info);
+        EXPECT_EQ(c.want != 0, std::string(info.description).find("kv_evict_first") != std::string::npos)
+            << what << ": " << info.description;
+        p.backend = FLASHATTN_BACKEND_FUSED;
+        EXPECT_EQ(0, plan_ok(p, caps).kp.kv_evict_first) << what;
+    }
+}
+
 // FUSED_SM90 decode-shaped calls at head dims 64 and 128 with grouped query heads take the
 // single-consumer 64-row tile (192 keys at head dim 64, 128 at 128) when it holds a KV group's query
 // rows (seqlen_q x group <= 64, and 2 x seqlen_q <= 64); otherwise (and without groups) the 128-row
