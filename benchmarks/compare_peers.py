@@ -36,9 +36,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import flashattn
 
 
-def bench(fn, iters=30, warm=5, flush=None):
+def bench(fn, iters=30, warm=5, flush=None, before=None):
     """Median milliseconds per call; with `flush` (a tensor), the L2 is overwritten before each call
-    and only the call's GPU time is counted."""
+    and only the call's GPU time is counted; with `before` (a callable enqueueing GPU work), that
+    work runs before each call instead (benchmarks/l2_states.py)."""
     for _ in range(warm):
         fn()
     torch.cuda.synchronize()
@@ -47,6 +48,8 @@ def bench(fn, iters=30, warm=5, flush=None):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         if flush is not None:
             flush.fill_(1)  # keeps the GPU busy while the call below is enqueued
+        elif before is not None:
+            before()
         a.record()
         fn()
         b.record()

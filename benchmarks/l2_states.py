@@ -16,28 +16,15 @@ import argparse
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+import flashattn
+from compare_peers import bench
+
 SHAPES = (  # batch, heads_q, heads_kv, seqlen_k, head_dim (one query, bf16)
     (1, 32, 8, 8192, 128),
     (2, 32, 8, 8192, 128),
     (1, 32, 8, 32768, 128),
     (16, 32, 8, 8192, 128),
 )
-
-
-def median_ms(fn, before, iters):
-    for _ in range(5):
-        fn()
-    ts = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        before()
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    ts.sort()
-    return ts[len(ts) // 2]
 
 
 def main():
@@ -52,8 +39,6 @@ def main():
         "read": lambda: torch.sum(buf.view(torch.int64), dim=0, out=acc),
         "warm": lambda: torch.cuda._sleep(400000),
     }
-    if args.peer is None:
-        import flashattn
     for b, hq, hkv, sk, d in SHAPES:
         q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16)
@@ -65,7 +50,7 @@ def main():
             fn = lambda: flashattn.flash_attn_func(q, k, v)
         kv_bytes = 2 * k.numel() * k.element_size()
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            rates = {name: kv_bytes / median_ms(fn, before, args.iters) / 1e6 for name, before in states.items()}
+            rates = {name: kv_bytes / bench(fn, args.iters, before=before) / 1e6 for name, before in states.items()}
         print(f"{args.peer or 'libflashattn'} decode {b}x{hq}/{hkv} sk={sk} d={d}: "
               + "  ".join(f"{name} {rate:7.0f}" for name, rate in rates.items()) + " GB/s", flush=True)
 
