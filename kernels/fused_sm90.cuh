@@ -480,7 +480,7 @@ __device__ __forceinline__ void prefetch_q_rows(int m0, int h0, int b, const CUt
  * consumer's warps are, the first's after K_0, the others' after K_1 and V_0); with two
  * (Tr::kTwoQ), the tile's Q was loaded during the last tile, and `next_q` loads the next tile's,
  * once every consumer warp has begun this one (after this tile's V_0: the stages this tile starts
- * with come first). */
+ * with come first). once: K and V carry an evict-first L2 policy (kv_read_once). */
 template <class Tr, class NextQ>
 __device__ __forceinline__ void produce(const tile<Tr> &tl, const smem_layout<Tr> &sm, const CUtensorMap *tm_q,
                                         const CUtensorMap *tm_k, const CUtensorMap *tm_v, int nth, int kv0,
