@@ -221,12 +221,6 @@ __device__ __forceinline__ bool gathers_pages(const fa_kernel_params &p) {
     return p.gather_pages != 0;
 }
 
-/* Whether the K/V loads carry an evict-first L2 policy (l2_evict_first_policy): a split decode whose
- * every K/V tile is read by one block, once (the planner's fa_sm90_kv_evict_first). */
-__device__ __forceinline__ bool kv_read_once(const fa_kernel_params &p) {
-    return p.kv_evict_first != 0;
-}
-
 /* The block's work: query positions [m0, m0 + rows_per_head) of `heads` query heads starting at h0
  * (one head, or with pack_gqa the head_group heads of KV head hk); tile row r is head
  * h0 + r / rows_per_head, position m0 + r % rows_per_head. Split `split` of num_splits takes its
@@ -480,7 +474,8 @@ __device__ __forceinline__ void prefetch_q_rows(int m0, int h0, int b, const CUt
  * consumer's warps are, the first's after K_0, the others' after K_1 and V_0); with two
  * (Tr::kTwoQ), the tile's Q was loaded during the last tile, and `next_q` loads the next tile's,
  * once every consumer warp has begun this one (after this tile's V_0: the stages this tile starts
- * with come first). once: K and V carry an evict-first L2 policy (kv_read_once). */
+ * with come first). once: K and V carry an evict-first L2 policy (p.kv_evict_first: a split decode
+ * whose every K/V tile is read by one block, once; the planner's fa_sm90_kv_evict_first). */
 template <class Tr, class NextQ>
 __device__ __forceinline__ void produce(const tile<Tr> &tl, const smem_layout<Tr> &sm, const CUtensorMap *tm_q,
                                         const CUtensorMap *tm_k, const CUtensorMap *tm_v, int nth, int kv0,
@@ -742,7 +737,7 @@ __device__ __forceinline__ void produce_serving_tile(const fa_kernel_params &p, 
             return -1;
         return table[entry];
     };
-    const bool once = kv_read_once(p);
+    const bool once = p.kv_evict_first != 0;
     const uint64_t pol = once ? l2_evict_first_policy() : 0;
     auto load_kv = [&](const CUtensorMap *map, uint32_t dst, uint32_t full, int tile, int my_page) {
         const int n0 = (tl.tile_begin + tile) * Tr::kBlockN;
@@ -1176,7 +1171,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                     post_tile(sm.rec + 16 * ((nth + 1) & 1), b, head, m0, more);
                     produce_q<Tr>(m0, head, b, Tr::kBlockM, sm.q_buf(nth + 1), sm.bar_q, &tm_q);
                 };
-                produce(tl, sm, &tm_q, &tm_k, &tm_v, nth, kv0, kv_read_once(p), next_q);
+                produce(tl, sm, &tm_q, &tm_k, &tm_v, nth, kv0, p.kv_evict_first != 0, next_q);
                 ++nth, kv0 += tl.n_tiles;
                 if ((work = next) >= works) break;
             }
