@@ -122,13 +122,14 @@ fi
 if [[ " $steps " == *" abshapes "* ]]; then
   # abtree's A/B shape by shape (benchmarks/ab_interleave.py: A B B A per shape, each a fresh
   # process), on the shapes in $AB_SHAPES (space-separated kind:dtype:b:hq:hkv:sq:sk:d:mask; a mask
-  # may be a window, e.g. causal,window=512,0); AB_ROUNDS rounds of them per shape (default 1).
+  # may be a window, e.g. causal,window=512,0); AB_ROUNDS rounds of them per shape (default 3: one round
+  # alone moves by several percent with no change at all, docs/performance.md v44).
   build_ab_old flashattn_bench
   c_args=()
   if [ -n "${AB_C:-}" ]; then build_ab_old flashattn_bench "$AB_C"; c_args=(--c "$AB_C/build/benchmarks/flashattn_bench"); fi
   shape_args=(); for s in ${AB_SHAPES:?AB_SHAPES names the shapes}; do shape_args+=(--shape "$s"); done
   python3 benchmarks/ab_interleave.py --a "$AB_OLD/build/benchmarks/flashattn_bench" --b build/benchmarks/flashattn_bench \
-    "${c_args[@]}" "${shape_args[@]}" --rounds "${AB_ROUNDS:-1}" --json "$OUT/ab_shapes.json" -- ${AB_ARGS:-} > "$OUT/ab_shapes.txt" 2>&1
+    "${c_args[@]}" "${shape_args[@]}" --rounds "${AB_ROUNDS:-3}" --json "$OUT/ab_shapes.json" -- ${AB_ARGS:-} > "$OUT/ab_shapes.txt" 2>&1
   summary+=("abshapes (A = $AB_OLD, B = this tree${AB_C:+, C = $AB_C}): $(tail -1 "$OUT/ab_shapes.txt")")
 fi
 if [[ " $steps " == *" abserving "* ]]; then
