@@ -431,10 +431,11 @@ int64_t fa_sched_heads(const fa_device_caps *caps, const flashattn_fwd_params *p
  * over at most three L2s of keys and values: its K/V loads by TMA carry an evict-first L2 policy, so
  * that they give up each other's lines before any other (kp.kv_evict_first; pages gathered row by
  * row are loaded as before). On the H200, with the L2 cold, batch 1-2 decode over 8k-32k keys ran
- * 1.04-1.10x as fast after a fill of the L2 and 1.09-1.17x after a read of it; over more bytes (131k keys, or batch 8 and up, unsplit) the policy cost 3-4%
- * after a fill and gained 0-2% after a read, so those calls load as before. The price: batch 1 x 8k,
- * whose 32 MB of K/V fit in the L2, re-read with the L2 warm takes 1.17x the GPU time (fewer of the
- * lines stay; docs/performance.md v43). */
+ * 1.04-1.10x as fast after a fill of the L2 and 1.09-1.17x after a read of it; over more bytes
+ * (131k keys, or batch 8 and up, unsplit) the policy cost 3-4% after a fill and gained 0-2% after a
+ * read, so those calls load as before. The price: batch 1 x 8k, whose 32 MB of K/V fit in the L2,
+ * re-read with the L2 warm takes 1.17x the GPU time (fewer of the lines stay; docs/performance.md
+ * v43). */
 int fa_sm90_kv_evict_first(const fa_device_caps *caps, const flashattn_fwd_params *p, int64_t splits,
                            int64_t m_blocks, int pack) {
     const double l2 = caps->l2_bytes > 0 ? (double)caps->l2_bytes : (double)(50ll << 20);
