@@ -462,8 +462,8 @@ typedef struct flashattn_plan_info {
                                   load and wait; where all of a block's rows fit in 16, its warps
                                   split each key tile among them instead), "kv_evict_first"
                                   (FUSED_SM90 split decode: K and V, each read once, are loaded
-                                  with an evict-first L2 policy where TMA loads them, not where
-                                  pages are gathered row by row), and a serving call's paths */
+                                  with an evict-first L2 policy, by TMA or gathered row by row),
+                                  and a serving call's paths */
 } flashattn_plan_info;
 
 /* The struct's size in release 0.1.0. */

@@ -123,8 +123,8 @@ typedef struct fa_kernel_params {
     int32_t idle_warps;
     /* FUSED_SM90 split decode whose K/V are read once (a query tile per KV head or head, no query
      * tiling: pack_gqa or one query head a KV head) over at most three L2s of keys and values
-     * (fa_sm90_kv_evict_first): 1 when the producer's TMA loads of K and V carry an evict-first L2
-     * policy (pages gathered row by row with cp.async do not), else 0. */
+     * (fa_sm90_kv_evict_first): 1 when the producer's loads of K and V carry an evict-first L2
+     * policy (TMA boxes and pages gathered row by row with cp.async alike), else 0. */
     int32_t kv_evict_first;
 } fa_kernel_params;
 

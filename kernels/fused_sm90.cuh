@@ -485,13 +485,11 @@ __device__ __forceinline__ void produce(const tile<Tr> &tl, const smem_layout<Tr
     auto load_kv = [&](const CUtensorMap *map, uint32_t dst, uint32_t full, int tile) {
         mbar_expect_tx(full, Tr::kKVBytes);
         const int n0 = (tl.tile_begin + tile) * Tr::kBlockN;
-        if (once) {
+        with_l2_hint(once, [&](auto hint) {
 #pragma unroll
-            for (int cb = 0; cb < kCB; ++cb) tma_load_hint(dst + cb * Tr::kBlockN * 128, map, cb * 64, n0, tl.hk, tl.b, full, pol);
-        } else {
-#pragma unroll
-            for (int cb = 0; cb < kCB; ++cb) tma_load(dst + cb * Tr::kBlockN * 128, map, cb * 64, n0, tl.hk, tl.b, full);
-        }
+            for (int cb = 0; cb < kCB; ++cb)
+                tma_load_policy<decltype(hint)::value>(dst + cb * Tr::kBlockN * 128, map, cb * 64, n0, tl.hk, tl.b, full, pol);
+        });
     };
     auto q_rows = [&](int c) { produce_q_rows(sm, c, nth, tl.m0, tl.h0, tl.b, tm_q); };
     if (Tr::kSplitQ && nth > 0) prefetch_q_rows<Tr>(tl.m0, tl.h0, tl.b, tm_q);
@@ -583,9 +581,10 @@ template <class Tr> struct row_gather {
         return r;
     }
     /* This thread's copies of `tile`'s rows of the tensor at base into the stage at dst, then its
-     * arrival on `full` once they land. */
+     * arrival on `full` once they land (kHint: each copy carries the L2 policy pol). */
+    template <bool kHint = false>
     __device__ __forceinline__ void load(const T *base, int64_t page_stride, int64_t row_stride, uint32_t dst,
-                                         uint32_t full, int tile, const pages &pg) const {
+                                         uint32_t full, int tile, const pages &pg, uint64_t pol = 0) const {
         /* Per looked-up row: the address of its first element (base where the row reads zeros) and
          * whether it reads any, one bit a lane. */
         const T *row[kLook];
@@ -626,7 +625,7 @@ template <class Tr> struct row_gather {
                     for (int m = 0; m < kPerRow; ++m) {
                         const uint32_t at = (a ^ (uint32_t)((kLPR * m % 8) * 16)) + (uint32_t)((kLPR * m / 8) * Tr::kBlockN * 128);
                         const bool v = row_ok && 8 * kLPR * m < left;
-                        cp_async_16(at, rp + kLPR * 8 * m, v);
+                        cp_async_16_policy<kHint>(at, rp + kLPR * 8 * m, v, pol);
                     }
                 a = kRPI == 8 ? a + 1024u : (a + 512u) ^ 64u;
             }
@@ -652,20 +651,28 @@ __device__ __forceinline__ void produce_gathered(const fa_kernel_params &p, cons
     }
     const G g(p, sq, tl, ptid / 32, ptid % 32);
     const T *k = (const T *)p.k + (int64_t)tl.hk * p.k_head_stride, *v = (const T *)p.v + (int64_t)tl.hk * p.v_head_stride;
-    typename G::pages page_j = g.page_of(0), page_next = g.page_of(1); /* tile j's (V_j), tile j + 1's (K_{j+1}) */
-    g.load(k, p.k_batch_stride, p.k_seq_stride, sm.k, sm.full_k, 0, page_j);
-    for (int j = 0; j < tl.n_tiles; ++j) {
-        const typename G::pages page_after = g.page_of(j + 2); /* read now, used next iteration */
-        if (j + 1 < tl.n_tiles) {
-            const int st = (j + 1) & 1;
-            if (j + 1 >= 2) mbar_wait(sm.empty_k + 8 * st, ((j - 1) >> 1) & 1);
-            g.load(k, p.k_batch_stride, p.k_seq_stride, sm.k + st * Tr::kKVBytes, sm.full_k + 8 * st, j + 1, page_next);
+    /* (p.kv_evict_first: a split decode's copies carry the evict-first policy, as its TMA loads do) */
+    auto copy_tiles = [&](auto hint) {
+        constexpr bool kHint = decltype(hint)::value;
+        const uint64_t pol = kHint ? l2_evict_first_policy() : 0;
+        typename G::pages page_j = g.page_of(0), page_next = g.page_of(1); /* tile j's (V_j), tile j + 1's (K_{j+1}) */
+        g.template load<kHint>(k, p.k_batch_stride, p.k_seq_stride, sm.k, sm.full_k, 0, page_j, pol);
+        for (int j = 0; j < tl.n_tiles; ++j) {
+            const typename G::pages page_after = g.page_of(j + 2); /* read now, used next iteration */
+            if (j + 1 < tl.n_tiles) {
+                const int st = (j + 1) & 1;
+                if (j + 1 >= 2) mbar_wait(sm.empty_k + 8 * st, ((j - 1) >> 1) & 1);
+                g.template load<kHint>(k, p.k_batch_stride, p.k_seq_stride, sm.k + st * Tr::kKVBytes, sm.full_k + 8 * st,
+                                       j + 1, page_next, pol);
+            }
+            const int st = j & 1;
+            if (j >= 2) mbar_wait(sm.empty_v + 8 * st, ((j - 2) >> 1) & 1);
+            g.template load<kHint>(v, p.v_batch_stride, p.v_seq_stride, sm.v + st * Tr::kKVBytes, sm.full_v + 8 * st, j,
+                                   page_j, pol);
+            page_j = page_next, page_next = page_after;
         }
-        const int st = j & 1;
-        if (j >= 2) mbar_wait(sm.empty_v + 8 * st, ((j - 2) >> 1) & 1);
-        g.load(v, p.v_batch_stride, p.v_seq_stride, sm.v + st * Tr::kKVBytes, sm.full_v + 8 * st, j, page_j);
-        page_j = page_next, page_next = page_after;
-    }
+    };
+    with_l2_hint(p.kv_evict_first != 0, copy_tiles);
     /* No wait here: the thread's last arrivals take place when its copies land, and the block lives
      * until the consumers have seen them. */
 }
@@ -745,13 +752,11 @@ __device__ __forceinline__ void produce_serving_tile(const fa_kernel_params &p, 
         if (!paged) {
             if (leader) {
                 const int k0 = (int)sq.s.k_row0 + n0;
-                if (once) {
+                with_l2_hint(once, [&](auto hint) {
 #pragma unroll
-                    for (int cb = 0; cb < kCB; ++cb) tma_load_hint(dst + cb * Tr::kBlockN * 128, map, cb * 64, k0, tl.hk, kv_b, full, pol);
-                } else {
-#pragma unroll
-                    for (int cb = 0; cb < kCB; ++cb) tma_load(dst + cb * Tr::kBlockN * 128, map, cb * 64, k0, tl.hk, kv_b, full);
-                }
+                    for (int cb = 0; cb < kCB; ++cb)
+                        tma_load_policy<decltype(hint)::value>(dst + cb * Tr::kBlockN * 128, map, cb * 64, k0, tl.hk, kv_b, full, pol);
+                });
             }
             return;
         }
@@ -762,23 +767,19 @@ __device__ __forceinline__ void produce_serving_tile(const fa_kernel_params &p, 
             /* one full-width box: its box / 8 groups of 8 rows x every region; a page outside the
              * pool (or none: -1) as a negative group, which reads zeros */
             const int g = (unsigned)my_page < (unsigned)p.num_pages ? my_page * p.kv_page_groups + row0 / 8 : -1;
-            if (lane < boxes) {
-                if (once) tma_load_5d_hint(dst + lane * box * kCB * 128, map, 0, 0, 0, g, tl.hk, full, pol);
-                else tma_load_5d(dst + lane * box * kCB * 128, map, 0, 0, 0, g, tl.hk, full);
-            }
+            if (lane < boxes)
+                with_l2_hint(once, [&](auto hint) {
+                    tma_load_5d_policy<decltype(hint)::value>(dst + lane * box * kCB * 128, map, 0, 0, 0, g, tl.hk, full, pol);
+                });
             return;
         }
-        if (lane < boxes) {
-            if (once) {
+        if (lane < boxes)
+            with_l2_hint(once, [&](auto hint) {
 #pragma unroll
                 for (int cb = 0; cb < kCB; ++cb)
-                    tma_load_hint(dst + cb * Tr::kBlockN * 128 + lane * box * 128, map, cb * 64, row0, tl.hk, my_page, full, pol);
-            } else {
-#pragma unroll
-                for (int cb = 0; cb < kCB; ++cb)
-                    tma_load(dst + cb * Tr::kBlockN * 128 + lane * box * 128, map, cb * 64, row0, tl.hk, my_page, full);
-            }
-        }
+                    tma_load_policy<decltype(hint)::value>(dst + cb * Tr::kBlockN * 128 + lane * box * 128, map, cb * 64, row0,
+                                                           tl.hk, my_page, full, pol);
+            });
     };
     /* Gathered pages: the rows' pages a tile ahead, and copies in place of the boxes. */
     using G = std::conditional_t<kGather, row_gather<Tr>, int>;

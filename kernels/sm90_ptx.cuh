@@ -9,6 +9,8 @@
 #include <cuda.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 namespace fa {
 namespace sm90 {
 
@@ -119,13 +121,25 @@ __device__ __forceinline__ uint64_t l2_evict_first_policy() {
     return pol;
 }
 
-/* tma_load with an L2 policy for the box's lines (l2_evict_first_policy). */
-__device__ __forceinline__ void tma_load_hint(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, int c3,
-                                              uint32_t bar, uint64_t policy) {
-    asm volatile(
-        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(dst),
-        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar), "l"(policy)
-        : "memory");
+/* tma_load, its box's lines loaded with the L2 policy `policy` (l2_evict_first_policy) where kHint. */
+template <bool kHint>
+__device__ __forceinline__ void tma_load_policy(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, int c3,
+                                                uint32_t bar, uint64_t policy) {
+    if constexpr (!kHint) {
+        tma_load(dst, map, c0, c1, c2, c3, bar);
+    } else {
+        asm volatile(
+            "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(dst),
+            "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar), "l"(policy)
+            : "memory");
+    }
+}
+
+/* f(std::true_type{}) where `hint`, else f(std::false_type{}): loads written once with the *_policy<kHint>
+ * forms, compiled with the L2 policy and without it, the branch outside them. */
+template <class F> __device__ __forceinline__ void with_l2_hint(bool hint, F &&f) {
+    if (hint) f(std::true_type{});
+    else f(std::false_type{});
 }
 
 /* The same for a 5-dimensional map (full-width page boxes: fused_sm90_launch.cuh,
@@ -137,12 +151,17 @@ __device__ __forceinline__ void tma_load_5d(uint32_t dst, const CUtensorMap *map
         "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(bar)
         : "memory");
 }
-__device__ __forceinline__ void tma_load_5d_hint(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, int c3,
-                                                 int c4, uint32_t bar, uint64_t policy) {
-    asm volatile(
-        "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, %3, %4, %5, %6}], [%7], %8;\n" ::"r"(dst),
-        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(bar), "l"(policy)
-        : "memory");
+template <bool kHint>
+__device__ __forceinline__ void tma_load_5d_policy(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, int c3,
+                                                   int c4, uint32_t bar, uint64_t policy) {
+    if constexpr (!kHint) {
+        tma_load_5d(dst, map, c0, c1, c2, c3, c4, bar);
+    } else {
+        asm volatile(
+            "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, %3, %4, %5, %6}], [%7], %8;\n" ::"r"(dst),
+            "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(bar), "l"(policy)
+            : "memory");
+    }
 }
 
 /* The same box brought into the L2 only (no shared memory, no barrier; a hint the memory system
@@ -181,6 +200,17 @@ struct smem_desc_base {
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void *src, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
                  : "memory");
+}
+/* cp_async_16, the line loaded with the L2 policy `pol` (l2_evict_first_policy) where kHint. */
+template <bool kHint>
+__device__ __forceinline__ void cp_async_16_policy(uint32_t dst, const void *src, bool valid, uint64_t pol) {
+    if constexpr (!kHint) {
+        cp_async_16(dst, src, valid);
+    } else {
+        asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src),
+                     "r"(valid ? 16 : 0), "l"(pol)
+                     : "memory");
+    }
 }
 /* An arrival on the mbarrier at `bar` that takes place once every cp.async this thread issued so far
  * has landed (counted as one of the barrier's expected arrivals: .noinc). The thread does not wait. */

@@ -408,6 +408,11 @@ int64_t fa_fused_blocks_per_sm(const fa_device_caps *caps, const fa_fused_config
     return max64(1, min64(FA_FUSED_MIN_BLOCKS(cfg->warps), by_smem));
 }
 
+/* The device's L2 in bytes, or 50 MB (the H100's and the H200's) where the driver did not say. */
+static int64_t l2_bytes_or_default(const fa_device_caps *caps) {
+    return caps->l2_bytes > 0 ? caps->l2_bytes : 50ll << 20;
+}
+
 /* FUSED_SM90's section of (batch, head) pairs for a dense call of at least FA_SCHED_MIN_M_BLOCKS
  * query tiles a head whose tiles differ in work (a causal mask or a right window): as many pairs as
  * keep their K and V (shared by a KV head's group) within two thirds of the L2, at least 1, at most
@@ -418,7 +423,7 @@ int64_t fa_fused_blocks_per_sm(const fa_device_caps *caps, const fa_fused_config
  * (docs/performance.md, v13). */
 int64_t fa_sched_heads(const fa_device_caps *caps, const flashattn_fwd_params *p, int64_t m_blocks) {
     if ((p->mask == FLASHATTN_MASK_NONE && p->window_right < 0) || m_blocks < FA_SCHED_MIN_M_BLOCKS) return 0;
-    const int64_t l2 = caps->l2_bytes > 0 ? caps->l2_bytes : 50ll << 20;
+    const int64_t l2 = l2_bytes_or_default(caps);
     const int64_t group = p->heads_kv > 0 && p->heads_q >= p->heads_kv ? p->heads_q / p->heads_kv : 1;
     /* K and V of one query head's share: 2 tensors x seqlen_k x head_dim x 2 bytes / group */
     const int64_t kv = p->seqlen_k > 0 && p->head_dim > 0 ? (4 * p->seqlen_k * p->head_dim + group - 1) / group : 1;
@@ -428,17 +433,18 @@ int64_t fa_sched_heads(const fa_device_caps *caps, const flashattn_fwd_params *p
 
 /* FUSED_SM90 split decode (splits > 1, one query tile a KV head when the tile packs the group's
  * query heads, or a head with one query head a KV head: every K/V tile is read by one block, once)
- * over at most three L2s of keys and values: its K/V loads by TMA carry an evict-first L2 policy, so
- * that they give up each other's lines before any other (kp.kv_evict_first; pages gathered row by
- * row are loaded as before). On the H200, with the L2 cold, batch 1-2 decode over 8k-32k keys ran
+ * over at most three L2s of keys and values: its K/V loads (TMA boxes, or pages gathered row by row)
+ * carry an evict-first L2 policy, so that they give up each other's lines before any other
+ * (kp.kv_evict_first). On the H200, with the L2 cold, batch 1-2 decode over 8k-32k keys ran
  * 1.04-1.10x as fast after a fill of the L2 and 1.09-1.17x after a read of it; over more bytes
  * (131k keys, or batch 8 and up, unsplit) the policy cost 3-4% after a fill and gained 0-2% after a
  * read, so those calls load as before. The price: batch 1 x 8k, whose 32 MB of K/V fit in the L2,
  * re-read with the L2 warm takes 1.17x the GPU time (fewer of the lines stay; docs/performance.md
- * v43). */
+ * v43). Pages of 1 and 16 keys, gathered, after a fill: 1.06-1.11x at batch 1-2 over 8k-32k keys
+ * (v45). */
 int fa_sm90_kv_evict_first(const fa_device_caps *caps, const flashattn_fwd_params *p, int64_t splits,
                            int64_t m_blocks, int pack) {
-    const double l2 = caps->l2_bytes > 0 ? (double)caps->l2_bytes : (double)(50ll << 20);
+    const double l2 = (double)l2_bytes_or_default(caps);
     const double kv_bytes = 4.0 * (double)p->batch * (double)p->heads_kv * (double)p->seqlen_k * (double)p->head_dim;
     return splits > 1 && m_blocks == 1 && (pack || p->heads_q == p->heads_kv) && kv_bytes <= 3.0 * l2;
 }

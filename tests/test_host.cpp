@@ -882,10 +882,12 @@ TEST(Planning, Sm90KeySplitBlocksWhereTmaLoadsTheKeys) {
         EXPECT_EQ(page == 256 || page == 64 ? 1 : 0, split);  // (pages of 16 are gathered in a split decode)
         EXPECT_EQ(split, plan.kp.key_split);
         EXPECT_EQ(split ? 384 : 256, plan.threads);
+        EXPECT_EQ(1, plan.kp.kv_evict_first);  // (a split decode, K/V read once: by TMA boxes or gathered)
         flashattn_plan_info info;
         flashattn_plan_info_init(&info);
         fa_plan_describe(&plan, &info);
         EXPECT_EQ(plan.threads / 32, info.num_warps);
+        EXPECT_NE(std::string(info.description).find("kv_evict_first"), std::string::npos) << info.description;
         EXPECT_EQ(std::string(split ? "fused_sm90_bf16_d128_m64_n128_w12" : "fused_sm90_bf16_d128_m64_n128_w8"),
                   info.kernel_name);
     }

@@ -456,7 +456,8 @@ TEST_F(Serving, GatheredPagesEveryHeadDim) {
     // consumers, four rows x 128 bytes in the single-consumer decode kernels): every kernel that gathers
     // (head dim 64 on 128- and 192-key tiles, 96 and 128 on 128, 160 and 192 on 112, 256 on 80;
     // one, two and three consumers), real head dims below the kernel's (96, 160: the columns past
-    // them zero-filled), ragged prefill causal and unmasked, and decode split over a capacity.
+    // them zero-filled), ragged prefill causal and unmasked, and decode split over a capacity (its
+    // copies carrying the evict-first L2 policy: kv_evict_first).
     Stats st;
     for (int64_t d : {64, 96, 128, 160, 192, 256})
         for (int64_t page : {1, 19}) {
@@ -469,7 +470,7 @@ TEST_F(Serving, GatheredPagesEveryHeadDim) {
             }
             s.packed_q = false, s.mask = FLASHATTN_MASK_NONE, s.cap_k = 4096;
             s.sq = {1, 1, 1}, s.sk = {3001, 100, 1500};
-            run_and_check(h, s, st, -1, ":gather");
+            run_and_check(h, s, st, -1, ":gather&kv_evict_first");
         }
     print_stats("gathered pages (1 and 19 keys), head dims 64, 96, 128, 160, 192, 256: prefill and split decode", st);
 }
