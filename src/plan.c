@@ -440,8 +440,9 @@ int64_t fa_sched_heads(const fa_device_caps *caps, const flashattn_fwd_params *p
  * (131k keys, or batch 8 and up, unsplit) the policy cost 3-4% after a fill and gained 0-2% after a
  * read, so those calls load as before. The price: batch 1 x 8k, whose 32 MB of K/V fit in the L2,
  * re-read with the L2 warm takes 1.17x the GPU time (fewer of the lines stay; docs/performance.md
- * v43). Pages of 1 and 16 keys, gathered, after a fill: 1.06-1.11x at batch 1-2 over 8k-32k keys
- * (v45). */
+ * v43). Pages of 1 and 16 keys, gathered: after a fill 1.06-1.11x at batch 1-2 over 8k-32k keys;
+ * after a read 0.95-0.99x at batch 1 x 8k, 1.01x at batch 2; warm 0.89-0.90x at batch 1, 1.03x at
+ * batch 2 (v45). */
 int fa_sm90_kv_evict_first(const fa_device_caps *caps, const flashattn_fwd_params *p, int64_t splits,
                            int64_t m_blocks, int pack) {
     const double l2 = (double)l2_bytes_or_default(caps);
