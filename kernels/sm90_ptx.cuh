@@ -121,6 +121,13 @@ __device__ __forceinline__ uint64_t l2_evict_first_policy() {
     return pol;
 }
 
+/* f(std::true_type{}) where `hint`, else f(std::false_type{}): loads written once with the *_policy<kHint>
+ * forms, compiled with the L2 policy and without it, the branch outside them. */
+template <class F> __device__ __forceinline__ void with_l2_hint(bool hint, F &&f) {
+    if (hint) f(std::true_type{});
+    else f(std::false_type{});
+}
+
 /* tma_load, its box's lines loaded with the L2 policy `policy` (l2_evict_first_policy) where kHint. */
 template <bool kHint>
 __device__ __forceinline__ void tma_load_policy(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, int c3,
@@ -135,14 +142,7 @@ __device__ __forceinline__ void tma_load_policy(uint32_t dst, const CUtensorMap 
     }
 }
 
-/* f(std::true_type{}) where `hint`, else f(std::false_type{}): loads written once with the *_policy<kHint>
- * forms, compiled with the L2 policy and without it, the branch outside them. */
-template <class F> __device__ __forceinline__ void with_l2_hint(bool hint, F &&f) {
-    if (hint) f(std::true_type{});
-    else f(std::false_type{});
-}
-
-/* The same for a 5-dimensional map (full-width page boxes: fused_sm90_launch.cuh,
+/* tma_load and tma_load_policy for a 5-dimensional map (full-width page boxes: fused_sm90_launch.cuh,
  * encode_page_groups_map). */
 __device__ __forceinline__ void tma_load_5d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, int c3, int c4,
                                             uint32_t bar) {
