@@ -224,7 +224,14 @@ typedef struct fa_fused_config {
     int32_t head_dim, block_m, block_n, warps, stages;
 } fa_fused_config;
 
+/* Shared-memory rows of the FUSED kernel. Head dims that fill whole 128-byte lines (multiples of
+ * 64) store rows unpadded, each row's 16-byte chunks permuted within their 128-byte line by the
+ * row's low three bits (chunk c of row r at c ^ (r & 7)): conflict-free ldmatrix, and every
+ * cp.async lands in the 128-byte line its global line maps to. The others (32, 96, 160) pad each
+ * row by FA_SMEM_PAD elements instead. */
 #define FA_SMEM_PAD 8
+#define FA_SMEM_SWIZZLED(head_dim) ((head_dim) % 64 == 0)
+#define FA_SMEM_ROW_ELEMS(head_dim) ((head_dim) + (FA_SMEM_SWIZZLED(head_dim) ? 0 : FA_SMEM_PAD))
 
 /* X(head_dim, block_m, block_n, warps, stages): the one table of tile choices; the planner expands
  * it, and CMake generates one kernel instance per row from it (cmake/variants.cmake), so they
@@ -240,7 +247,7 @@ typedef struct fa_fused_config {
     X(256, 64, 64, 4, 1)
 
 static inline int64_t fa_fused_smem_bytes(const fa_fused_config *c) {
-    const int64_t row_bytes = (int64_t)(c->head_dim + FA_SMEM_PAD) * 2;
+    const int64_t row_bytes = (int64_t)FA_SMEM_ROW_ELEMS(c->head_dim) * 2;
     return row_bytes * (c->block_m + 2 * (int64_t)c->stages * c->block_n);
 }
 

@@ -87,14 +87,13 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
 }
 
 /* O += P V over one 16-key step kk of P (its A fragment `a`), for every pair of O's 8-column tiles:
- * V's rows 16 kk.. from the stage at sV (rows `stride` elements apart), read transposed. */
-template <int kDtype, int kOTiles>
-__device__ __forceinline__ void mma_pv_step(float (&o)[kOTiles][4], const uint32_t (&a)[4], uint32_t sV, int kk,
-                                            int stride) {
+ * V's rows 16 kk.. from the stage at sV (a lane's ldsm_lane), read transposed. */
+template <int kDtype, int kOTiles, class Lane>
+__device__ __forceinline__ void mma_pv_step(float (&o)[kOTiles][4], const uint32_t (&a)[4], const Lane &sV, int kk) {
 #pragma unroll
     for (int dn = 0; dn < kOTiles / 2; ++dn) {
         uint32_t vb[4];
-        ldmatrix_x4_trans(vb, sV + (uint32_t)(kk * 16 * stride * 2 + dn * 32));
+        ldmatrix_x4_trans(vb, sV.at(kk * 16, dn));
         mma_16816<kDtype>(o[2 * dn], a, vb[0], vb[1]);
         mma_16816<kDtype>(o[2 * dn + 1], a, vb[2], vb[3]);
     }
@@ -110,7 +109,8 @@ struct fused_traits {
     static constexpr int kStages = cfg::stages; /* K/V stages: 2 (double-buffered) or 1 */
     static constexpr int kThreads = 32 * kWarps;
     static constexpr int kMTiles = kBlockM / (16 * kWarps); /* m16 tiles (query rows / 16) per warp */
-    static constexpr int kStride = kHeadDim + FA_SMEM_PAD; /* elements per shared-memory row */
+    static constexpr bool kSwizzle = FA_SMEM_SWIZZLED(kHeadDim); /* (fa_kernel_params.h) */
+    static constexpr int kStride = FA_SMEM_ROW_ELEMS(kHeadDim);   /* elements per shared-memory row */
     static constexpr int kChunks = kHeadDim / 8;          /* 16-byte chunks per row */
     static constexpr int kKSteps = kHeadDim / 16;         /* k16 steps of Q K^T */
     static constexpr int kSTiles = kBlockN / 8;           /* n8 tiles of S per m16 tile */
@@ -121,6 +121,29 @@ struct fused_traits {
     static_assert(kMTiles >= 1 && kBlockM == 16 * kMTiles * kWarps, "a warp owns 16 * kMTiles rows");
     static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0, "tile shapes must be multiples of 16");
     static_assert(kStages == 1 || kStages == 2, "one or two K/V stages");
+    /* Byte offset of 16-byte chunk ch of row r in a tile (the layout: fa_kernel_params.h). */
+    static __device__ __forceinline__ uint32_t chunk_off(int r, int ch) {
+        return (uint32_t)((r * kStride + 8 * (kSwizzle ? ch ^ (r & 7) : ch)) * 2);
+    }
+};
+
+/* A lane's ldmatrix addresses in a tile: the lane reads row `row` (of 16) of the 16x16 blocks
+ * and their chunk 2 c + hi (c: the block's chunk pair, hi: the lane's 16-byte half). Swizzled, the
+ * chunk sits at (2 c + hi) ^ (row & 7) within its 128-byte line; with the tile 128-byte aligned,
+ * that is the address of chunk pair 0 XOR 16 (2 c & 7): one LOP3, shared by every block row (and
+ * hoisted where registers allow), the rest an immediate. */
+template <typename Tr> struct ldsm_lane {
+    uint32_t base; /* chunk pair 0's address for this lane */
+    __device__ __forceinline__ ldsm_lane(uint32_t tile, int row, int hi) {
+        base = tile + (uint32_t)(row * Tr::kStride * 2 + 16 * (Tr::kSwizzle ? (row & 7) ^ hi : hi));
+    }
+    /* rows `rows` further down (a multiple of 8), chunk pair c (both compile-time at every use) */
+    __device__ __forceinline__ uint32_t at(int rows, int c) const {
+        if constexpr (Tr::kSwizzle)
+            return (base ^ (uint32_t)((2 * c & 7) * 16)) + (uint32_t)(rows * Tr::kStride * 2 + (2 * c & ~7) * 16);
+        else
+            return base + (uint32_t)(rows * Tr::kStride * 2 + c * 32);
+    }
 };
 
 /* Async copy of rows [row0, row0 + kRows) of a [seq, head_dim] slice into shared memory; rows past
@@ -141,7 +164,7 @@ __device__ __forceinline__ void load_tile(typename Tr::T *dst, const typename Tr
     const int r0 = (int)threadIdx.x / kTpr, c0 = (int)threadIdx.x % kTpr;
     const typename Tr::T *g = src + (int64_t)(row0 + r0) * row_stride + c0 * 8;
     const int64_t step = (int64_t)kRowsPerPass * row_stride;
-    const uint32_t s0 = smem_u32(dst) + (uint32_t)((r0 * Tr::kStride + c0 * 8) * 2);
+    const uint32_t s0 = smem_u32(dst);
 #pragma unroll
     for (int i = 0; i < kPasses; ++i) {
         if (kRows % kRowsPerPass == 0 || r0 + i * kRowsPerPass < kRows) {
@@ -149,7 +172,7 @@ __device__ __forceinline__ void load_tile(typename Tr::T *dst, const typename Tr
 #pragma unroll
             for (int j = 0; j < kCpt; ++j) {
                 const bool valid = row_ok && (c0 + j * kTpr) * 8 < head_dim;
-                cp_async_16(s0 + (uint32_t)((i * kRowsPerPass * Tr::kStride + j * kTpr * 8) * 2),
+                cp_async_16(s0 + Tr::chunk_off(r0 + i * kRowsPerPass, c0 + j * kTpr),
                             valid ? g + j * kTpr * 8 : src, valid);
             }
         }
@@ -207,7 +230,7 @@ template <typename Tr> struct serving_kv {
                     in_page = j - pi * page_size;
                     valid = page >= 0 && page < num_pages;
                 }
-                const uint32_t soff = (uint32_t)((r * Tr::kStride + ch * 8) * 2);
+                const uint32_t soff = Tr::chunk_off(r, ch);
                 const typename Tr::T *gk = valid ? k + page * k_page + in_page * k_stride + ch * 8 : k;
                 const typename Tr::T *gv = valid ? v + page * v_page + in_page * v_stride + ch * 8 : v;
                 if (kK) cp_async_16(kb + soff, gk, valid);
@@ -313,7 +336,7 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
     constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN, kStride = Tr::kStride;
     constexpr int kMT = Tr::kMTiles;
 
-    extern __shared__ __align__(16) unsigned char smem_raw[];
+    extern __shared__ __align__(128) unsigned char smem_raw[];
     T *sQ = reinterpret_cast<T *>(smem_raw);
     T *sK = sQ + kBlockM * kStride;               /* kStages stages */
     T *sV = sK + Tr::kStages * kBlockN * kStride; /* kStages stages */
@@ -411,10 +434,9 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
     for (int mt = 0; mt < kMT; ++mt) row_max[mt][0] = row_max[mt][1] = -INFINITY, row_sum[mt][0] = row_sum[mt][1] = 0.0f;
 
     /* Per-lane ldmatrix offsets (bytes) inside a 16x16 block, see the layouts in the header. */
-    const uint32_t a_off = (uint32_t)((((lane % 8) + 8 * ((lane / 8) % 2)) * kStride + 8 * (lane / 16)) * 2);
-    const uint32_t kb_off = (uint32_t)((((lane % 8) + 8 * (lane / 16)) * kStride + 8 * ((lane / 8) % 2)) * 2);
-    const uint32_t vb_off = (uint32_t)((((lane % 8) + 8 * ((lane / 8) % 2)) * kStride + 8 * (lane / 16)) * 2);
-    const uint32_t sQ_warp = smem_u32(sQ) + (uint32_t)(warp * 16 * kMT * kStride * 2) + a_off;
+    const int a_row = (lane % 8) + 8 * ((lane / 8) % 2), a_hi = lane / 16;   /* Q (A) and V (trans) */
+    const int kb_row = (lane % 8) + 8 * (lane / 16), kb_hi = (lane / 8) % 2; /* K (B) */
+    const ldsm_lane<Tr> sQ_warp(smem_u32(sQ) + (uint32_t)(warp * 16 * kMT * kStride * 2), a_row, a_hi);
 
     /* kIdleWarps, and every row of the block in its first 16 (a decode's group of at most 16 query
      * heads, or at most 16 queries): the warps split each key tile instead, kBlockN / kWarps keys a
@@ -432,7 +454,7 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
         if (warp_keys) {
             constexpr int kWN = kBlockN / Tr::kWarps, kWS = kWN / 8, kWP = kWN / 16;
             static_assert(kWN % 16 == 0, "a warp's share of a key tile: whole k16 steps");
-            const uint32_t sQ_rows = smem_u32(sQ) + a_off; /* rows 0-15, every warp */
+            const ldsm_lane<Tr> sQ_rows(smem_u32(sQ), a_row, a_hi); /* rows 0-15, every warp */
             const int kw0 = warp * kWN;                   /* this warp's keys in a tile */
             for (int it = 0; it < n_tiles; ++it) {
                 const int stage = Tr::kStages == 2 ? (it & 1) : 0;
@@ -446,19 +468,19 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
                     kv.load_v(sV, n0);
                     cp_async_commit();
                 }
-                const uint32_t sK_st = smem_u32(sK + stage * kBlockN * kStride) + kb_off + (uint32_t)(kw0 * kStride * 2);
-                const uint32_t sV_st = smem_u32(sV + stage * kBlockN * kStride) + vb_off + (uint32_t)(kw0 * kStride * 2);
+                const ldsm_lane<Tr> sK_st(smem_u32(sK + (stage * kBlockN + kw0) * kStride), kb_row, kb_hi);
+                const ldsm_lane<Tr> sV_st(smem_u32(sV + (stage * kBlockN + kw0) * kStride), a_row, a_hi);
                 float s[kWS][4];
 #pragma unroll
                 for (int j = 0; j < kWS; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
                 for (int ks = 0; ks < Tr::kKSteps; ++ks) {
                     uint32_t a[4];
-                    ldmatrix_x4(a, sQ_rows + (uint32_t)(ks * 32));
+                    ldmatrix_x4(a, sQ_rows.at(0, ks));
 #pragma unroll
                     for (int nb = 0; nb < kWS / 2; ++nb) {
                         uint32_t kb[4];
-                        ldmatrix_x4(kb, sK_st + (uint32_t)(nb * 16 * kStride * 2 + ks * 32));
+                        ldmatrix_x4(kb, sK_st.at(nb * 16, ks));
                         mma_16816<kDtype>(s[2 * nb], a, kb[0], kb[1]);
                         mma_16816<kDtype>(s[2 * nb + 1], a, kb[2], kb[3]);
                     }
@@ -493,7 +515,7 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
                 for (int kk = 0; kk < kWP; ++kk) {
                     uint32_t a[4];
                     pack_p<kDtype>(s_at, kk, a);
-                    mma_pv_step<kDtype>(o_acc[0], a, sV_st, kk, kStride);
+                    mma_pv_step<kDtype>(o_acc[0], a, sV_st, kk);
                 }
                 if constexpr (Tr::kStages == 2) {
                     block_barrier<kAligned>();
@@ -541,8 +563,8 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
             kv.load_v(sV, n0);
             cp_async_commit();
         }
-        const uint32_t sK_st = smem_u32(sK + stage * kBlockN * kStride) + kb_off;
-        const uint32_t sV_st = smem_u32(sV + stage * kBlockN * kStride) + vb_off;
+        const ldsm_lane<Tr> sK_st(smem_u32(sK + stage * kBlockN * kStride), kb_row, kb_hi);
+        const ldsm_lane<Tr> sV_st(smem_u32(sV + stage * kBlockN * kStride), a_row, a_hi);
 
         /* S = Q K^T for this warp's rows x kBlockN keys; each K fragment feeds every m16 tile. */
         float s[kMT][Tr::kSTiles][4];
@@ -555,11 +577,11 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
             uint32_t a[kMT][4];
 #pragma unroll
             for (int mt = 0; mt < kMT; ++mt)
-                ldmatrix_x4(a[mt], sQ_warp + (uint32_t)(mt * 16 * kStride * 2 + ks * 32));
+                ldmatrix_x4(a[mt], sQ_warp.at(mt * 16, ks));
 #pragma unroll
             for (int nb = 0; nb < Tr::kSTiles / 2; ++nb) {
                 uint32_t kb[4];
-                ldmatrix_x4(kb, sK_st + (uint32_t)(nb * 16 * kStride * 2 + ks * 32));
+                ldmatrix_x4(kb, sK_st.at(nb * 16, ks));
 #pragma unroll
                 for (int mt = 0; mt < kMT; ++mt) {
                     mma_16816<kDtype>(s[mt][2 * nb], a[mt], kb[0], kb[1]);
@@ -633,7 +655,7 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
             for (int kk = 0; kk < Tr::kPSteps; ++kk) {
                 uint32_t a[4];
                 pack_p<kDtype>(s_at, kk, a);
-                mma_pv_step<kDtype>(o_acc[mt], a, sV_st, kk, kStride);
+                mma_pv_step<kDtype>(o_acc[mt], a, sV_st, kk);
             }
         }
         if constexpr (Tr::kStages == 2) {
@@ -729,7 +751,6 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
 
     /* Epilogue: normalise, stage O through sQ (free now: every warp read its Q last before the
      * loop's last barrier), store. */
-    T *sO = sQ;
     if (!idle) {
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt)
@@ -740,7 +761,7 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
                 const int row_local = (warp * kMT + mt) * 16 + g + 8 * r;
 #pragma unroll
                 for (int j = 0; j < Tr::kOTiles; ++j)
-                    *reinterpret_cast<uint32_t *>(sO + row_local * kStride + 8 * j + 2 * t) =
+                    *reinterpret_cast<uint32_t *>(smem_raw + Tr::chunk_off(row_local, j) + 4 * t) =
                         pack_pair<kDtype>(o_acc[mt][j][2 * r] * inv, o_acc[mt][j][2 * r + 1] * inv);
                 if (lse && t == 0 && m0 + row_local < bnd.seqlen_q)
                     lse[(m0 + row_local) * ctx.lse_stride()] = softmax_lse(l, row_max[mt][r], mult);
@@ -751,7 +772,7 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
         const int r = c / Tr::kChunks, ch = c % Tr::kChunks;
         if (m0 + r < bnd.seqlen_q && ch * 8 < p.head_dim)
             *reinterpret_cast<uint4 *>(og + (int64_t)(m0 + r) * p.o_seq_stride + ch * 8) =
-                *reinterpret_cast<const uint4 *>(sO + r * kStride + ch * 8);
+                *reinterpret_cast<const uint4 *>(smem_raw + Tr::chunk_off(r, ch));
     }
 }
 

@@ -1210,6 +1210,10 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
      * clock: 1.00-1.14x at head dims 160-256. At head dims 64 and 128 (and 96) the same changes
      * measured 0.95-1.02x, so those kernels keep the plain loop (docs/performance.md v27). */
     constexpr bool kLazyMax = kHeadDim >= 192, kDescByOffset = kHeadDim >= 192 && kUniformC;
+    /* Each row's max and sum a tile as pairwise trees (softmax.cuh's kTree) at head dim 128, where
+     * the key loop waits most on dependent instructions: 1.00-1.09x there, 0.99x at 64, 192 and 256,
+     * which keep the in-order chains (docs/performance.md v47). */
+    constexpr bool kTree = kHeadDim == 128;
     /* S = Q K^T's k-steps of 16 columns that hold the head dim (a head dim below the kernel's, 160
      * on the 192 kernel or 96 on the 128 one, leaves zero columns in Q and K: their steps would add
      * nothing). Not in the 176-key 128 kernel (long unmasked calls): with the second loop copy its
@@ -1420,9 +1424,9 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 float m_scaled;
-                corr[r] = kLazyMax ? softmax_new_max_lazy<kW / 8>(sw_at, r, row_max[r], mult, m_scaled)
-                                   : softmax_new_max<kW / 8>(sw_at, r, row_max[r], mult, m_scaled);
-                const float sum = softmax_exp<kW / 8>(sw_at, r, mult, m_scaled, 0.0f);
+                corr[r] = kLazyMax ? softmax_new_max_lazy<kW / 8, kTree>(sw_at, r, row_max[r], mult, m_scaled)
+                                   : softmax_new_max<kW / 8, kTree>(sw_at, r, row_max[r], mult, m_scaled);
+                const float sum = softmax_exp<kW / 8, kTree>(sw_at, r, mult, m_scaled, 0.0f);
                 row_sum[r] = row_sum[r] * corr[r] + sum;
             }
 

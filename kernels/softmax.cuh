@@ -8,7 +8,7 @@
  * at(j, e) -> float& so each kernel keeps its own register arrays. Per key tile, per row r:
  *
  *     corr = softmax_new_max(...)      m_new = max(m, rowmax(S)); corr = exp2((m - m_new) mult)
- *     sum  = softmax_exp(...)          P = exp2(S mult - m_new mult) in place, summed in key order
+ *     sum  = softmax_exp(...)          P = exp2(S mult - m_new mult) in place, summed (kTree: pairwise)
  *     l    = l corr + sum;  O *= corr  (the kernel's, in its own order)
  *
  * and at the end softmax_inv(l) normalises O and softmax_lse gives the LSE. mult is scale * log2(e)
@@ -91,20 +91,44 @@ __device__ __forceinline__ void mask_scores_keywise(At at, const Bounds &p, Row 
 /* Whether mask_scores must test the lower bound of a key tile from n0, for query rows up to row_last. */
 #define FA_TILE_CUTS_LOW(p, n0, row_last) ((n0) < (row_last) + (p).key_lo_off)
 
-/* The larger of row r's running max and the tile's scores in that row (raw units), over the quad. */
-template <int kN, class At> __device__ __forceinline__ float row_tile_max(At at, int r, float row_max) {
-    float mx = row_max;
+/* Reduction of v[0..kN) into v[0] (op: max or +) in a fixed order. kTree: pairwise, a chain of
+ * depth log2(kN), so that a row's max and sum do not leave the warp waiting on kN dependent
+ * instructions; otherwise in order, one chain. (The kernels choose per head dim: both fused kernels'
+ * key loops measured in docs/performance.md v47.) */
+template <bool kTree, int kN, class Op> __device__ __forceinline__ void reduce_row(float (&v)[kN], Op op) {
+    if constexpr (kTree) {
 #pragma unroll
-    for (int j = 0; j < kN; ++j) mx = fmaxf(mx, fmaxf(at(j, 2 * r), at(j, 2 * r + 1)));
-    return quad_max(mx);
+        for (int w = 1; w < kN; w *= 2)
+#pragma unroll
+            for (int j = 0; j + w < kN; j += 2 * w) v[j] = op(v[j], v[j + w]);
+    } else {
+#pragma unroll
+        for (int j = 1; j < kN; ++j) v[0] = op(v[0], v[j]);
+    }
+}
+
+/* The larger of row r's running max and the tile's scores in that row (raw units), over the quad. */
+template <int kN, bool kTree, class At> __device__ __forceinline__ float row_tile_max(At at, int r, float row_max) {
+    if constexpr (kTree) {
+        float m[kN];
+#pragma unroll
+        for (int j = 0; j < kN; ++j) m[j] = fmaxf(at(j, 2 * r), at(j, 2 * r + 1));
+        reduce_row<true>(m, [](float a, float b) { return fmaxf(a, b); });
+        return quad_max(fmaxf(row_max, m[0]));
+    } else {
+        float mx = row_max;
+#pragma unroll
+        for (int j = 0; j < kN; ++j) mx = fmaxf(mx, fmaxf(at(j, 2 * r), at(j, 2 * r + 1)));
+        return quad_max(mx);
+    }
 }
 
 /* Row r's new running max (raw units) after this tile; returns the factor exp2((m_old - m_new) mult)
  * that rescales what was accumulated under the old max. m_scaled receives m_new * mult, or 0 for a
  * row that has seen no key yet (so exp2(-inf - 0) = 0, never NaN). */
-template <int kN, class At>
+template <int kN, bool kTree = true, class At>
 __device__ __forceinline__ float softmax_new_max(At at, int r, float &row_max, float mult, float &m_scaled) {
-    const float mx = row_tile_max<kN>(at, r, row_max);
+    const float mx = row_tile_max<kN, kTree>(at, r, row_max);
     m_scaled = (mx == -INFINITY) ? 0.0f : mx * mult;
     const float corr = fast_exp2(row_max * mult - m_scaled);
     row_max = mx;
@@ -122,9 +146,9 @@ constexpr float kMaxSlack = 8.0f;
  * the same (kept) max, and the LSE adds that max back (P <= 2^8 is well inside float and fp16/bf16
  * range, whose relative precision does not depend on magnitude). A row that has seen no key (max
  * -inf) always takes the new max. */
-template <int kN, class At>
+template <int kN, bool kTree = true, class At>
 __device__ __forceinline__ float softmax_new_max_lazy(At at, int r, float &row_max, float mult, float &m_scaled) {
-    const float mx = row_tile_max<kN>(at, r, row_max);
+    const float mx = row_tile_max<kN, kTree>(at, r, row_max);
     /* (false for row_max = -inf: inf or NaN is not <= the slack) */
     const bool keep = (mx - row_max) * mult <= kMaxSlack;
     const float m_new = keep ? row_max : mx;
@@ -134,17 +158,29 @@ __device__ __forceinline__ float softmax_new_max_lazy(At at, int r, float &row_m
     return corr;
 }
 
-/* P = exp2(S mult - m_scaled) in place for row r; returns acc plus this lane's part of the row sum,
- * added pair by pair in key order. */
-template <int kN, class At>
+/* P = exp2(S mult - m_scaled) in place for row r; returns acc plus this lane's part of the row sum:
+ * each pair of keys summed, then the pairs (kTree: pairwise; otherwise onto acc in key order). */
+template <int kN, bool kTree = true, class At>
 __device__ __forceinline__ float softmax_exp(At at, int r, float mult, float m_scaled, float acc) {
+    if constexpr (kTree) {
+        float sum[kN];
 #pragma unroll
-    for (int j = 0; j < kN; ++j) {
-        at(j, 2 * r) = fast_exp2(fmaf(at(j, 2 * r), mult, -m_scaled));
-        at(j, 2 * r + 1) = fast_exp2(fmaf(at(j, 2 * r + 1), mult, -m_scaled));
-        acc += at(j, 2 * r) + at(j, 2 * r + 1);
+        for (int j = 0; j < kN; ++j) {
+            at(j, 2 * r) = fast_exp2(fmaf(at(j, 2 * r), mult, -m_scaled));
+            at(j, 2 * r + 1) = fast_exp2(fmaf(at(j, 2 * r + 1), mult, -m_scaled));
+            sum[j] = at(j, 2 * r) + at(j, 2 * r + 1);
+        }
+        reduce_row<true>(sum, [](float a, float b) { return a + b; });
+        return acc + sum[0];
+    } else {
+#pragma unroll
+        for (int j = 0; j < kN; ++j) {
+            at(j, 2 * r) = fast_exp2(fmaf(at(j, 2 * r), mult, -m_scaled));
+            at(j, 2 * r + 1) = fast_exp2(fmaf(at(j, 2 * r + 1), mult, -m_scaled));
+            acc += at(j, 2 * r) + at(j, 2 * r + 1);
+        }
+        return acc;
     }
-    return acc;
 }
 
 /* O *= corr for row r of an accumulator fragment of kN 8-column tiles. */
