@@ -1210,9 +1210,9 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
      * clock: 1.00-1.14x at head dims 160-256. At head dims 64 and 128 (and 96) the same changes
      * measured 0.95-1.02x, so those kernels keep the plain loop (docs/performance.md v27). */
     constexpr bool kLazyMax = kHeadDim >= 192, kDescByOffset = kHeadDim >= 192 && kUniformC;
-    /* Each row's max and sum a tile as pairwise trees (softmax.cuh's kTree) at head dim 128, where
-     * the key loop waits most on dependent instructions: 1.00-1.09x there, 0.99x at 64, 192 and 256,
-     * which keep the in-order chains (docs/performance.md v47). */
+    /* Each row's max and sum a tile as pairwise trees (softmax.cuh's kTree) at head dim 128 only:
+     * 0.995-1.021x there against the in-order chains (geomean 1.002, the most at 16k), 0.99x at 64,
+     * 192 and 256, which keep the chains (docs/performance.md v47). */
     constexpr bool kTree = kHeadDim == 128;
     /* S = Q K^T's k-steps of 16 columns that hold the head dim (a head dim below the kernel's, 160
      * on the 192 kernel or 96 on the 128 one, leaves zero columns in Q and K: their steps would add
