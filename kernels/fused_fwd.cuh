@@ -121,6 +121,9 @@ struct fused_traits {
     static_assert(kMTiles >= 1 && kBlockM == 16 * kMTiles * kWarps, "a warp owns 16 * kMTiles rows");
     static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0, "tile shapes must be multiples of 16");
     static_assert(kStages == 1 || kStages == 2, "one or two K/V stages");
+    /* ldsm_lane's XOR addressing needs every tile (Q, each K and V stage) to start on a 128-byte
+     * line of the 128-byte aligned shared memory: whole rows of whole lines, and tiles of whole rows. */
+    static_assert(!kSwizzle || (kStride * 2) % 128 == 0, "swizzled rows are whole 128-byte lines");
     /* Byte offset of 16-byte chunk ch of row r in a tile (the layout: fa_kernel_params.h). */
     static __device__ __forceinline__ uint32_t chunk_off(int r, int ch) {
         return (uint32_t)((r * kStride + 8 * (kSwizzle ? ch ^ (r & 7) : ch)) * 2);
