@@ -436,7 +436,8 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) row_max[mt][0] = row_max[mt][1] = -INFINITY, row_sum[mt][0] = row_sum[mt][1] = 0.0f;
 
-    /* Per-lane ldmatrix offsets (bytes) inside a 16x16 block, see the layouts in the header. */
+    /* Each lane's ldmatrix row and 16-byte half inside a 16x16 block (ldsm_lane; the layouts in
+     * the header). */
     const int a_row = (lane % 8) + 8 * ((lane / 8) % 2), a_hi = lane / 16;   /* Q (A) and V (trans) */
     const int kb_row = (lane % 8) + 8 * (lane / 16), kb_hi = (lane / 8) % 2; /* K (B) */
     const ldsm_lane<Tr> sQ_warp(smem_u32(sQ) + (uint32_t)(warp * 16 * kMT * kStride * 2), a_row, a_hi);

@@ -91,20 +91,15 @@ __device__ __forceinline__ void mask_scores_keywise(At at, const Bounds &p, Row 
 /* Whether mask_scores must test the lower bound of a key tile from n0, for query rows up to row_last. */
 #define FA_TILE_CUTS_LOW(p, n0, row_last) ((n0) < (row_last) + (p).key_lo_off)
 
-/* Reduction of v[0..kN) into v[0] (op: max or +) in a fixed order. kTree: pairwise, a chain of
- * depth log2(kN), so that a row's max and sum do not leave the warp waiting on kN dependent
- * instructions; otherwise in order, one chain. (The kernels choose per head dim: both fused kernels'
- * key loops measured in docs/performance.md v47.) */
-template <bool kTree, int kN, class Op> __device__ __forceinline__ void reduce_row(float (&v)[kN], Op op) {
-    if constexpr (kTree) {
+/* Pairwise reduction of v[0..kN) into v[0] (op: max or +) in a fixed order: a chain of depth
+ * log2(kN), so that a row's max and sum do not leave the warp waiting on kN dependent instructions
+ * (the kTree forms below; the in-order forms fold into one chain). FUSED takes the trees at every
+ * head dim, FUSED_SM90 at 128 only (docs/performance.md v47). */
+template <int kN, class Op> __device__ __forceinline__ void tree_reduce(float (&v)[kN], Op op) {
 #pragma unroll
-        for (int w = 1; w < kN; w *= 2)
+    for (int w = 1; w < kN; w *= 2)
 #pragma unroll
-            for (int j = 0; j + w < kN; j += 2 * w) v[j] = op(v[j], v[j + w]);
-    } else {
-#pragma unroll
-        for (int j = 1; j < kN; ++j) v[0] = op(v[0], v[j]);
-    }
+        for (int j = 0; j + w < kN; j += 2 * w) v[j] = op(v[j], v[j + w]);
 }
 
 /* The larger of row r's running max and the tile's scores in that row (raw units), over the quad. */
@@ -113,7 +108,7 @@ template <int kN, bool kTree, class At> __device__ __forceinline__ float row_til
         float m[kN];
 #pragma unroll
         for (int j = 0; j < kN; ++j) m[j] = fmaxf(at(j, 2 * r), at(j, 2 * r + 1));
-        reduce_row<true>(m, [](float a, float b) { return fmaxf(a, b); });
+        tree_reduce(m, [](float a, float b) { return fmaxf(a, b); });
         return quad_max(fmaxf(row_max, m[0]));
     } else {
         float mx = row_max;
@@ -170,7 +165,7 @@ __device__ __forceinline__ float softmax_exp(At at, int r, float mult, float m_s
             at(j, 2 * r + 1) = fast_exp2(fmaf(at(j, 2 * r + 1), mult, -m_scaled));
             sum[j] = at(j, 2 * r) + at(j, 2 * r + 1);
         }
-        reduce_row<true>(sum, [](float a, float b) { return a + b; });
+        tree_reduce(sum, [](float a, float b) { return a + b; });
         return acc + sum[0];
     } else {
 #pragma unroll

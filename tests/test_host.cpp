@@ -1850,14 +1850,12 @@ TEST(Planning, FusedSharedMemoryRowsSwizzledOrPadded) {
                                {128, (128 + 2 * 64) * 128 * 2},
                                {160, (64 + 2 * 64) * (160 + FA_SMEM_PAD) * 2},
                                {192, (64 + 2 * 64) * 192 * 2},
-                               {256, (64 + 2 * 64) * 256 * 2}};
+                               {256, (64 + 2 * 64) * 256 * 2}}; /* 98,304: the largest, the README's figure */
     for (const auto &w : want) {
         const fa_fused_config *cfg = fa_fused_config_for((int)w[0]);
         ASSERT_NE(nullptr, cfg) << "head dim " << w[0];
-        EXPECT_EQ(FA_SMEM_SWIZZLED(w[0]) != 0, w[0] % 64 == 0) << "head dim " << w[0];
         EXPECT_EQ(w[1], fa_fused_smem_bytes(cfg)) << "head dim " << w[0];
     }
-    EXPECT_EQ(98304, fa_fused_smem_bytes(fa_fused_config_for(256))); /* the largest: the README's figure */
 }
 
 TEST(Version, BuildInfoNamesTheCompiledVariants) {
