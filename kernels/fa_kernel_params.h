@@ -224,14 +224,14 @@ typedef struct fa_fused_config {
     int32_t head_dim, block_m, block_n, warps, stages;
 } fa_fused_config;
 
-/* Shared-memory rows of the FUSED kernel. Head dims that fill whole 128-byte lines (multiples of
- * 64) store rows unpadded, each row's 16-byte chunks permuted within their 128-byte line by the
- * row's low three bits (chunk c of row r at c ^ (r & 7)): conflict-free ldmatrix, and every
- * cp.async lands in the 128-byte line its global line maps to. The others (32, 96, 160) pad each
- * row by FA_SMEM_PAD elements instead. */
-#define FA_SMEM_PAD 8
-#define FA_SMEM_SWIZZLED(head_dim) ((head_dim) % 64 == 0)
-#define FA_SMEM_ROW_ELEMS(head_dim) ((head_dim) + (FA_SMEM_SWIZZLED(head_dim) ? 0 : FA_SMEM_PAD))
+/* Shared-memory tiles of the FUSED kernel: unpadded rows, in two planes so that every cp.async of a
+ * 128-byte global line lands in one 128-byte line and ldmatrix reads without bank conflicts. Plane
+ * A holds each row's first FA_SMEM_PLANE_A(head_dim) columns (whole 128-byte lines; chunk c of row
+ * r at c ^ (r & 7) within its line); plane B, after it, the last 32 columns of head dims 32, 96 and
+ * 160 (64 bytes a row, two rows a line; chunk c at c ^ ((r >> 1) & 3)). A tile is rows x head_dim
+ * elements. */
+#define FA_SMEM_PLANE_A(head_dim) ((head_dim) / 64 * 64)
+#define FA_SMEM_ROW_ELEMS(head_dim) (head_dim)
 
 /* X(head_dim, block_m, block_n, warps, stages): the one table of tile choices; the planner expands
  * it, and CMake generates one kernel instance per row from it (cmake/variants.cmake), so they

@@ -109,8 +109,10 @@ struct fused_traits {
     static constexpr int kStages = cfg::stages; /* K/V stages: 2 (double-buffered) or 1 */
     static constexpr int kThreads = 32 * kWarps;
     static constexpr int kMTiles = kBlockM / (16 * kWarps); /* m16 tiles (query rows / 16) per warp */
-    static constexpr bool kSwizzle = FA_SMEM_SWIZZLED(kHeadDim); /* (fa_kernel_params.h) */
-    static constexpr int kStride = FA_SMEM_ROW_ELEMS(kHeadDim);   /* elements per shared-memory row */
+    /* A tile's rows in two planes (fa_kernel_params.h): A, the first kWA columns (whole 128-byte
+     * lines a row), then B, the last kWB (64 bytes a row, or none). */
+    static constexpr int kWA = FA_SMEM_PLANE_A(kHeadDim), kWB = kHeadDim - kWA;
+    static constexpr int kStride = kHeadDim; /* elements a row over both planes */
     static constexpr int kChunks = kHeadDim / 8;          /* 16-byte chunks per row */
     static constexpr int kKSteps = kHeadDim / 16;         /* k16 steps of Q K^T */
     static constexpr int kSTiles = kBlockN / 8;           /* n8 tiles of S per m16 tile */
@@ -121,31 +123,40 @@ struct fused_traits {
     static_assert(kMTiles >= 1 && kBlockM == 16 * kMTiles * kWarps, "a warp owns 16 * kMTiles rows");
     static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0, "tile shapes must be multiples of 16");
     static_assert(kStages == 1 || kStages == 2, "one or two K/V stages");
-    /* ldsm_lane's XOR addressing needs every tile (Q, each K and V stage) to start on a 128-byte
-     * line of the 128-byte aligned shared memory: whole rows of whole lines, and tiles of whole rows. */
-    static_assert(!kSwizzle || (kStride * 2) % 128 == 0, "swizzled rows are whole 128-byte lines");
-    /* Byte offset of 16-byte chunk ch of row r in a tile (the layout: fa_kernel_params.h). */
-    static __device__ __forceinline__ uint32_t chunk_off(int r, int ch) {
-        return (uint32_t)((r * kStride + 8 * (kSwizzle ? ch ^ (r & 7) : ch)) * 2);
+    static_assert(kWB == 0 || kWB == 32, "plane B: none or 32 columns");
+    /* ldsm_lane's XOR addressing needs every tile (Q, each K and V stage) and its plane B to start
+     * on a 128-byte line of the 128-byte aligned shared memory. */
+    static_assert((kWA * 2) % 128 == 0 && (kBlockN * kWB * 2) % 128 == 0, "planes of whole 128-byte lines");
+    /* Byte offset of 16-byte chunk ch of row r in a tile of kRows rows: plane A's chunk c of row r
+     * at c ^ (r & 7) within its 128-byte line, plane B's at c ^ ((r >> 1) & 3) within its 64 bytes
+     * (two rows a line). */
+    template <int kRows> static __device__ __forceinline__ uint32_t chunk_off(int r, int ch) {
+        if (kWB == 0 || ch < kWA / 8) return (uint32_t)((r * kWA + 8 * (ch ^ (r & 7))) * 2);
+        return (uint32_t)((kRows * kWA + r * kWB + 8 * ((ch - kWA / 8) ^ ((r >> 1) & 3))) * 2);
     }
 };
 
-/* A lane's ldmatrix addresses in a tile: the lane reads row `row` (of 16) of the 16x16 blocks
- * and their chunk 2 c + hi (c: the block's chunk pair, hi: the lane's 16-byte half). Swizzled, the
- * chunk sits at (2 c + hi) ^ (row & 7) within its 128-byte line; with the tile 128-byte aligned,
- * that is the address of chunk pair 0 XOR 16 (2 c & 7): one LOP3, shared by every block row (and
- * hoisted where registers allow), the rest an immediate. */
-template <typename Tr> struct ldsm_lane {
-    uint32_t base; /* chunk pair 0's address for this lane */
-    __device__ __forceinline__ ldsm_lane(uint32_t tile, int row, int hi) {
-        base = tile + (uint32_t)(row * Tr::kStride * 2 + 16 * (Tr::kSwizzle ? (row & 7) ^ hi : hi));
+/* A lane's ldmatrix addresses in a tile of kRows rows: the lane reads row `row` (of 16, plus a
+ * multiple of 8) of the 16x16 blocks and their chunk 2 c + hi (c: the block's chunk pair, hi: the
+ * lane's 16-byte half). In plane A the chunk sits at (2 c + hi) ^ (row & 7) within its 128-byte
+ * line; with the tile 128-byte aligned, that is the address of chunk pair 0 XOR 16 (2 c & 7): one
+ * LOP3, shared by every block row (and hoisted where registers allow), the rest an immediate. In
+ * plane B, within its 64 bytes: pair 0's address XOR 16 (2 c & 3). */
+template <typename Tr, int kRows> struct ldsm_lane {
+    uint32_t base;   /* plane A's chunk pair 0 for this lane */
+    uint32_t base_b; /* plane B's chunk pair 0 for this lane (unused without plane B) */
+    /* row0: the rows before the lane's 16 (a multiple of 16) */
+    __device__ __forceinline__ ldsm_lane(uint32_t tile, int row0, int row, int hi) {
+        base = tile + (uint32_t)(row0 * Tr::kWA * 2) + (uint32_t)(row * Tr::kWA * 2 + 16 * ((row & 7) ^ hi));
+        base_b = tile + (uint32_t)((kRows * Tr::kWA + row0 * Tr::kWB) * 2) +
+                 (uint32_t)(row * Tr::kWB * 2 + 16 * (((row >> 1) & 3) ^ hi));
     }
     /* rows `rows` further down (a multiple of 8), chunk pair c (both compile-time at every use) */
     __device__ __forceinline__ uint32_t at(int rows, int c) const {
-        if constexpr (Tr::kSwizzle)
-            return (base ^ (uint32_t)((2 * c & 7) * 16)) + (uint32_t)(rows * Tr::kStride * 2 + (2 * c & ~7) * 16);
-        else
-            return base + (uint32_t)(rows * Tr::kStride * 2 + c * 32);
+        if (Tr::kWB == 0 || 2 * c < Tr::kWA / 8)
+            return (base ^ (uint32_t)((2 * c & 7) * 16)) + (uint32_t)(rows * Tr::kWA * 2 + (2 * c & ~7) * 16);
+        const int cb = 2 * c - Tr::kWA / 8; /* the pair's first chunk in plane B: 0 or 2 */
+        return (base_b ^ (uint32_t)(cb * 16)) + (uint32_t)(rows * Tr::kWB * 2);
     }
 };
 
@@ -175,7 +186,7 @@ __device__ __forceinline__ void load_tile(typename Tr::T *dst, const typename Tr
 #pragma unroll
             for (int j = 0; j < kCpt; ++j) {
                 const bool valid = row_ok && (c0 + j * kTpr) * 8 < head_dim;
-                cp_async_16(s0 + Tr::chunk_off(r0 + i * kRowsPerPass, c0 + j * kTpr),
+                cp_async_16(s0 + Tr::template chunk_off<kRows>(r0 + i * kRowsPerPass, c0 + j * kTpr),
                             valid ? g + j * kTpr * 8 : src, valid);
             }
         }
@@ -233,7 +244,7 @@ template <typename Tr> struct serving_kv {
                     in_page = j - pi * page_size;
                     valid = page >= 0 && page < num_pages;
                 }
-                const uint32_t soff = Tr::chunk_off(r, ch);
+                const uint32_t soff = Tr::template chunk_off<Tr::kBlockN>(r, ch);
                 const typename Tr::T *gk = valid ? k + page * k_page + in_page * k_stride + ch * 8 : k;
                 const typename Tr::T *gv = valid ? v + page * v_page + in_page * v_stride + ch * 8 : v;
                 if (kK) cp_async_16(kb + soff, gk, valid);
@@ -440,7 +451,7 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
      * the header). */
     const int a_row = (lane % 8) + 8 * ((lane / 8) % 2), a_hi = lane / 16;   /* Q (A) and V (trans) */
     const int kb_row = (lane % 8) + 8 * (lane / 16), kb_hi = (lane / 8) % 2; /* K (B) */
-    const ldsm_lane<Tr> sQ_warp(smem_u32(sQ) + (uint32_t)(warp * 16 * kMT * kStride * 2), a_row, a_hi);
+    const ldsm_lane<Tr, kBlockM> sQ_warp(smem_u32(sQ), warp * 16 * kMT, a_row, a_hi);
 
     /* kIdleWarps, and every row of the block in its first 16 (a decode's group of at most 16 query
      * heads, or at most 16 queries): the warps split each key tile instead, kBlockN / kWarps keys a
@@ -458,7 +469,7 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
         if (warp_keys) {
             constexpr int kWN = kBlockN / Tr::kWarps, kWS = kWN / 8, kWP = kWN / 16;
             static_assert(kWN % 16 == 0, "a warp's share of a key tile: whole k16 steps");
-            const ldsm_lane<Tr> sQ_rows(smem_u32(sQ), a_row, a_hi); /* rows 0-15, every warp */
+            const ldsm_lane<Tr, kBlockM> sQ_rows(smem_u32(sQ), 0, a_row, a_hi); /* rows 0-15, every warp */
             const int kw0 = warp * kWN;                   /* this warp's keys in a tile */
             for (int it = 0; it < n_tiles; ++it) {
                 const int stage = Tr::kStages == 2 ? (it & 1) : 0;
@@ -472,8 +483,8 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
                     kv.load_v(sV, n0);
                     cp_async_commit();
                 }
-                const ldsm_lane<Tr> sK_st(smem_u32(sK + (stage * kBlockN + kw0) * kStride), kb_row, kb_hi);
-                const ldsm_lane<Tr> sV_st(smem_u32(sV + (stage * kBlockN + kw0) * kStride), a_row, a_hi);
+                const ldsm_lane<Tr, kBlockN> sK_st(smem_u32(sK + stage * kBlockN * kStride), kw0, kb_row, kb_hi);
+                const ldsm_lane<Tr, kBlockN> sV_st(smem_u32(sV + stage * kBlockN * kStride), kw0, a_row, a_hi);
                 float s[kWS][4];
 #pragma unroll
                 for (int j = 0; j < kWS; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
@@ -567,8 +578,8 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
             kv.load_v(sV, n0);
             cp_async_commit();
         }
-        const ldsm_lane<Tr> sK_st(smem_u32(sK + stage * kBlockN * kStride), kb_row, kb_hi);
-        const ldsm_lane<Tr> sV_st(smem_u32(sV + stage * kBlockN * kStride), a_row, a_hi);
+        const ldsm_lane<Tr, kBlockN> sK_st(smem_u32(sK + stage * kBlockN * kStride), 0, kb_row, kb_hi);
+        const ldsm_lane<Tr, kBlockN> sV_st(smem_u32(sV + stage * kBlockN * kStride), 0, a_row, a_hi);
 
         /* S = Q K^T for this warp's rows x kBlockN keys; each K fragment feeds every m16 tile. */
         float s[kMT][Tr::kSTiles][4];
@@ -765,7 +776,7 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
                 const int row_local = (warp * kMT + mt) * 16 + g + 8 * r;
 #pragma unroll
                 for (int j = 0; j < Tr::kOTiles; ++j)
-                    *reinterpret_cast<uint32_t *>(smem_raw + Tr::chunk_off(row_local, j) + 4 * t) =
+                    *reinterpret_cast<uint32_t *>(smem_raw + Tr::template chunk_off<kBlockM>(row_local, j) + 4 * t) =
                         pack_pair<kDtype>(o_acc[mt][j][2 * r] * inv, o_acc[mt][j][2 * r + 1] * inv);
                 if (lse && t == 0 && m0 + row_local < bnd.seqlen_q)
                     lse[(m0 + row_local) * ctx.lse_stride()] = softmax_lse(l, row_max[mt][r], mult);
@@ -776,7 +787,7 @@ __device__ __forceinline__ void fused_fwd_block(const fa_kernel_params &p, const
         const int r = c / Tr::kChunks, ch = c % Tr::kChunks;
         if (m0 + r < bnd.seqlen_q && ch * 8 < p.head_dim)
             *reinterpret_cast<uint4 *>(og + (int64_t)(m0 + r) * p.o_seq_stride + ch * 8) =
-                *reinterpret_cast<const uint4 *>(smem_raw + Tr::chunk_off(r, ch));
+                *reinterpret_cast<const uint4 *>(smem_raw + Tr::template chunk_off<kBlockM>(r, ch));
     }
 }
 

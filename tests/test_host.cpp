@@ -1840,20 +1840,21 @@ TEST(Planning, FusedFitsEverySm8xGpuAtEveryHeadDim) {
     if (planned == 0) GTEST_SKIP() << "no FUSED head dim compiled in";
 }
 
-// The FUSED kernel's shared-memory rows: unpadded (swizzled) where a row fills whole 128-byte lines
-// (head dims 64, 128, 192, 256), padded by FA_SMEM_PAD elsewhere (32, 96, 160); the planner's byte
-// count is what the kernel's layout takes (the launcher refuses a plan that disagrees).
-TEST(Planning, FusedSharedMemoryRowsSwizzledOrPadded) {
-    const int64_t want[][2] = {{32, (128 + 2 * 2 * 128) * (32 + FA_SMEM_PAD) * 2},
-                               {64, (128 + 2 * 2 * 128) * 64 * 2},
-                               {96, (128 + 2 * 2 * 64) * (96 + FA_SMEM_PAD) * 2},
-                               {128, (128 + 2 * 64) * 128 * 2},
-                               {160, (64 + 2 * 64) * (160 + FA_SMEM_PAD) * 2},
-                               {192, (64 + 2 * 64) * 192 * 2},
-                               {256, (64 + 2 * 64) * 256 * 2}}; /* 98,304: the largest, the README's figure */
+// The FUSED kernel's shared-memory tiles: unpadded rows at every head dim (plane A: whole 128-byte
+// lines, plane B: the last 32 columns of 32, 96 and 160); the planner's byte count is what the
+// kernel's layout takes (the launcher refuses a plan that disagrees).
+TEST(Planning, FusedSharedMemoryTilesUnpadded) {
+    const int64_t want[][3] = {{32, (128 + 2 * 2 * 128) * 32 * 2, 0},
+                               {64, (128 + 2 * 2 * 128) * 64 * 2, 64},
+                               {96, (128 + 2 * 2 * 64) * 96 * 2, 64},
+                               {128, (128 + 2 * 64) * 128 * 2, 128},
+                               {160, (64 + 2 * 64) * 160 * 2, 128},
+                               {192, (64 + 2 * 64) * 192 * 2, 192},
+                               {256, (64 + 2 * 64) * 256 * 2, 256}}; /* 98,304: the largest, the README's figure */
     for (const auto &w : want) {
         const fa_fused_config *cfg = fa_fused_config_for((int)w[0]);
         ASSERT_NE(nullptr, cfg) << "head dim " << w[0];
+        EXPECT_EQ(w[2], FA_SMEM_PLANE_A(w[0])) << "head dim " << w[0];
         EXPECT_EQ(w[1], fa_fused_smem_bytes(cfg)) << "head dim " << w[0];
     }
 }
