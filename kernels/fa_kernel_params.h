@@ -215,7 +215,8 @@ typedef struct fa_launch {
 /* Tile configuration of the fused kernel for one compiled head dim. A warp owns
  * block_m / warps query rows: 32 (two m16 tiles, so each K/V fragment read from shared memory feeds
  * two MMAs) where the O accumulator fits in registers, else 16. Shared memory holds Q and `stages`
- * stages of K and of V, each row padded by 8 elements (16 bytes) so ldmatrix is bank-conflict free.
+ * stages of K and of V, rows unpadded and swizzled so that ldmatrix is bank-conflict free (the
+ * layout: FA_SMEM_PLANE_A below).
  * Two stages: tile j + 2 loads while tile j is computed. One stage: V of tile j loads during S = Q K^T
  * and K of tile j + 1 during the softmax and P V, so the block needs half the K/V space and two
  * blocks fit on an SM at the large head dims. (FUSED_SM90's rows leave `stages` 0: its layout is

@@ -125,7 +125,8 @@ struct fused_traits {
     static_assert(kStages == 1 || kStages == 2, "one or two K/V stages");
     static_assert(kWB == 0 || kWB == 32, "plane B: none or 32 columns");
     /* ldsm_lane's XOR addressing needs every tile (Q, each K and V stage) and its plane B to start
-     * on a 128-byte line of the 128-byte aligned shared memory. */
+     * on a 128-byte line of the 128-byte aligned shared memory: plane A's rows are whole lines, and
+     * so is a tile's plane B (kBlockM rows of 64 bytes are, kBlockM being even), so every tile is. */
     static_assert((kWA * 2) % 128 == 0 && (kBlockN * kWB * 2) % 128 == 0, "planes of whole 128-byte lines");
     /* Byte offset of 16-byte chunk ch of row r in a tile of kRows rows: plane A's chunk c of row r
      * at c ^ (r & 7) within its 128-byte line, plane B's at c ^ ((r >> 1) & 3) within its 64 bytes
