@@ -232,7 +232,6 @@ typedef struct fa_fused_config {
  * 160 (64 bytes a row, two rows a line; chunk c at c ^ ((r >> 1) & 3)). A tile is rows x head_dim
  * elements. */
 #define FA_SMEM_PLANE_A(head_dim) ((head_dim) / 64 * 64)
-#define FA_SMEM_ROW_ELEMS(head_dim) (head_dim)
 
 /* X(head_dim, block_m, block_n, warps, stages): the one table of tile choices; the planner expands
  * it, and CMake generates one kernel instance per row from it (cmake/variants.cmake), so they
@@ -248,7 +247,7 @@ typedef struct fa_fused_config {
     X(256, 64, 64, 4, 1)
 
 static inline int64_t fa_fused_smem_bytes(const fa_fused_config *c) {
-    const int64_t row_bytes = (int64_t)FA_SMEM_ROW_ELEMS(c->head_dim) * 2;
+    const int64_t row_bytes = (int64_t)c->head_dim * 2; /* unpadded rows (FA_SMEM_PLANE_A) */
     return row_bytes * (c->block_m + 2 * (int64_t)c->stages * c->block_n);
 }
 
