@@ -8,7 +8,8 @@
 # "--backend fused"; "abshapes" does the same shape by shape, A B B A per shape, on $AB_SHAPES:
 # benchmarks/ab_interleave.py). "ab" times FUSED against FUSED_SM90 at every compiled head dim: the measurement
 # behind the AUTO ranges of FA_SM90_CONFIGS. CTEST_TIMEOUT: seconds a test may take (900), so that a
-# kernel that hangs costs a device call less than its whole limit.
+# kernel that hangs costs a device call less than its whole limit. PEER_ROUNDS: compare_peers.py's
+# --rounds in the peers steps (2).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/flashattn_out}
@@ -159,12 +160,12 @@ if [[ " $steps " == *" ncuserving "* ]]; then
 fi
 if want peers && [ -f benchmarks/compare_peers.py ]; then
   FLASHATTN_LIBRARY=$PWD/build/libflashattn.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 \
-    python3 benchmarks/compare_peers.py --flush-l2 --json "$OUT/peers.json" > "$OUT/peers.log" 2>&1
+    python3 benchmarks/compare_peers.py --flush-l2 --rounds "${PEER_ROUNDS:-2}" --json "$OUT/peers.json" > "$OUT/peers.log" 2>&1
   summary+=("peers: see peers.log")
 fi
 if [[ " $steps " == *" fusedpeers "* ]]; then
   FLASHATTN_LIBRARY=$PWD/build/libflashattn.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 \
-    python3 benchmarks/compare_peers.py --backend fused --json "$OUT/fused_peers.json" > "$OUT/fused_peers.log" 2>&1
+    python3 benchmarks/compare_peers.py --backend fused --rounds "${PEER_ROUNDS:-2}" --json "$OUT/fused_peers.json" > "$OUT/fused_peers.log" 2>&1
   summary+=("fused peers: $(grep -E '^prefill \(' "$OUT/fused_peers.log" | tr '\n' ' ')")
 fi
 [ -f "$OUT/correctness.txt" ] && cat "$OUT/correctness.txt"
