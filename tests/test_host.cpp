@@ -1918,7 +1918,10 @@ TEST(Planning, Sm90HeadDim128TakesWideKeyTilesForLongUnmaskedCalls) {
     p.head_dim = 72;  // head dims 65-128 run on the d128 kernel
     flashattn_fwd_params_set_packed_strides(&p);
     EXPECT_EQ(176, plan_ok(p, h200_caps()).cfg.block_n);
-    p.head_dim = 128, p.seqlen_k = 8191;
+    p.head_dim = 128, p.seqlen_k = 4096;
+    flashattn_fwd_params_set_packed_strides(&p);
+    EXPECT_EQ(176, plan_ok(p, h200_caps()).cfg.block_n);  // the rule's first length
+    p.seqlen_k = 4095;
     flashattn_fwd_params_set_packed_strides(&p);
     EXPECT_EQ(128, plan_ok(p, h200_caps()).cfg.block_n);  // shorter: the default
     p.seqlen_k = 16384, p.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;

@@ -528,7 +528,7 @@ TEST_F(Serving, PagedKvFullWidthBoxes) {
 }
 
 TEST_F(Serving, LongUnmaskedCallsTakeWideKeyTiles) {
-    // No mask over a capacity of 8192 keys or more at head dim 128: FUSED_SM90's 176-key tiles, with
+    // No mask over a capacity of 4096 keys or more at head dim 128: FUSED_SM90's 176-key tiles, with
     // packed K/V, TMA pages (boxes of 16 and of 8 keys) and gathered pages (two lookups per lane).
     Stats st;
     for (KvMode kv : {kPackedKv, kPagedSeqused, kPagedCsr})
@@ -637,7 +637,7 @@ TEST_F(Serving, ThreeConsumerPersistentBlocksPairCausalTiles) {
 TEST_F(Serving, OneWarpProducerBlocksWalkRaggedQueries) {
     // The resident serving blocks whose producer is one warp (it posts each tile's record and then
     // loads the tile: head dims 192 and 256, and head dim 128 with 176-key tiles, a capacity of
-    // 8192 keys or more without a mask) walk each sequence's own query tiles when Q is ragged, and
+    // 4096 keys or more without a mask) walk each sequence's own query tiles when Q is ragged, and
     // hand the consumers each tile's work number: no mask (tile after tile), causal (pairs of a
     // sequence's own tiles, then the middle tiles of sequences with an odd count) and a window.
     // Capacities of 1100 queries (9 tiles of 128 rows x 8 heads x 6 sequences: more than SMs) over
