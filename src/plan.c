@@ -53,9 +53,9 @@ const fa_fused_config *fa_sm90_config_for(int kernel_head_dim) {
 }
 
 /* The shortest key capacity from which a serving call over gathered pages (page sizes TMA cannot
- * tile) takes a row with unmasked_min_seqlen_k > 0 (the d128 176-key tile): from 4096 keys such calls
- * ran 0.87x on it (pages of one, 4x4k 32/8 heads; packed K/V and TMA pages 1.01-1.02x), so they keep
- * the row's earlier first length (docs/performance.md v49). */
+ * tile) takes a row with unmasked_min_seqlen_k > 0 (the d128 176-key tile): from 4096 keys such
+ * calls ran 0.87x on it (pages of one, 4x4k 32/8 heads; packed K/V, caches and TMA pages
+ * 1.00-1.02x), so they keep the row's earlier first length (docs/performance.md v49). */
 #define FA_SM90_GATHERED_WIDE_MIN_SK 8192
 
 /* The longest sequence (keys, by capacity) for which a masked serving call whose default tile has
