@@ -528,8 +528,9 @@ TEST_F(Serving, PagedKvFullWidthBoxes) {
 }
 
 TEST_F(Serving, LongUnmaskedCallsTakeWideKeyTiles) {
-    // No mask over a capacity of 4096 keys or more at head dim 128: FUSED_SM90's 176-key tiles, with
-    // packed K/V, TMA pages (boxes of 16 and of 8 keys) and gathered pages (two lookups per lane).
+    // No mask over a capacity of 4096 keys or more at head dim 128 (8192 over gathered pages; these
+    // calls' capacities are 9000): FUSED_SM90's 176-key tiles, with packed K/V, TMA pages (boxes of
+    // 16 and of 8 keys) and gathered pages (two lookups per lane).
     Stats st;
     for (KvMode kv : {kPackedKv, kPagedSeqused, kPagedCsr})
         for (int64_t page : {16, 24, 19}) {
