@@ -18,6 +18,9 @@ inputs drawn once per shape (the same K/V call after call: a shape that fits in 
 it); TFLOP/s for prefill (causal counts half), GB/s of K/V read for decode.
 
     FLASHATTN_LIBRARY=build/libflashattn.so PYTHONPATH=python python3 benchmarks/serving_speed.py
+
+--only TEXT (repeatable) keeps the shapes whose label contains TEXT (an A/B of a few rows, or a
+build without some head dim); a TEXT that matches no label is an error.
 """
 import argparse
 import json
@@ -33,6 +36,7 @@ SHAPES = [  # (label, B, Sq, Sk, Hq, Hkv, D, causal)
     ("prefill 8x2k 16/16 d128 causal", 8, 2048, 2048, 16, 16, 128, True),
     ("prefill 4x4k 32/8 d128", 4, 4096, 4096, 32, 8, 128, False),
     ("prefill 16x512 16/16 d64 causal", 16, 512, 512, 16, 16, 64, True),
+    ("prefill 1x8k 32/8 d128", 1, 8192, 8192, 32, 8, 128, False),
     ("decode 64x1 sk=4k 32/8 d128", 64, 1, 4096, 32, 8, 128, True),
     ("decode 16x1 sk=8k 32/8 d128", 16, 1, 8192, 32, 8, 128, True),
     ("decode 1x1 sk=8k 32/8 d128", 1, 1, 8192, 32, 8, 128, True),
@@ -169,10 +173,16 @@ def main():
     ap.add_argument("--rounds", type=int, default=4, help="turns the functions take (time_interleaved)")
     ap.add_argument("--json")
     ap.add_argument("--flex", action="store_true", help="add PyTorch FlexAttention (compiled) as a peer")
+    ap.add_argument("--only", action="append", default=[], metavar="TEXT",
+                    help="keep the shapes whose label contains TEXT (repeatable)")
     args = ap.parse_args()
+    for text in args.only:
+        if not any(text in shape[0] for shape in SHAPES):
+            ap.error(f"--only {text!r} matches no shape: " + "; ".join(shape[0] for shape in SHAPES))
+    shapes = [s for s in SHAPES if not args.only or any(text in s[0] for text in args.only)]
     flex = flex_peer() if args.flex else None
     rows = []
-    for label, B, Sq, Sk, Hq, Hkv, D, causal in SHAPES:
+    for label, B, Sq, Sk, Hq, Hkv, D, causal in shapes:
         g = torch.Generator(device="cuda").manual_seed(1)
         q = torch.randn(B, Sq, Hq, D, device="cuda", dtype=torch.bfloat16, generator=g)
         k = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
