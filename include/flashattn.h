@@ -377,7 +377,7 @@ typedef struct flashattn_fwd_params {
  *  - Backends: all three run every serving call, any page size; AUTO picks as for dense calls.
  *    FUSED_SM90 reads pages with the tensor memory accelerator when the page size is a multiple
  *    of 8 (in boxes of gcd(page size, block_n) keys; flashattn_fwd_plan's block_n: 128 at head
- *    dims up to 128, or 176 there for calls with no mask or window over 4096 keys or more (8192
+ *    dims up to 128, or 176 there for calls with no mask or window over 4096 keys or more (not
  *    over gathered pages), 112 up to 192, 80 above), and gathers rows with cp.async otherwise (in
  *    decode 0.89-0.95x the dense call's speed on the H200; in prefill slower, 0.76-0.85x at head
  *    dim 128 and 0.73x at head dim 64 causal). A decode call gathers pages of 8 keys too, and of

@@ -52,12 +52,6 @@ const fa_fused_config *fa_sm90_config_for(int kernel_head_dim) {
     return NULL;
 }
 
-/* The shortest key capacity from which a serving call over gathered pages (page sizes TMA cannot
- * tile) takes a row with unmasked_min_seqlen_k > 0 (the d128 176-key tile): from 4096 keys such
- * calls ran 0.87x on it (pages of one, 4x4k 32/8 heads; packed K/V, caches and TMA pages
- * 1.00-1.02x), so they keep the row's earlier first length (docs/performance.md v49). */
-#define FA_SM90_GATHERED_WIDE_MIN_SK 8192
-
 /* The longest sequence (keys, by capacity) for which a masked serving call whose default tile has
  * three consumers takes the two-consumer tile (fa_sm90_config_for_call). */
 #define FA_SERVING_TWO_CONSUMER_MAX_SK 2048
@@ -78,11 +72,13 @@ const fa_fused_config *fa_sm90_config_for_call(int kernel_head_dim, const flasha
         const int fits_group =
             c->block_m > 64 || (group > 1 && group <= c->block_m && p->seqlen_q * group <= c->block_m);
         const int decode = 2 * p->seqlen_q <= c->block_m && fits_group;
+        /* A row with unmasked_min_seqlen_k > 0 (the d128 176-key tile) takes no call over gathered
+         * pages (page sizes TMA cannot tile): over pages of one such calls ran 0.87x on it at 4096
+         * keys (4x4k 32/8 heads) and 0.86x at 8192 (1x8k 32/8), against packed K/V, caches and TMA
+         * pages at 1.00-1.02x (docs/performance.md v49, v50). */
         const int gathered = p->block_table != NULL && !FA_SM90_TMA_PAGES((int)p->page_size, c->block_n);
-        const int64_t wide_min =
-            gathered && unmasked_min < FA_SM90_GATHERED_WIDE_MIN_SK ? FA_SM90_GATHERED_WIDE_MIN_SK : unmasked_min;
         const int wanted = (masked_max > 0 && fits_group && ((masked && p->seqlen_q <= masked_max) || decode)) ||
-                           (unmasked_min > 0 && !masked && !decode && p->seqlen_k >= wide_min);
+                           (unmasked_min > 0 && !masked && !decode && !gathered && p->seqlen_k >= unmasked_min);
         if (c->head_dim == kernel_head_dim && wanted &&
             fa_sm90_variant_compiled(p->dtype, kernel_head_dim, c->block_n, c->block_m / 64))
             return c;

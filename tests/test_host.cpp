@@ -1942,15 +1942,15 @@ TEST(Planning, Sm90HeadDim128TakesWideKeyTilesForLongUnmaskedCalls) {
     plan = plan_ok(v, h200_caps());
     EXPECT_EQ(176, plan.cfg.block_n);
     EXPECT_EQ(0, plan.kp.persistent);
-    // Pages TMA cannot tile (gathered): the wide tile from 8192 keys, not 4096.
+    // Pages TMA cannot tile (gathered): never the wide tile.
     for (int64_t page : {1, 19}) {
         flashattn_fwd_params g = valid_varlen_paged();
         g.page_size = page, g.k_batch_stride = g.v_batch_stride = page * g.k_seq_stride;
-        for (int64_t sk : {4096, 8191, 8192}) {
+        for (int64_t sk : {4096, 8192, 65536}) {
             g.seqlen_k = sk, g.pages_per_seq = (sk + page - 1) / page, g.block_table_batch_stride = g.pages_per_seq;
             g.num_pages = 3 * g.pages_per_seq;
             const fa_plan gp = plan_ok(g, h200_caps());
-            EXPECT_EQ(sk >= 8192 ? 176 : 128, gp.cfg.block_n) << page << " " << sk;
+            EXPECT_EQ(128, gp.cfg.block_n) << page << " " << sk;
             EXPECT_EQ(1, gp.kp.gather_pages) << page << " " << sk;
         }
     }

@@ -528,9 +528,9 @@ TEST_F(Serving, PagedKvFullWidthBoxes) {
 }
 
 TEST_F(Serving, LongUnmaskedCallsTakeWideKeyTiles) {
-    // No mask over a capacity of 4096 keys or more at head dim 128 (8192 over gathered pages; these
-    // calls' capacities are 9000): FUSED_SM90's 176-key tiles, with packed K/V, TMA pages (boxes of
-    // 16 and of 8 keys) and gathered pages (two lookups per lane).
+    // No mask over a capacity of 4096 keys or more at head dim 128 (these calls' capacities are
+    // 9000): FUSED_SM90's 176-key tiles, with packed K/V and TMA pages (boxes of 16 and of 8 keys);
+    // gathered pages (19 keys) beside them, which the planner keeps on 128-key tiles.
     Stats st;
     for (KvMode kv : {kPackedKv, kPagedSeqused, kPagedCsr})
         for (int64_t page : {16, 24, 19}) {
@@ -540,7 +540,7 @@ TEST_F(Serving, LongUnmaskedCallsTakeWideKeyTiles) {
             s.sq = {37, 129, 0, 5}, s.sk = {8300, 9000, 50, 0};
             run_and_check(h, s, st);
         }
-    print_stats("no mask, 9000 keys, head dim 128 (176-key tiles)", st);
+    print_stats("no mask, 9000 keys, head dim 128 (176-key tiles; gathered pages on 128)", st);
 }
 
 TEST_F(Serving, PersistentBlocksSkipWhatTheirSequencesLack) {
