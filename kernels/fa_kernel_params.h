@@ -275,7 +275,7 @@ static inline int32_t fa_fused_idle_warps(const fa_fused_config *c, int64_t rows
  * replaces it for causal or windowed calls with seqlen_q <= masked_max_seqlen_q, and for
  * decode-shaped calls (2 x seqlen_q <= its block_m); a row with unmasked_min_seqlen_k > 0, for calls
  * with no mask and no window, not decode-shaped, with seqlen_k >= unmasked_min_seqlen_k (long key
- * loops, where wider key tiles pay; over gathered pages from plan.c's FA_SM90_GATHERED_WIDE_MIN_SK).
+ * loops, where wider key tiles pay; never over gathered pages: plan.c, docs/performance.md v50).
  * docs/performance.md records the measurements behind each choice. */
 /*                     head_dim block_n consumers auto_min_head_dim masked_max_seqlen_q unmasked_min_seqlen_k */
 #define FA_SM90_CONFIGS(X)         \
