@@ -139,6 +139,11 @@ struct traits {
      * and two tile records): its producer warpgroup's four warps copy the rows (row_gather), warp 1
      * after it has posted the tile's record and loaded its Q. */
     static constexpr bool kGathersResident = kTwoRecords && kConsumers == 2;
+    /* Whether this tile's serving blocks may gather their pages at all (row_gather): a single
+     * consumer's tile, or key tiles of at most 128 keys. The planner keeps gathered pages off head
+     * dim 128's 176-key tile (plan.c; they ran 0.86-0.87x there: docs/performance.md v49, v50) and
+     * the launcher refuses a plan that puts them there, so that tile's kernels carry no copies. */
+    static constexpr bool kMayGather = kNumConsumers == 1 || kKeyTile <= 128;
     static constexpr int kBarBytes = kTwoRecords || (kSplitQ && kServingBlock) ? 256 : 128;
     static constexpr uint32_t kOBytes = kOwnO ? kQBytes : 0, kQBufBytes = (kTwoQ ? 2 : 1) * kQBytes;
     static constexpr int kSmemBytes = 1024 + (int)(kQBufBytes + kOBytes + 4 * kKVBytes) + kBarBytes;
@@ -216,9 +221,9 @@ template <class Tr> struct smem_layout {
 };
 
 /* Whether a serving call's pages are gathered row by row with cp.async (the planner's choice,
- * fa_sm90_gathers_pages; the launcher checks it). */
-__device__ __forceinline__ bool gathers_pages(const fa_kernel_params &p) {
-    return p.gather_pages != 0;
+ * fa_sm90_gathers_pages; the launcher checks it, and that the tile may gather: Tr::kMayGather). */
+template <class Tr> __device__ __forceinline__ bool gathers_pages(const fa_kernel_params &p) {
+    return Tr::kMayGather && p.gather_pages != 0;
 }
 
 /* The block's work: query positions [m0, m0 + rows_per_head) of `heads` query heads starting at h0
@@ -831,8 +836,8 @@ __device__ __forceinline__ void produce_serving(const fa_kernel_params &p, const
                                                 const smem_layout<Tr> &sm, const CUtensorMap *tm_q,
                                                 const CUtensorMap *tm_k, const CUtensorMap *tm_v, int lane,
                                                 int nth = 0, int kv0 = 0) {
-    if constexpr (!Tr::kPersistent) { /* (the planner keeps gathered pages off other resident blocks; the launcher checks) */
-        if (gathers_pages(p)) {
+    if constexpr (!Tr::kPersistent && Tr::kMayGather) { /* (the planner keeps gathered pages off other resident blocks; the launcher checks) */
+        if (gathers_pages<Tr>(p)) {
             produce_gathered(p, sq, tl, sm, tm_q, lane);
             return;
         }
@@ -1038,7 +1043,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         /* (gathered pages: one arrival a copying thread, each of the producer warpgroup's; with
          * resident blocks three warps take each tile record besides the consumers) */
         if constexpr (kServing)
-            sm.init_barriers(gathers_pages(p) ? kWarpgroupThreads : 1, kPersistent, kResidentGather ? 3 * 32 : 32);
+            sm.init_barriers(gathers_pages<Tr>(p) ? kWarpgroupThreads : 1, kPersistent, kResidentGather ? 3 * 32 : 32);
         else sm.init_barriers();
     }
     __syncthreads();
@@ -1152,7 +1157,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                 post(-1, sq0.s);
             }
         } else if constexpr (kServing) {
-            if (tid < 32 || gathers_pages(p)) produce_serving(p, sq0, tl0, sm, &tm_q, &tm_k, &tm_v, tid);
+            if (tid < 32 || gathers_pages<Tr>(p)) produce_serving(p, sq0, tl0, sm, &tm_q, &tm_k, &tm_v, tid);
         } else if (tid == 0) {
             int nth = 0, kv0 = 0;
             for (int work = work0;;) {
@@ -1227,7 +1232,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     /* Gathered pages land through the generic proxy (cp.async): after the wait for a stage, a proxy
      * fence before the tensor cores read it. */
     bool gathered = false;
-    if constexpr (kServing) gathered = gathers_pages(p);
+    if constexpr (kServing) gathered = gathers_pages<Tr>(p);
     /* Pages read in full-width boxes (kp.kv_page_groups) leave K and V tiles row-group-major: 8 rows
      * x every 64-column region, then the next 8 rows. The descriptors follow: 8-row groups kCB KB
      * apart, regions 1 KB apart (else 1 KB and kBlockN x 128 bytes). */

@@ -97,6 +97,7 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
         (kp->persistent && (kp->num_splits > 1 || kp->pack_gqa || kp->sched_heads || l->grid_y != 1 || l->grid_z != 1 ||
                             (kp->serving && (!kServingPersistent ||
                                              (kp->gather_pages && !TrS::kGathersResident))))) ||
+        (kp->gather_pages && !Tr::kMayGather) ||
         (kp->gather_pages != fa_sm90_gathers_pages(kp->serving && kp->block_table != nullptr, kp->page_size, Tr::kBlockN,
                                                    Tr::kBlockM, kp->num_splits)) ||
         (kp->kv_page_groups != 0 &&
