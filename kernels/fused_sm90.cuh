@@ -539,15 +539,16 @@ __device__ __forceinline__ void produce(const tile<Tr> &tl, const smem_layout<Tr
  * row), key j of the sequence at row j % page_size of page table[j / page_size]; rows past the
  * sequence's keys and pages outside the pool are zero-filled. Warp w copies tile rows
  * [w kRowsW, (w + 1) kRowsW): lane l looks up the pages of rows w kRowsW + l (and + 32, where a
- * warp has more than 32 rows) a tile ahead of their use (page_of: the table's latency hides behind
- * the copies in between) and passes each row's address, once, to the lanes that copy the row (a
- * row's 2 x head_dim bytes are contiguous in any page layout). A copy instruction covers kRPI = 32
- * / kLPR rows, kLPR lanes a row: lane l copies chunks l % kLPR + kLPR m (m = 0 .. kPerRow - 1, one
- * instruction each) of rows w kRowsW + l / kLPR + kRPI i. Eight lanes a row (4 rows x 128 bytes an
- * instruction) in the single-consumer (decode) kernels, four (8 rows x 64 bytes, half the shuffles
- * a copy) beside two or three consumers: four made prefill over pages of one 5-12% faster but
- * decode over shuffled pages 0.77-0.92x as fast, with or without an L2 prefetch-size hint; two and
- * sixteen were slower still (v34, v35). Each copying thread's arrival on the stage's full barrier
+ * warp has more than 32 rows: head dim 64's 192-key decode tile) a tile ahead of their use
+ * (page_of: the table's latency hides behind the copies in between) and passes each row's
+ * address, once, to the lanes that copy the row (a row's 2 x head_dim bytes are contiguous in any
+ * page layout). A copy instruction covers kRPI = 32 / kLPR rows, kLPR lanes a row: lane l copies
+ * chunks l % kLPR + kLPR m (m = 0 .. kPerRow - 1, one instruction each) of rows
+ * w kRowsW + l / kLPR + kRPI i. Eight lanes a row (4 rows x 128 bytes an instruction) in the
+ * single-consumer (decode) kernels, four (8 rows x 64 bytes, half the shuffles a copy) beside two
+ * or three consumers: four made prefill over pages of one 5-12% faster but decode over shuffled
+ * pages 0.77-0.92x as fast, with or without an L2 prefetch-size hint; two and sixteen were slower
+ * still (v34, v35). Each copying thread's arrival on the stage's full barrier
  * (one per thread: 128 arrivals) takes place when its copies have landed
  * (cp.async.mbarrier.arrive): the copying warps never wait for their own copies, only for free
  * stages, and the consumers fence the proxies after their wait (the copies are generic-proxy
