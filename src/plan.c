@@ -76,8 +76,10 @@ const fa_fused_config *fa_sm90_config_for_call(int kernel_head_dim, const flasha
          * pages (page sizes TMA cannot tile): over pages of one such calls ran 0.87x on it at 4096
          * keys (4x4k 32/8 heads) and 0.86x at 8192 (1x8k 32/8), against packed K/V, caches and TMA
          * pages at 1.00-1.02x (docs/performance.md v49, v50). That tile's kernels carry no copying
-         * code (traits::kMayGather), and the launcher refuses such a plan. */
-        const int gathered = p->block_table != NULL && !FA_SM90_TMA_PAGES((int)p->page_size, c->block_n);
+         * code (traits::kMayGather), and the launcher refuses such a plan. (Splits change whether a
+         * call gathers only on 64-row tiles, and no such row has unmasked_min_seqlen_k.) */
+        const int gathered =
+            fa_sm90_gathers_pages(p->block_table != NULL, (int)p->page_size, c->block_n, c->block_m, 1);
         const int wanted = (masked_max > 0 && fits_group && ((masked && p->seqlen_q <= masked_max) || decode)) ||
                            (unmasked_min > 0 && !masked && !decode && !gathered && p->seqlen_k >= unmasked_min);
         if (c->head_dim == kernel_head_dim && wanted &&
