@@ -450,6 +450,50 @@ def _run(qa, p, stream):
         fwd(handle, p, _ptr(ws) if ws is not None else 0, nbytes, s)
 
 
+# ---- autograd: libflashattn computes the forward pass alone ------------------------------------------
+
+_forward_only_fn = None  # the torch.autograd.Function below, made on first need
+
+
+def _grad_recorded(state, q, k, v):
+    """Whether autograd would record a call on q, k and v: grad mode on, and one of them a torch tensor
+    that requires grad."""
+    T = state[1]
+    return (((isinstance(q, T) and q.requires_grad) or (isinstance(k, T) and k.requires_grad) or
+             (isinstance(v, T) and v.requires_grad)) and state[0].is_grad_enabled())
+
+
+def _without_backward(state, name, run, q, k, v, return_lse):
+    """run()'s result (out, or (out, lse) with return_lse) as the output of an autograd node whose
+    backward raises NotImplementedError. FlashAttention-2's functions are differentiable; these compute
+    the forward pass only, and an output cut off from the graph would let training go on with no
+    gradient reaching q, k or v. The LSE is marked non-differentiable."""
+    global _forward_only_fn
+    if _forward_only_fn is None:
+        torch = state[0]
+
+        class ForwardOnly(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, name, run, return_lse, q, k, v):
+                ctx.name = name
+                r = run()
+                if not return_lse:
+                    return r
+                ctx.mark_non_differentiable(r[1])
+                return r[0], r[1]
+
+            @staticmethod
+            def backward(ctx, *grads):
+                raise NotImplementedError(
+                    f"{ctx.name}: libflashattn computes the forward pass only, so no gradient reaches q, k or v. "
+                    f"For inference, call it under torch.no_grad() or torch.inference_mode(), or on tensors that "
+                    f"do not require grad; to train, use an implementation with a backward pass.")
+
+        _forward_only_fn = ForwardOnly
+    r = _forward_only_fn.apply(name, run, return_lse, q, k, v)
+    return (r[0], r[1], None) if return_lse else r
+
+
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                     softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False,
                     *, out=None, stream=None, backend=Backend.AUTO):
@@ -465,6 +509,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     library's current stream); backend= a flashattn.Backend value.
     Raises ValueError/TypeError for inputs it cannot take (naming the argument), FlashAttnError for
     anything the library refuses.
+    Autograd: the forward pass only. Where autograd records the call (grad mode on, and q, k or v
+    requires grad) out has a grad_fn whose backward raises NotImplementedError, so that no gradient
+    is silently lost (out= is then refused: ValueError); under torch.no_grad() or
+    torch.inference_mode(), or on tensors that do not require grad, out has none.
     PyTorch calls without out=, stream= or alibi_slopes reuse per-shape state (a thread-local cache),
     so their host cost is a few attribute reads, two allocations and the library call.
     """
@@ -473,10 +521,21 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     del deterministic  # every call is deterministic
     state = _torch_state or _torch()
     if (state is not None and out is None and stream is None and alibi_slopes is None and type(q) is state[1]
-            and type(k) is state[1] and type(v) is state[1] and q.is_cuda):
+            and type(k) is state[1] and type(v) is state[1] and q.is_cuda
+            and not ((q.requires_grad or k.requires_grad or v.requires_grad) and state[0].is_grad_enabled())):
         r = _fast_call(state, q, k, v, softmax_scale, causal, window_size, softcap, return_attn_probs, backend)
         if r is not None:
             return r
+    if state is not None and _grad_recorded(state, q, k, v):
+        if out is not None:
+            raise ValueError("out= takes no part in autograd, and q, k or v requires grad: call without out=, "
+                             "or under torch.no_grad()")
+
+        def run():
+            r = flash_attn_func(q.detach(), k.detach(), v.detach(), 0.0, softmax_scale, causal, window_size, softcap,
+                                alibi_slopes, False, return_attn_probs, stream=stream, backend=backend)
+            return r[:2] if return_attn_probs else r
+        return _without_backward(state, "flash_attn_func", run, q, k, v, return_attn_probs)
     qa, ka, va = _check_qkv(q, k, v)
     B, Sq, Hq, D = qa.shape
     padded = (D + 7) // 8 * 8
@@ -745,11 +804,20 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     return_attn_probs, (out, softmax_lse (nheads, total_q) fp32, None). Rows past cu_seqlens_q[-1]
     are not written (out is torch.empty-like there). Nothing on this path reads device memory on
     the host or synchronises: it can be captured in a CUDA graph. PyTorch calls without stream=
-    reuse per-structure state (a thread-local cache), as flash_attn_func's do.
+    reuse per-structure state (a thread-local cache), as flash_attn_func's do. Autograd: the forward
+    pass only, as flash_attn_func says (a recorded call's out has a backward that raises).
     """
     if dropout_p != 0.0:
         raise ValueError(f"dropout_p={dropout_p}: libflashattn computes exact attention; dropout is not supported")
     del deterministic
+    state = _torch_state or _torch()
+    if state is not None and _grad_recorded(state, q, k, v):
+        def run():
+            r = flash_attn_varlen_func(q.detach(), k.detach(), v.detach(), cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                       max_seqlen_k, 0.0, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                                       False, return_attn_probs, block_table, seqused_k, stream=stream, backend=backend)
+            return r[:2] if return_attn_probs else r
+        return _without_backward(state, "flash_attn_varlen_func", run, q, k, v, return_attn_probs)
     build = lambda: _varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                                  causal, window_size, softcap, alibi_slopes, block_table, seqused_k, backend)
     r = None

@@ -408,6 +408,58 @@ def test_packed_forms_read_q_k_v_in_place(d):
     assert torch.equal(out, want)
 
 
+def test_recorded_calls_get_a_backward_that_raises():
+    """FlashAttention-2's functions are differentiable; these compute the forward pass only. A call
+    autograd records returns the values an unrecorded one does, with an autograd node whose backward
+    raises (no gradient is silently lost) and an LSE that is not differentiable; out= is refused
+    there; calls under no_grad or inference_mode have no node."""
+    q, k, v = rand(2, 97, 4, 64), rand(2, 130, 2, 64), rand(2, 130, 2, 64)
+    want, want_lse, _ = flashattn.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert not want.requires_grad
+    qg = q.clone().requires_grad_()
+    out, lse, probs = flashattn.flash_attn_func(qg, k, v, causal=True, return_attn_probs=True)
+    assert probs is None
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    assert out.requires_grad and out.grad_fn is not None and not lse.requires_grad
+    with pytest.raises(NotImplementedError, match="flash_attn_func: libflashattn computes the forward pass only"):
+        out.float().sum().backward()
+    assert qg.grad is None
+    vg = v.clone().requires_grad_()
+    out = flashattn.flash_attn_func(q, k, vg, causal=True)  # v alone requires grad; the plain return
+    assert torch.equal(out, want) and out.requires_grad
+    with pytest.raises(NotImplementedError):
+        (out.float() * 2).sum().backward()
+    qkv = rand(2, 50, 3, 4, 64).requires_grad_()
+    out = flashattn.flash_attn_qkvpacked_func(qkv, causal=True)
+    with torch.no_grad():
+        assert torch.equal(out, flashattn.flash_attn_qkvpacked_func(qkv, causal=True))
+    assert out.requires_grad
+    with pytest.raises(NotImplementedError):
+        out.sum().backward()
+    with pytest.raises(ValueError, match="out="):
+        flashattn.flash_attn_func(qg, k, v, out=torch.empty_like(q))
+    with torch.no_grad():
+        out = flashattn.flash_attn_func(qg, k, v, causal=True)
+    assert not out.requires_grad and torch.equal(out, want)
+    with torch.inference_mode():
+        out = flashattn.flash_attn_func(qg, k, v, causal=True)
+    assert not out.requires_grad and torch.equal(out, want)
+
+    cu = torch.tensor([0, 5, 5, 66], dtype=torch.int32, device="cuda")
+    qv, kv_, vv = rand(66, 4, 64), rand(66, 2, 64), rand(66, 2, 64)
+    want, want_lse, _ = flashattn.flash_attn_varlen_func(qv, kv_, vv, cu, cu, 61, 61, causal=True,
+                                                         return_attn_probs=True)
+    kg = kv_.clone().requires_grad_()
+    out, lse, _ = flashattn.flash_attn_varlen_func(qv, kg, vv, cu, cu, 61, 61, causal=True, return_attn_probs=True)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    assert out.requires_grad and not lse.requires_grad
+    with pytest.raises(NotImplementedError, match="flash_attn_varlen_func"):
+        out.float().sum().backward()
+    with torch.no_grad():
+        out = flashattn.flash_attn_varlen_func(qv, kg, vv, cu, cu, 61, 61, causal=True)
+    assert not out.requires_grad and torch.equal(out, want)
+
+
 @pytest.mark.parametrize("layout", ["dense", "indexed", "paged"])
 def test_kvcache_decode(layout):
     B, Hq, Hkv, D, cap = 4, 8, 2, 128, 600

@@ -370,3 +370,25 @@ def test_serving_cache_sets_every_address_and_keeps_no_caller_tensor(monkeypatch
     call(tensors(total_q=7))
     assert len(built) == 4
     assert call(tensors(), options=(1, 100, None, True, [-1, -1], 0.0, 0)) is None  # unhashable: general path
+
+
+def test_grad_recorded_only_in_grad_mode_with_a_torch_tensor_requiring_grad():
+    """Which calls get an autograd node whose backward raises (flash_attn_func, flash_attn_varlen_func):
+    grad mode on and q, k or v a torch tensor that requires grad; never another library's array."""
+    import types
+    from flashattn import api
+    enabled = [True]
+
+    class Tensor:
+        def __init__(self, requires_grad):
+            self.requires_grad = requires_grad
+
+    state = (types.SimpleNamespace(is_grad_enabled=lambda: enabled[0]), Tensor)
+    plain, wants = Tensor(False), Tensor(True)
+    other = types.SimpleNamespace(requires_grad=True)  # not a torch tensor
+    assert not api._grad_recorded(state, plain, plain, plain)
+    assert api._grad_recorded(state, wants, plain, plain)
+    assert api._grad_recorded(state, plain, plain, wants)
+    assert not api._grad_recorded(state, other, plain, plain)
+    enabled[0] = False
+    assert not api._grad_recorded(state, wants, wants, wants)
