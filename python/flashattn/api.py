@@ -138,6 +138,11 @@ class _ArrayLibrary:
     def device_scope(a):
         return contextlib.nullcontext()
 
+    @staticmethod
+    def copy_head_dims(dst, src):
+        """dst[...] = src[..., :dst's head dim], on the current stream (a padded cache written back)."""
+        raise NotImplementedError
+
 
 class _Torch(_ArrayLibrary):
     @staticmethod
@@ -172,6 +177,10 @@ class _Torch(_ArrayLibrary):
         import torch
         return torch.cuda.device(a.obj.device)
 
+    @staticmethod
+    def copy_head_dims(dst, src):
+        dst.copy_(src[..., :dst.shape[-1]])
+
 
 class _CuPy(_ArrayLibrary):
     @staticmethod
@@ -205,6 +214,10 @@ class _CuPy(_ArrayLibrary):
     def device_scope(a):
         import cupy
         return cupy.cuda.Device(a.device)
+
+    @staticmethod
+    def copy_head_dims(dst, src):
+        dst[...] = src[..., :dst.shape[-1]]
 
 
 class _CudaArrayInterface(_ArrayLibrary):
@@ -450,6 +463,36 @@ def _run(qa, p, stream):
         fwd(handle, p, _ptr(ws) if ws is not None else 0, nbytes, s)
 
 
+# ---- arguments as FlashAttention-2 takes them ---------------------------------------------------------
+
+def _window(window_size):
+    """window_size as a tuple of two ints. FlashAttention-2 indexes it, so a list or a tensor of two
+    (its own tests pass torch.randint(0, seqlen_k, (2,))) works there; as a tuple of ints it can key
+    the per-shape caches, where a tensor (hashed by identity) would keep a stale value if changed in
+    place."""
+    if type(window_size) is tuple and len(window_size) == 2 and type(window_size[0]) is int and \
+            type(window_size[1]) is int:
+        return window_size
+    if len(window_size) != 2:
+        raise ValueError(f"window_size must be (left, right); got {len(window_size)} values")
+    return int(window_size[0]), int(window_size[1])
+
+
+def _stream_scope(obj, stream):
+    """For a torch tensor or a CuPy array: a context in which `stream` (an int cudaStream_t) is its
+    library's current stream, so that whatever a call allocates, pads or copies besides its kernels
+    is ordered with them and tied to that stream by the allocator. None for other arrays: they have
+    no current stream, and nothing is allocated, padded or copied for them."""
+    lib_ = _library_of(obj)
+    if lib_ is _Torch:
+        import torch
+        return torch.cuda.stream(torch.cuda.ExternalStream(int(stream), device=obj.device))
+    if lib_ is _CuPy:
+        import cupy
+        return cupy.cuda.ExternalStream(int(stream), device_id=obj.device.id)
+    return None
+
+
 # ---- autograd: libflashattn computes the forward pass alone ------------------------------------------
 
 _forward_only_fn = None  # the torch.autograd.Function below, made on first need
@@ -506,7 +549,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     Returns out (batch, seqlen_q, nheads, headdim); with return_attn_probs, (out, softmax_lse
     (batch, nheads, seqlen_q) fp32, None): the probabilities are never materialised.
     Extensions: out= writes into a given array; stream= an int cudaStream_t (default: the input
-    library's current stream); backend= a flashattn.Backend value.
+    library's current stream; for torch and CuPy inputs the call runs as if it were the current
+    one, so that outputs and padded copies are made on it); backend= a flashattn.Backend value.
+    window_size may be any pair of ints (a tuple, a list, a tensor of two, as FlashAttention-2 takes).
     Raises ValueError/TypeError for inputs it cannot take (naming the argument), FlashAttnError for
     anything the library refuses.
     Autograd: the forward pass only. Where autograd records the call (grad mode on, and q, k or v
@@ -519,6 +564,13 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     if dropout_p != 0.0:
         raise ValueError(f"dropout_p={dropout_p}: libflashattn computes exact attention; dropout is not supported")
     del deterministic  # every call is deterministic
+    if stream is not None:
+        scope = _stream_scope(q, stream)
+        if scope is not None:
+            with scope:
+                return flash_attn_func(q, k, v, 0.0, softmax_scale, causal, window_size, softcap, alibi_slopes, False,
+                                       return_attn_probs, out=out, backend=backend)
+    window_size = _window(window_size)
     state = _torch_state or _torch()
     if (state is not None and out is None and stream is None and alibi_slopes is None and type(q) is state[1]
             and type(k) is state[1] and type(v) is state[1] and q.is_cuda
@@ -622,12 +674,15 @@ class _ServingCall:
     """A serving call ready to run: its FwdParams filled but for O and LSE, q's _Array, the output
     shapes (at the real head dim D), the arrays that must outlive the call (`keep`), and of those
     the ones the call made itself (`owned`: an int cache_seqlens' tensor), which its params point to
-    for as long as they are used."""
-    __slots__ = ("p", "qa", "out_shape", "lse_shape", "D", "keep", "owned")
+    for as long as they are used. `write_back`: (cache, padded copy) pairs of a call that appends to a
+    cache whose head dim was padded: the copy is what the library wrote, and goes back into the
+    cache after the call."""
+    __slots__ = ("p", "qa", "out_shape", "lse_shape", "D", "keep", "owned", "write_back")
 
     def __init__(self, p, qa, out_shape, lse_shape, D, keep, owned=()):
         self.p, self.qa, self.out_shape, self.lse_shape, self.D, self.keep = p, qa, out_shape, lse_shape, D, keep
         self.owned = tuple(owned)
+        self.write_back = ()
 
 
 def _serving_fields(qa, p, out_shape, lse_shape, D, softmax_scale, causal, window_size, softcap, alibi_slopes, keep,
@@ -668,6 +723,8 @@ def _serving_run(sc, return_lse, stream):
     p.o_batch_stride = oa.strides[0] if len(sc.out_shape) == 4 else 0
     p.lse = _ptr(lse) if lse is not None else None
     _run(qa, p, stream)
+    for cache, copy in sc.write_back:  # (current stream: the call's, stream= having been made current)
+        qa.lib.copy_head_dims(cache, copy)
     if padded != sc.D:
         result = result[..., :sc.D]
     return result, lse
@@ -810,6 +867,14 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if dropout_p != 0.0:
         raise ValueError(f"dropout_p={dropout_p}: libflashattn computes exact attention; dropout is not supported")
     del deterministic
+    if stream is not None:
+        scope = _stream_scope(q, stream)
+        if scope is not None:
+            with scope:
+                return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 0.0,
+                                              softmax_scale, causal, window_size, softcap, alibi_slopes, False,
+                                              return_attn_probs, block_table, seqused_k, backend=backend)
+    window_size = _window(window_size)
     state = _torch_state or _torch()
     if state is not None and _grad_recorded(state, q, k, v):
         def run():
@@ -876,7 +941,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     whole cache). cache_batch_idx: int32 CUDA (batch,), which cache row each sequence reads (dense
     cache only). causal is bottom-right. num_splits is accepted and ignored (the library decides).
     k, v: (batch, seqlen_new, nheads_k, headdim), appended to the cache at cache_seqlens (which is then
-    required) before attending; the cache tensors are written. rotary_cos, rotary_sin: (seqlen_ro,
+    required) before attending; the cache tensors are written (with a head dim that is not a multiple
+    of 8, the call works on padded copies of the caches and copies them back whole afterwards, as
+    FlashAttention-2 does: pad the caches to a multiple of 8 to avoid it). rotary_cos, rotary_sin: (seqlen_ro,
     rotary_dim / 2) in q's dtype, applied to k and to q (with causal or a window, query row i at
     cache_seqlens + i; otherwise every row at cache_seqlens), GPT-J interleaved pairs when
     rotary_interleaved (the default), GPT-NeoX halves otherwise; q itself is not modified.
@@ -896,6 +963,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if k is not None and cache_seqlens is None:
         raise ValueError("appending k and v needs cache_seqlens (where each sequence's new keys go)")
     del num_splits
+    if stream is not None:
+        scope = _stream_scope(q, stream)
+        if scope is not None:
+            with scope:
+                return flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                                               cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
+                                               window_size, softcap, rotary_interleaved, alibi_slopes, 0,
+                                               return_softmax_lse, backend=backend)
+    window_size = _window(window_size)
     build = lambda: _kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                                   cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
                                   rotary_interleaved, alibi_slopes, backend)
@@ -986,8 +1062,13 @@ def _kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
         p.rotary_interleaved = 1 if rotary_interleaved else 0
         # FlashAttention-2's rule: causal or windowed, query row i at cache_seqlens + i; else all rows there.
         p.rotary_q_at_cache_len = 0 if (causal or tuple(window_size) != (-1, -1)) else 1
-    return _serving_fields(qa, p, (B, Sq, Hq, D), (B, Hq, Sq), D, softmax_scale, causal, window_size, softcap,
-                           alibi_slopes, keep, owned)
+    sc = _serving_fields(qa, p, (B, Sq, Hq, D), (B, Hq, Sq), D, softmax_scale, causal, window_size, softcap,
+                         alibi_slopes, keep, owned)
+    if k is not None and padded != D:
+        # The library appended to padded copies of the caches: they go back after the call, whole, as
+        # FlashAttention-2 copies its padded caches back (the rows written are known only on the device).
+        sc.write_back = ((k_cache, ka.obj), (v_cache, va.obj))
+    return sc
 
 
 # ---- FlashAttention-2's packed-input forms: views of one tensor, then the functions above -------------
@@ -1060,6 +1141,11 @@ def merge_attn_states(outs, lses, *, lse_base2=False, stream=None):
     nothing; a row no part covers gets out 0 and lse -inf. Returns (out, lse): out like one part, in
     outs' dtype; lse float32 like one part of lses.
     """
+    if stream is not None:
+        scope = _stream_scope(outs, stream)
+        if scope is not None:
+            with scope:
+                return merge_attn_states(outs, lses, lse_base2=lse_base2)
     oa, la = _Array(outs, "outs"), _Array(lses, "lses")
     varlen = len(oa.shape) == 4
     if len(oa.shape) not in (4, 5):

@@ -408,6 +408,67 @@ def test_packed_forms_read_q_k_v_in_place(d):
     assert torch.equal(out, want)
 
 
+def test_window_as_a_tensor_and_changed_in_place():
+    """FlashAttention-2 takes any indexable pair as window_size (its tests pass a tensor of two). A
+    call remembers the window's values, not the object: a tensor changed in place between calls
+    gives the new window."""
+    q, k, v = rand(2, 150, 4, 64), rand(2, 170, 2, 64), rand(2, 170, 2, 64)
+    w = torch.tensor([40, 3])
+    assert torch.equal(flashattn.flash_attn_func(q, k, v, window_size=w),
+                       flashattn.flash_attn_func(q, k, v, window_size=(40, 3)))
+    w[0] = 7
+    assert torch.equal(flashattn.flash_attn_func(q, k, v, window_size=w),
+                       flashattn.flash_attn_func(q, k, v, window_size=(7, 3)))
+    check(q, k, v, window_size=w)
+    cu = torch.tensor([0, 70, 150], dtype=torch.int32, device="cuda")
+    cuk = torch.tensor([0, 90, 170], dtype=torch.int32, device="cuda")
+    qv, kv_, vv = q.reshape(-1, 4, 64)[:150], k.reshape(-1, 2, 64)[:170], v.reshape(-1, 2, 64)[:170]
+    a = flashattn.flash_attn_varlen_func(qv, kv_, vv, cu, cuk, 80, 90, window_size=w)
+    w[1] = 0
+    b = flashattn.flash_attn_varlen_func(qv, kv_, vv, cu, cuk, 80, 90, window_size=w)
+    assert torch.equal(b, flashattn.flash_attn_varlen_func(qv, kv_, vv, cu, cuk, 80, 90, window_size=[7, 0]))
+    assert not torch.equal(a, b)
+    with pytest.raises(ValueError, match="window_size"):
+        flashattn.flash_attn_func(q, k, v, window_size=(1, 2, 3))
+
+
+def test_explicit_stream_with_a_padded_head_dim():
+    """stream= on a stream other than the current one, where the head dim is padded (59 -> 64): the
+    padded copies, the output and the copy back are made on that stream, in order with the kernel."""
+    q, k, v = rand(2, 300, 4, 59), rand(2, 400, 2, 59), rand(2, 400, 2, 59)
+    want = flashattn.flash_attn_func(q, k, v, causal=True)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    for _ in range(3):
+        out = torch.full_like(q, float("nan"))
+        got = flashattn.flash_attn_func(q, k, v, causal=True, stream=s.cuda_stream)
+        got2 = flashattn.flash_attn_func(q, k, v, causal=True, out=out, stream=s.cuda_stream)
+        s.synchronize()
+        assert torch.equal(got, want) and torch.equal(got2, want) and got2 is out
+
+
+def test_kvcache_append_with_a_padded_head_dim_writes_the_caches():
+    """Head dim 59: the call works on padded copies of the caches and must write them back (as
+    FlashAttention-2 does): the appended rows land in the caller's caches, every other row keeps
+    its bits, and the attention saw the appended keys."""
+    B, S, Hq, Hkv, d, n_new = 2, 64, 4, 2, 59, 3
+    lens = [5, 40]
+    kc, vc = rand(B, S, Hkv, d), rand(B, S, Hkv, d)
+    k0, v0 = kc.clone(), vc.clone()
+    kn, vn, q = rand(B, n_new, Hkv, d), rand(B, n_new, Hkv, d), rand(B, n_new, Hq, d)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    out, lse = flashattn.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=seqlens, causal=True,
+                                                 return_softmax_lse=True, stream=s.cuda_stream)
+    s.synchronize()
+    for b, n in enumerate(lens):
+        assert torch.equal(kc[b, n:n + n_new], kn[b]) and torch.equal(vc[b, n:n + n_new], vn[b])
+        for cache, before in ((kc, k0), (vc, v0)):
+            assert torch.equal(cache[b, :n], before[b, :n]) and torch.equal(cache[b, n + n_new:], before[b, n + n_new:])
+        check_sequence(out[b], lse[b], q[b], kc[b, :n + n_new], vc[b, :n + n_new], True)
+
+
 def test_recorded_calls_get_a_backward_that_raises():
     """FlashAttention-2's functions are differentiable; these compute the forward pass only. A call
     autograd records returns the values an unrecorded one does, with an autograd node whose backward
