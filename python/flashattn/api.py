@@ -304,7 +304,7 @@ def _set_params(p, qa, ka, va, o_ptr, o_strides, lse_ptr, D, padded, softmax_sca
         p.softmax_scale = 1.0 / math.sqrt(D)  # the scale of the real head dim, not the padded one
     p.softcap = float(softcap)
     p.mask = Mask.CAUSAL_BOTTOM_RIGHT if causal else Mask.NONE
-    p.window_left, p.window_right = int(window_size[0]), int(window_size[1])
+    p.window_left, p.window_right = _window(window_size)
     if slopes is not None:
         p.alibi_slopes = slopes.ptr
         p.alibi_batch_stride = slopes.strides[0] if len(slopes.shape) == 2 else 0
@@ -467,9 +467,9 @@ def _run(qa, p, stream):
 
 def _window(window_size):
     """window_size as a tuple of two ints. FlashAttention-2 indexes it, so a list or a tensor of two
-    (its own tests pass torch.randint(0, seqlen_k, (2,))) works there; as a tuple of ints it can key
-    the per-shape caches, where a tensor (hashed by identity) would keep a stale value if changed in
-    place."""
+    (its own tests pass torch.randint(0, seqlen_k, (2,))) works there; the entry points turn anything
+    but a tuple into one, so that it can key the per-shape caches (a tensor, hashed by identity,
+    would keep a stale value if changed in place), and the planning paths check a tuple's values."""
     if type(window_size) is tuple and len(window_size) == 2 and type(window_size[0]) is int and \
             type(window_size[1]) is int:
         return window_size
@@ -570,7 +570,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
             with scope:
                 return flash_attn_func(q, k, v, 0.0, softmax_scale, causal, window_size, softcap, alibi_slopes, False,
                                        return_attn_probs, out=out, backend=backend)
-    window_size = _window(window_size)
+    if window_size.__class__ is not tuple:  # (a tuple is checked where a call is first planned)
+        window_size = _window(window_size)
     state = _torch_state or _torch()
     if (state is not None and out is None and stream is None and alibi_slopes is None and type(q) is state[1]
             and type(k) is state[1] and type(v) is state[1] and q.is_cuda
@@ -696,7 +697,7 @@ def _serving_fields(qa, p, out_shape, lse_shape, D, softmax_scale, causal, windo
     p.softmax_scale = 0.0 if softmax_scale is None else float(softmax_scale)
     p.softcap = float(softcap)
     p.mask = Mask.CAUSAL_BOTTOM_RIGHT if causal else Mask.NONE
-    p.window_left, p.window_right = int(window_size[0]), int(window_size[1])
+    p.window_left, p.window_right = _window(window_size)
     if alibi_slopes is not None:
         slopes = _Array(alibi_slopes, "alibi_slopes")
         if slopes.dtype != "f32":
@@ -874,7 +875,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                 return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 0.0,
                                               softmax_scale, causal, window_size, softcap, alibi_slopes, False,
                                               return_attn_probs, block_table, seqused_k, backend=backend)
-    window_size = _window(window_size)
+    if window_size.__class__ is not tuple:  # (a tuple is checked where a call is first planned)
+        window_size = _window(window_size)
     state = _torch_state or _torch()
     if state is not None and _grad_recorded(state, q, k, v):
         def run():
@@ -971,7 +973,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                                cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
                                                window_size, softcap, rotary_interleaved, alibi_slopes, 0,
                                                return_softmax_lse, backend=backend)
-    window_size = _window(window_size)
+    if window_size.__class__ is not tuple:  # (a tuple is checked where a call is first planned)
+        window_size = _window(window_size)
     build = lambda: _kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                                   cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
                                   rotary_interleaved, alibi_slopes, backend)

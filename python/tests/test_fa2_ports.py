@@ -1,6 +1,7 @@
-"""FlashAttention-2's own test grids for its serving functions, run on this package: the
-parametrisations of test_flash_attn_varlen_qkvpacked, test_flash_attn_varlen_output and
-test_flash_attn_kvcache (FlashAttention-2's tests/test_flash_attn.py), with that file's reference
+"""FlashAttention-2's own test grids for its forward functions, run on this package: the
+parametrisations of test_flash_attn_qkvpacked, test_flash_attn_output (dense batches, packed and
+not), test_flash_attn_varlen_qkvpacked, test_flash_attn_varlen_output and test_flash_attn_kvcache
+(FlashAttention-2's tests/test_flash_attn.py), with that file's reference
 semantics re-implemented here: random padding masks (lengths max-20..max), bottom-right causal
 masks and local windows per sequence (a window drawn as torch.randint(0, seqlen_k, (2,)), a tensor,
 as FlashAttention-2's tests pass it), ALiBi slopes per batch entry, softcap, MHA/MQA/GQA, keys
@@ -9,9 +10,9 @@ head dim rounded down to 16; query rows at cache_seqlens + i under causal or loc
 cache_seqlens otherwise), cache_leftpad, cache_batch_idx, pages of 256 through a shuffled block
 table, num_splits 0 and 1, and the caches' contents after an append.
 
-FlashAttention-2 runs every combination (about a million for the cache test); each test here runs
-a seeded sample of its grid (the same cases on every run, every value of every axis among them),
-PORT_SAMPLES cases unless FLASHATTN_PORT_SAMPLES says otherwise. The combinations
+FlashAttention-2 runs every combination (millions for the cache test); each test here runs a
+seeded sample of its grid, the same cases on every run: PORT_SAMPLES cases (or
+FLASHATTN_PORT_SAMPLES), and then for any value of an axis that none holds, a case that does. The combinations
 FlashAttention-2 skips are left out before sampling. Left out of the grids: dropout (this library
 is exact attention; a dropout_p > 0 call must raise, checked once). Added to them: bfloat16 in the
 cache test (FlashAttention-2 tests float16 there).
@@ -33,7 +34,7 @@ if not torch.cuda.is_available():
 
 import flashattn  # noqa: E402
 
-PORT_SAMPLES = {"varlen_qkvpacked": 40, "varlen_output": 160, "kvcache": 240}
+PORT_SAMPLES = {"qkvpacked": 40, "output": 160, "varlen_qkvpacked": 40, "varlen_output": 160, "kvcache": 240}
 
 
 def sample(name, grid, skip):
@@ -44,17 +45,29 @@ def sample(name, grid, skip):
     total = math.prod(len(v) for v in values)
     n = int(os.environ.get("FLASHATTN_PORT_SAMPLES", PORT_SAMPLES[name]))
     rng, seen, picked = random.Random(f"{name}-52"), set(), []
-    while len(picked) < n and len(seen) < total:
-        index = rng.randrange(total)
-        if index in seen:
-            continue
-        seen.add(index)
-        c = {}
-        for key, vals in zip(keys, values):
-            index, i = divmod(index, len(vals))
-            c[key] = vals[i]
-        if not skip(c):
-            picked.append(c)
+
+    def draw(want=None):  # a new combination not skipped (with want = (axis, value): one holding it)
+        for _ in range(100000):
+            index = rng.randrange(total)
+            c, rest = {}, index
+            for key, vals in zip(keys, values):
+                rest, i = divmod(rest, len(vals))
+                c[key] = vals[i]
+            if want is not None:
+                c[want[0]] = want[1]
+                index = sum(values[a].index(c[key]) * math.prod(len(v) for v in values[:a])
+                            for a, key in enumerate(keys))
+            if index not in seen and not skip(c):
+                seen.add(index)
+                return c
+        return None
+
+    while len(picked) < min(n, total) and (c := draw()) is not None:
+        picked.append(c)
+    for key, vals in grid.items():  # every value of every axis in some case
+        for val in vals:
+            if all(c[key] != val for c in picked) and (c := draw((key, val))) is not None:
+                picked.append(c)
     return [pytest.param(c, id="-".join(f"{k}={v}" for k, v in c.items()).replace(" ", "")) for c in picked]
 
 
@@ -150,6 +163,65 @@ def pad_back(x, real):
     return out
 
 
+# ---- test_flash_attn_qkvpacked and test_flash_attn_output (dense batches) -------------------------
+
+@pytest.mark.parametrize("c", sample("qkvpacked", {
+    "dtype": ["fp16", "bf16"], "deterministic": [False, True], "alibi": [False, True], "local": [False, True],
+    "causal": [False, True], "d": [32, 40, 59, 64, 80, 96, 111, 128, 160, 192, 224, 256],
+    "seqlen": [97, 128, 200, 384, 768, 1024, 1025, 2048]}, lambda c: False))
+def test_qkvpacked(c):
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[c["dtype"]]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    B, H, S, d = 4, 9, c["seqlen"], c["d"]
+    window = torch.randint(0, S, (2,), device="cpu") if c["local"] else (-1, -1)
+    qkv = torch.randn(B, S, 3, H, d, device="cuda", dtype=dtype, generator=gen)
+    slopes = torch.rand(B, H, device="cuda", generator=gen) * 0.3 if c["alibi"] else None
+    out, lse, _ = flashattn.flash_attn_qkvpacked_func(qkv, 0.0, causal=c["causal"], window_size=window,
+                                                      alibi_slopes=slopes, deterministic=c["deterministic"],
+                                                      return_attn_probs=True)
+    n = torch.full((B,), S, device="cuda")
+    see = visible(n, n, S, S, c["causal"], window)
+    bias = alibi_bias(slopes, n, n, S, S) if slopes is not None else None
+    q, k, v = qkv.unbind(2)
+    ref, ref_lse = reference(q, k, v, see, bias)
+    low, _ = reference(q, k, v, see, bias, upcast=False)
+    assert_close(out, ref, low, lse, ref_lse)
+
+
+@pytest.mark.parametrize("c", sample("output", {
+    "kvpacked": [True, False], "dtype": ["fp16", "bf16"], "mha_type": ["mha", "mqa", "gqa"],
+    "deterministic": [False, True], "alibi": [False, True], "local": [False, True], "causal": [False, True],
+    "d": [32, 40, 59, 64, 80, 96, 111, 128, 160, 192, 224, 256],
+    "seqlens": [(113, 203), (128, 217), (113, 211), (108, 256), (256, 512), (512, 256), (1024, 1024), (1023, 1024),
+                (1024, 1023), (2048, 2048)],
+    "softcap": [0.0, 50.0]}, lambda c: False))
+def test_output(c):
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[c["dtype"]]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    (sq, sk), d, softcap = c["seqlens"], c["d"], c["softcap"]
+    B, H = 4, 9
+    Hkv = {"mha": H, "mqa": 1, "gqa": 3}[c["mha_type"]]
+    window = torch.randint(0, sk, (2,), device="cpu") if c["local"] else (-1, -1)
+    q = torch.randn(B, sq, H, d, device="cuda", dtype=dtype, generator=gen)
+    if softcap > 0:
+        q = q * softcap
+    k = torch.randn(B, sk, Hkv, d, device="cuda", dtype=dtype, generator=gen)
+    v = torch.randn(B, sk, Hkv, d, device="cuda", dtype=dtype, generator=gen)
+    slopes = torch.rand(B, H, device="cuda", generator=gen) * 0.3 if c["alibi"] else None
+    kw = dict(causal=c["causal"], window_size=window, softcap=softcap, alibi_slopes=slopes,
+              deterministic=c["deterministic"], return_attn_probs=True)
+    if c["kvpacked"]:
+        out, lse, _ = flashattn.flash_attn_kvpacked_func(q, torch.stack([k, v], dim=2), 0.0, **kw)
+    else:
+        out, lse, _ = flashattn.flash_attn_func(q, k, v, 0.0, **kw)
+    nq, nk = torch.full((B,), sq, device="cuda"), torch.full((B,), sk, device="cuda")
+    see = visible(nq, nk, sq, sk, c["causal"], window)
+    bias = alibi_bias(slopes, nq, nk, sq, sk) if slopes is not None else None
+    ref, ref_lse = reference(q, k, v, see, bias, softcap)
+    low, _ = reference(q, k, v, see, bias, softcap, upcast=False)
+    assert_close(out, ref, low, lse, ref_lse)
+
+
 # ---- test_flash_attn_varlen_qkvpacked ------------------------------------------------------------
 
 @pytest.mark.parametrize("c", sample("varlen_qkvpacked", {
@@ -223,12 +295,14 @@ def test_varlen_output(c):
     assert_close(out, ref, low, lse, lse_rows)
 
 
-def test_varlen_dropout_is_refused():
+def test_dropout_is_refused():
     """FlashAttention-2's grids run dropout 0.17 too; this library computes exact attention and says so."""
     q, k, v = (torch.randn(10, 2, 64, device="cuda", dtype=torch.float16) for _ in range(3))
     cu = torch.tensor([0, 10], dtype=torch.int32, device="cuda")
     with pytest.raises(ValueError, match="dropout"):
         flashattn.flash_attn_varlen_func(q, k, v, cu, cu, 10, 10, 0.17)
+    with pytest.raises(ValueError, match="dropout"):
+        flashattn.flash_attn_func(q[None], k[None], v[None], 0.17)
 
 
 # ---- test_flash_attn_kvcache -------------------------------------------------------------------------
