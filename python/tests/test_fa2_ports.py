@@ -33,6 +33,7 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device on this machine", allow_module_level=True)
 
 import flashattn  # noqa: E402
+from rotary import apply_rotary  # noqa: E402
 
 PORT_SAMPLES = {"qkvpacked": 40, "output": 160, "varlen_qkvpacked": 40, "varlen_output": 160, "kvcache": 240}
 
@@ -163,136 +164,103 @@ def pad_back(x, real):
     return out
 
 
-# ---- test_flash_attn_qkvpacked and test_flash_attn_output (dense batches) -------------------------
+# ---- the dense and ragged grids: test_flash_attn_{,varlen_}{qkvpacked,output} ----------------------
 
-@pytest.mark.parametrize("c", sample("qkvpacked", {
-    "dtype": ["fp16", "bf16"], "deterministic": [False, True], "alibi": [False, True], "local": [False, True],
-    "causal": [False, True], "d": [32, 40, 59, 64, 80, 96, 111, 128, 160, 192, 224, 256],
-    "seqlen": [97, 128, 200, 384, 768, 1024, 1025, 2048]}, lambda c: False))
-def test_qkvpacked(c):
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[c["dtype"]]
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+PACKED_AXES = {"dtype": list(DTYPES), "deterministic": [False, True], "alibi": [False, True], "local": [False, True],
+               "causal": [False, True], "d": [32, 40, 59, 64, 80, 96, 111, 128, 160, 192, 224, 256]}
+OUTPUT_AXES = {"kvpacked": [True, False], "mha_type": ["mha", "mqa", "gqa"], **PACKED_AXES, "softcap": [0.0, 50.0]}
+OUTPUT_SEQLENS = [(113, 203), (128, 217), (113, 211), (108, 256), (256, 512), (512, 256), (1024, 1024), (1023, 1024),
+                  (1024, 1023), (2048, 2048)]
+
+
+def case_inputs(c, B, H, sq, sk):
+    """Case c's inputs as FlashAttention-2's tests draw them: (generator, q, k, v, ALiBi slopes or
+    None, window): q [B, sq, H, d] (scaled by the softcap, so that the scores reach its range), k and
+    v [B, sk, Hkv, d] with Hkv by mha_type, the window a tensor of two when local."""
     gen = torch.Generator(device="cuda").manual_seed(0)
-    B, H, S, d = 4, 9, c["seqlen"], c["d"]
-    window = torch.randint(0, S, (2,), device="cpu") if c["local"] else (-1, -1)
-    qkv = torch.randn(B, S, 3, H, d, device="cuda", dtype=dtype, generator=gen)
+    dtype, d = DTYPES[c["dtype"]], c["d"]
+    Hkv = {"mha": H, "mqa": 1, "gqa": 3}[c.get("mha_type", "mha")]
+    window = torch.randint(0, sk, (2,), device="cpu") if c["local"] else (-1, -1)
+    q = torch.randn(B, sq, H, d, device="cuda", dtype=dtype, generator=gen) * max(1.0, c.get("softcap", 0.0))
+    k, v = (torch.randn(B, sk, Hkv, d, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
     slopes = torch.rand(B, H, device="cuda", generator=gen) * 0.3 if c["alibi"] else None
-    out, lse, _ = flashattn.flash_attn_qkvpacked_func(qkv, 0.0, causal=c["causal"], window_size=window,
-                                                      alibi_slopes=slopes, deterministic=c["deterministic"],
-                                                      return_attn_probs=True)
-    n = torch.full((B,), S, device="cuda")
-    see = visible(n, n, S, S, c["causal"], window)
-    bias = alibi_bias(slopes, n, n, S, S) if slopes is not None else None
-    q, k, v = qkv.unbind(2)
-    ref, ref_lse = reference(q, k, v, see, bias)
-    low, _ = reference(q, k, v, see, bias, upcast=False)
+    return gen, q, k, v, slopes, window
+
+
+def check_case(c, q, k, v, slopes, window, out, lse, q_len, k_len, q_real=None):
+    """out [B, sq, H, d] (padded rows zero) and lse (dense [B, H, sq]; with q_real, packed [H, total])
+    against the reference on q, k, v with q_len queries and k_len keys a sequence."""
+    sq, sk = q.shape[1], k.shape[1]
+    see = visible(q_len, k_len, sq, sk, c["causal"], window)
+    bias = alibi_bias(slopes, q_len, k_len, sq, sk) if slopes is not None else None
+    softcap = c.get("softcap", 0.0)
+    ref, ref_lse = reference(q, k, v, see, bias, softcap, q_real=q_real)
+    low, _ = reference(q, k, v, see, bias, softcap, q_real=q_real, upcast=False)
+    if q_real is not None:  # each sequence's real rows, packed as the varlen LSE is
+        ref_lse = torch.cat([ref_lse[b, :, : int(q_len[b])] for b in range(q.shape[0])], dim=1)
     assert_close(out, ref, low, lse, ref_lse)
 
 
-@pytest.mark.parametrize("c", sample("output", {
-    "kvpacked": [True, False], "dtype": ["fp16", "bf16"], "mha_type": ["mha", "mqa", "gqa"],
-    "deterministic": [False, True], "alibi": [False, True], "local": [False, True], "causal": [False, True],
-    "d": [32, 40, 59, 64, 80, 96, 111, 128, 160, 192, 224, 256],
-    "seqlens": [(113, 203), (128, 217), (113, 211), (108, 256), (256, 512), (512, 256), (1024, 1024), (1023, 1024),
-                (1024, 1023), (2048, 2048)],
-    "softcap": [0.0, 50.0]}, lambda c: False))
+@pytest.mark.parametrize("c", sample("qkvpacked", {**PACKED_AXES, "seqlen": [97, 128, 200, 384, 768, 1024, 1025, 2048]},
+                                     lambda c: False))
+def test_qkvpacked(c):
+    B, S = 4, c["seqlen"]
+    _, q, k, v, slopes, window = case_inputs(c, B, 9, S, S)
+    out, lse, _ = flashattn.flash_attn_qkvpacked_func(torch.stack([q, k, v], dim=2), 0.0, causal=c["causal"],
+                                                      window_size=window, alibi_slopes=slopes,
+                                                      deterministic=c["deterministic"], return_attn_probs=True)
+    n = torch.full((B,), S, device="cuda")
+    check_case(c, q, k, v, slopes, window, out, lse, n, n)
+
+
+@pytest.mark.parametrize("c", sample("output", {**OUTPUT_AXES, "seqlens": OUTPUT_SEQLENS}, lambda c: False))
 def test_output(c):
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[c["dtype"]]
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    (sq, sk), d, softcap = c["seqlens"], c["d"], c["softcap"]
-    B, H = 4, 9
-    Hkv = {"mha": H, "mqa": 1, "gqa": 3}[c["mha_type"]]
-    window = torch.randint(0, sk, (2,), device="cpu") if c["local"] else (-1, -1)
-    q = torch.randn(B, sq, H, d, device="cuda", dtype=dtype, generator=gen)
-    if softcap > 0:
-        q = q * softcap
-    k = torch.randn(B, sk, Hkv, d, device="cuda", dtype=dtype, generator=gen)
-    v = torch.randn(B, sk, Hkv, d, device="cuda", dtype=dtype, generator=gen)
-    slopes = torch.rand(B, H, device="cuda", generator=gen) * 0.3 if c["alibi"] else None
-    kw = dict(causal=c["causal"], window_size=window, softcap=softcap, alibi_slopes=slopes,
+    B, (sq, sk) = 4, c["seqlens"]
+    _, q, k, v, slopes, window = case_inputs(c, B, 9, sq, sk)
+    kw = dict(causal=c["causal"], window_size=window, softcap=c["softcap"], alibi_slopes=slopes,
               deterministic=c["deterministic"], return_attn_probs=True)
     if c["kvpacked"]:
         out, lse, _ = flashattn.flash_attn_kvpacked_func(q, torch.stack([k, v], dim=2), 0.0, **kw)
     else:
         out, lse, _ = flashattn.flash_attn_func(q, k, v, 0.0, **kw)
-    nq, nk = torch.full((B,), sq, device="cuda"), torch.full((B,), sk, device="cuda")
-    see = visible(nq, nk, sq, sk, c["causal"], window)
-    bias = alibi_bias(slopes, nq, nk, sq, sk) if slopes is not None else None
-    ref, ref_lse = reference(q, k, v, see, bias, softcap)
-    low, _ = reference(q, k, v, see, bias, softcap, upcast=False)
-    assert_close(out, ref, low, lse, ref_lse)
+    check_case(c, q, k, v, slopes, window, out, lse, torch.full((B,), sq, device="cuda"),
+               torch.full((B,), sk, device="cuda"))
 
-
-# ---- test_flash_attn_varlen_qkvpacked ------------------------------------------------------------
 
 @pytest.mark.parametrize("c", sample("varlen_qkvpacked", {
-    "dtype": ["fp16", "bf16"], "deterministic": [False, True], "alibi": [False, True], "local": [False, True],
-    "causal": [False, True], "d": [32, 40, 59, 64, 80, 96, 111, 128, 160, 192, 224, 256],
-    "seqlen": [97, 128, 200, 257, 384, 512, 768, 1025, 2048]}, lambda c: False))
+    **PACKED_AXES, "seqlen": [97, 128, 200, 257, 384, 512, 768, 1025, 2048]}, lambda c: False))
 def test_varlen_qkvpacked(c):
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[c["dtype"]]
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    B, H, S, d = 5, 6, c["seqlen"], c["d"]
-    window = torch.randint(0, S, (2,), device="cpu") if c["local"] else (-1, -1)
-    qkv = torch.randn(B, S, 3, H, d, device="cuda", dtype=dtype, generator=gen)
+    B, S = 5, c["seqlen"]
+    gen, q, k, v, slopes, window = case_inputs(c, B, 6, S, S)
     real = padding_mask(S, B, gen)
-    slopes = torch.rand(B, H, device="cuda", generator=gen) * 0.3 if c["alibi"] else None
-    qkv_unpad, cu, max_len = unpad(qkv, real)
-    out_unpad, lse, _ = flashattn.flash_attn_varlen_qkvpacked_func(
+    qkv_unpad, cu, max_len = unpad(torch.stack([q, k, v], dim=2), real)
+    out, lse, _ = flashattn.flash_attn_varlen_qkvpacked_func(
         qkv_unpad, cu, max_len, 0.0, causal=c["causal"], window_size=window, alibi_slopes=slopes,
         deterministic=c["deterministic"], return_attn_probs=True)
-    out = pad_back(out_unpad, real)
     n = real.sum(-1)
-    see = visible(n, n, S, S, c["causal"], window)
-    bias = alibi_bias(slopes, n, n, S, S) if slopes is not None else None
-    q, k, v = qkv.unbind(2)
-    ref, ref_lse = reference(q, k, v, see, bias, q_real=real)
-    low, _ = reference(q, k, v, see, bias, q_real=real, upcast=False)
-    lse_rows = torch.cat([ref_lse[b, :, : int(n[b])] for b in range(B)], dim=1)  # [H, total]
-    assert_close(out, ref, low, lse, lse_rows)
+    check_case(c, q, k, v, slopes, window, pad_back(out, real), lse, n, n, q_real=real)
 
 
-# ---- test_flash_attn_varlen_output -----------------------------------------------------------------
-
-@pytest.mark.parametrize("c", sample("varlen_output", {
-    "kvpacked": [True, False], "dtype": ["fp16", "bf16"], "mha_type": ["mha", "mqa", "gqa"],
-    "deterministic": [False, True], "alibi": [False, True], "local": [False, True], "causal": [False, True],
-    "d": [32, 40, 59, 64, 80, 96, 111, 128, 160, 192, 224, 256],
-    "seqlens": [(1, 147), (113, 203), (128, 217), (113, 211), (108, 256), (256, 512), (512, 256), (1024, 1024),
-                (1023, 1024), (1024, 1023), (2048, 2048)],
-    "softcap": [0.0, 50.0]}, lambda c: False))
+@pytest.mark.parametrize("c", sample("varlen_output", {**OUTPUT_AXES, "seqlens": [(1, 147)] + OUTPUT_SEQLENS},
+                                     lambda c: False))
 def test_varlen_output(c):
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[c["dtype"]]
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    (sq, sk), d, softcap = c["seqlens"], c["d"], c["softcap"]
-    B, H = 4, 9
-    Hkv = {"mha": H, "mqa": 1, "gqa": 3}[c["mha_type"]]
-    window = torch.randint(0, sk, (2,), device="cpu") if c["local"] else (-1, -1)
-    q = torch.randn(B, sq, H, d, device="cuda", dtype=dtype, generator=gen)
-    if softcap > 0:
-        q = q * softcap  # scores reach the cap's range, as in FlashAttention-2's test
-    k = torch.randn(B, sk, Hkv, d, device="cuda", dtype=dtype, generator=gen)
-    v = torch.randn(B, sk, Hkv, d, device="cuda", dtype=dtype, generator=gen)
+    B, (sq, sk) = 4, c["seqlens"]
+    gen, q, k, v, slopes, window = case_inputs(c, B, 9, sq, sk)
     q_real, k_real = padding_mask(sq, B, gen), padding_mask(sk, B, gen)
-    slopes = torch.rand(B, H, device="cuda", generator=gen) * 0.3 if c["alibi"] else None
     q_unpad, cu_q, max_q = unpad(q, q_real)
     k_unpad, cu_k, max_k = unpad(k, k_real)
     v_unpad = v[k_real]
-    kw = dict(causal=c["causal"], window_size=window, softcap=softcap, alibi_slopes=slopes,
+    kw = dict(causal=c["causal"], window_size=window, softcap=c["softcap"], alibi_slopes=slopes,
               deterministic=c["deterministic"], return_attn_probs=True)
     if c["kvpacked"]:
         kv = torch.stack([k_unpad, v_unpad], dim=1)
-        out_unpad, lse, _ = flashattn.flash_attn_varlen_kvpacked_func(q_unpad, kv, cu_q, cu_k, max_q, max_k, 0.0, **kw)
+        out, lse, _ = flashattn.flash_attn_varlen_kvpacked_func(q_unpad, kv, cu_q, cu_k, max_q, max_k, 0.0, **kw)
     else:
-        out_unpad, lse, _ = flashattn.flash_attn_varlen_func(q_unpad, k_unpad, v_unpad, cu_q, cu_k, max_q, max_k,
-                                                             0.0, **kw)
-    out = pad_back(out_unpad, q_real)
-    nq, nk = q_real.sum(-1), k_real.sum(-1)
-    see = visible(nq, nk, sq, sk, c["causal"], window)
-    bias = alibi_bias(slopes, nq, nk, sq, sk) if slopes is not None else None
-    ref, ref_lse = reference(q, k, v, see, bias, softcap, q_real=q_real)
-    low, _ = reference(q, k, v, see, bias, softcap, q_real=q_real, upcast=False)
-    lse_rows = torch.cat([ref_lse[b, :, : int(nq[b])] for b in range(B)], dim=1)
-    assert_close(out, ref, low, lse, lse_rows)
+        out, lse, _ = flashattn.flash_attn_varlen_func(q_unpad, k_unpad, v_unpad, cu_q, cu_k, max_q, max_k, 0.0,
+                                                       **kw)
+    check_case(c, q, k, v, slopes, window, pad_back(out, q_real), lse, q_real.sum(-1), k_real.sum(-1),
+               q_real=q_real)
 
 
 def test_dropout_is_refused():
@@ -307,21 +275,6 @@ def test_dropout_is_refused():
 
 # ---- test_flash_attn_kvcache -------------------------------------------------------------------------
 
-def rotate(x, cos, sin, pos, interleaved):
-    """x [B, S, H, D] with its first 2 x cos.shape[1] dims rotated at positions pos [B, S] (fp32
-    arithmetic, rounded to x's dtype): GPT-J pairs (2i, 2i + 1) when interleaved, else GPT-NeoX halves."""
-    r = 2 * cos.shape[1]
-    c, s = cos.float()[pos.long()][:, :, None], sin.float()[pos.long()][:, :, None]  # [B, S, 1, r / 2]
-    xr = x[..., :r].float()
-    if interleaved:
-        x1, x2 = xr[..., 0::2], xr[..., 1::2]
-        y = torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1).flatten(-2)
-    else:
-        x1, x2 = xr[..., : r // 2], xr[..., r // 2:]
-        y = torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1)
-    return torch.cat([y.to(x.dtype), x[..., r:]], dim=-1)
-
-
 def kvcache_skip(c):
     sq, sk = c["seqlens"]
     return ((sq > sk and c["new_kv"]) or (not c["new_kv"] and c["rotary_fraction"] > 0.0)
@@ -329,15 +282,14 @@ def kvcache_skip(c):
 
 
 @pytest.mark.parametrize("c", sample("kvcache", {
-    "dtype": ["fp16", "bf16"], "num_splits": [1, 0], "mha_type": ["mha", "mqa", "gqa"], "new_kv": [False, True],
+    "dtype": list(DTYPES), "num_splits": [1, 0], "mha_type": ["mha", "mqa", "gqa"], "new_kv": [False, True],
     "alibi": [False, True], "local": [False, True], "causal": [False, True], "seqlen_new_eq_seqlen_q": [True, False],
     "rotary_interleaved": [False, True], "rotary_fraction": [0.0, 0.5, 1.0], "page": [None, 256],
     "has_leftpad": [False, True], "has_batch_idx": [False, True], "d": [32, 59, 64, 80, 128, 256],
     "seqlens": [(1, 128), (1, 339), (3, 1024), (64, 800), (64, 256), (3, 799), (64, 2048), (16, 20000),
                 (1, 128 * 1024), (16, 128 * 1024), (128, 128)]}, kvcache_skip))
 def test_kvcache(c):
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[c["dtype"]]
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    dtype, gen = DTYPES[c["dtype"]], torch.Generator(device="cuda").manual_seed(0)
     (sq, sk), d, page = c["seqlens"], c["d"], c["page"]
     B, H = 2, 6
     B_cache = 5 if c["has_batch_idx"] else B
@@ -385,8 +337,8 @@ def test_kvcache(c):
         cos, sin = torch.cos(angle).to(dtype), torch.sin(angle).to(dtype)
         at = cache_seqlens.long()[:, None]
         q_pos = at + torch.arange(sq, device="cuda")[None] if (causal or local) else at.expand(B, sq)
-        q_ro = rotate(q, cos, sin, q_pos, c["rotary_interleaved"])
-        k_ro = rotate(k_new, cos, sin, at + torch.arange(s_new, device="cuda")[None], c["rotary_interleaved"])
+        q_ro = apply_rotary(q, cos, sin, q_pos, c["rotary_interleaved"])
+        k_ro = apply_rotary(k_new, cos, sin, at + torch.arange(s_new, device="cuda")[None], c["rotary_interleaved"])
 
     # What the cache holds after the call, and the keys each sequence sees.
     k_ref = (k_cache if batch_idx is None else k_cache[batch_idx.long()]).clone()

@@ -11,6 +11,7 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device on this machine", allow_module_level=True)
 
 import flashattn  # noqa: E402
+from rotary import apply_rotary  # noqa: E402
 
 
 def reference(q, k, v, causal=False, window=(-1, -1), softcap=0.0, alibi=None, scale=None, upcast=True):
@@ -592,20 +593,6 @@ def test_kvcache_int_seqlens():
     for b in range(2):
         ref, _ = reference(q[b:b + 1], kc[b:b + 1, :40], vc[b:b + 1, :40], causal=True)
         assert (out[b].float() - ref[0]).abs().max().item() < 3e-2
-
-
-def apply_rotary(x, cos, sin, pos, interleaved):
-    """FlashAttention's apply_rotary_emb on [S, H, D] rows at positions pos [S], in fp32."""
-    rd = 2 * cos.shape[1]
-    c, s = cos[pos].float()[:, None, :], sin[pos].float()[:, None, :]
-    xr, rest = x[..., :rd].float(), x[..., rd:]
-    if interleaved:
-        x0, x1 = xr[..., 0::2], xr[..., 1::2]
-        out = torch.stack([x0 * c - x1 * s, x0 * s + x1 * c], dim=-1).flatten(-2)
-    else:
-        x0, x1 = xr[..., :rd // 2], xr[..., rd // 2:]
-        out = torch.cat([x0 * c - x1 * s, x0 * s + x1 * c], dim=-1)
-    return torch.cat([out.to(x.dtype), rest], dim=-1)
 
 
 @pytest.mark.parametrize("interleaved", [True, False])
