@@ -6,6 +6,7 @@ import ctypes
 import math
 import sys
 import threading
+import warnings
 
 from ._lib import Backend, Dtype, FlashAttnError, FwdParams, LseBase, Mask, MergeParams, PlanInfo, _check, lib
 
@@ -489,7 +490,12 @@ def _stream_scope(obj, stream):
         return torch.cuda.stream(torch.cuda.ExternalStream(int(stream), device=obj.device))
     if lib_ is _CuPy:
         import cupy
-        return cupy.cuda.ExternalStream(int(stream), device_id=obj.device.id)
+        with warnings.catch_warnings():  # (newer CuPy deprecates ExternalStream; a raw handle has no other form)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            try:
+                return cupy.cuda.ExternalStream(int(stream), device_id=obj.device.id)
+            except TypeError:  # CuPy before 10: no device_id (the stream must then be on obj's device)
+                return cupy.cuda.ExternalStream(int(stream))
     return None
 
 

@@ -119,6 +119,15 @@ def test_cupy_inputs():
     tq, tk, tv = (torch.as_tensor(x, device="cuda") for x in (q, k, v))
     expected = flashattn.flash_attn_func(tq, tk, tv, causal=True)
     assert torch.equal(torch.as_tensor(out, device="cuda"), expected)
+    # stream= on a CuPy stream that is not the current one, and a padded head dim (60 -> 64): the
+    # call runs with that stream current (its output, padded copies and copy back made there)
+    s = cupy.cuda.Stream(non_blocking=True)
+    q60, k60, v60 = (x[..., :60].copy() for x in (q, k, v))
+    cupy.cuda.get_current_stream().synchronize()
+    got = flashattn.flash_attn_func(q60, k60, v60, causal=True, stream=s.ptr)
+    s.synchronize()
+    want = flashattn.flash_attn_func(*(torch.as_tensor(x, device="cuda") for x in (q60, k60, v60)), causal=True)
+    assert torch.equal(torch.as_tensor(got, device="cuda"), want)
 
 
 class OnlyDlpack:
