@@ -109,10 +109,6 @@ typedef struct fa_kernel_params {
      * row-group-major: 8 keys x every region, then the next 8 keys), page p's 8-key group i being
      * group p G + i of the pool. */
     int32_t kv_page_groups;
-    /* FUSED_SM90, a serving call's single-consumer block a tile whose keys TMA loads
-     * (fa_sm90_key_split): 1 when two consumer warpgroups each take half of every key tile of the
-     * block's 64 query rows and merge their results at the end (the block has 384 threads), else 0. */
-    int32_t key_split;
     /* FUSED calls whose every block has warps with no query row (fa_fused_idle_warps > 0: each
      * block holds at most seqlen_q <= block_m - block_m / warps rows, a decode's grouped heads or a
      * few queries): the number of such warps a block has at least, and the kernel instantiation in
@@ -312,21 +308,6 @@ static inline FA_HOST_DEVICE int fa_sm90_gathers_pages(int paged, int page_size,
     if (!paged) return 0;
     if (!FA_SM90_TMA_PAGES(page_size, block_n)) return 1;
     return block_m == 64 && fa_sm90_page_box(page_size, block_n) <= (splits > 1 ? 16 : 8);
-}
-
-/* Whether a FUSED_SM90 call's blocks split each key tile between two consumer warpgroups
- * (kp.key_split): a serving call's single-consumer (decode) blocks a tile on 128-key tiles (head
- * dim 128), whose keys TMA loads.
- * Such a tile holds a few real query rows, and its one consumer spends more of its time on S, the
- * softmax and P V of whole key tiles than waiting for them; two consumers take half each. With the
- * L2 cold, a batch-1 decode's attention kernel took 0.92-0.97x the time over a cache, pages of 256
- * and packed K/V, but 1.03x over dense K/V (docs/performance.md v37): dense calls keep one
- * consumer. So do pages gathered with cp.async: the copies take the producer warpgroup's
- * registers, which a second consumer would need. Head dim 64's 192-key tile is not split: its
- * halves of 96 keys made ptxas spill 40-52 bytes, and were never timed. */
-static inline FA_HOST_DEVICE int fa_sm90_key_split(int serving, int block_m, int block_n, int persistent,
-                                                   int gather_pages) {
-    return serving && block_m == 64 && block_n == 128 && !persistent && !gather_pages;
 }
 
 /* Full-width page boxes (kp.kv_page_groups): a TMA box over a page's keys can hold every column of

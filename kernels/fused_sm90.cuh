@@ -77,22 +77,13 @@ namespace sm90 {
 
 /* One variant of the kernel: a row of FA_SM90_CONFIGS (head dim, key tile, consumer warpgroups), as
  * a block a tile or a persistent block (kPersistentBlock), of a dense or a serving call
- * (kServingBlock: it decides the persistent block's Q buffers). A key-split block (kKeySplitBlock:
- * a serving call's single-consumer block a tile whose keys TMA loads, fa_sm90_key_split) runs two
- * consumer warpgroups on the tile's 64 query rows, each over half of every key tile, and merges
- * their results at the end: a decode tile holds a few real rows, so its consumer's time goes to
- * S, the softmax and P V of whole key tiles, which two warpgroups share. */
+ * (kServingBlock: it decides the persistent block's Q buffers). */
 template <int kDtype, int kHeadDim, int kKeyTile, int kNumConsumers, bool kPersistentBlock = false,
-          bool kServingBlock = false, bool kKeySplitBlock = false>
+          bool kServingBlock = false>
 struct traits {
     using T = typename elem<kDtype>::type;
-    static constexpr bool kKeySplit = kKeySplitBlock;
-    static constexpr int kConsumers = kKeySplit ? 2 : kNumConsumers; /* consumer warpgroups */
+    static constexpr int kConsumers = kNumConsumers; /* consumer warpgroups */
     static constexpr int kBlockM = 64 * kNumConsumers, kBlockN = kKeyTile;
-    /* the keys of each key tile one consumer takes (kKeySplit: consumer c the c-th half) */
-    static constexpr int kConsumerKeys = kKeySplit ? kKeyTile / 2 : kKeyTile;
-    static_assert(!kKeySplit || (kNumConsumers == 1 && !kPersistentBlock && kKeyTile % 32 == 0),
-                  "a key-split block: a single-consumer row's block a tile, halves of whole k-steps");
     static constexpr int kThreads = kWarpgroupThreads * (kConsumers + 1);
     /* setmaxnreg: the producer keeps kProducerRegs registers, the consumers share the rest (a
      * multiple of 8, at most 240; consumer_regs for a producer given more, as a persistent serving
@@ -978,20 +969,18 @@ template <class Tr> struct ragged_walk {
  * the sequence's counts, offsets and rows from the device arrays (seq_view), ragged Q/K/V and page
  * pools through the tensor maps; its own instantiation, so the dense kernels carry none of it.
  * kResidentGather: a resident serving block whose pages are gathered (Tr::kGathersResident), also
- * an instantiation of its own, so that the other serving calls' resident blocks carry none of it.
- * kKeySplit: a key-split block (traits::kKeySplit), likewise its own instantiation. */
+ * an instantiation of its own, so that the other serving calls' resident blocks carry none of it. */
 template <int kDtype, int kHeadDim, int kKeyTile, int kConsumers, bool kTransform, bool kServing = false,
-          bool kPersistent = false, bool kResidentGather = false, bool kKeySplit = false>
-__global__ void __launch_bounds__(kWarpgroupThreads * (kConsumers + 1 + (kKeySplit ? 1 : 0)), 1)
+          bool kPersistent = false, bool kResidentGather = false>
+__global__ void __launch_bounds__(kWarpgroupThreads * (kConsumers + 1), 1)
 fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_constant__ CUtensorMap tm_q,
                   const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
                   const __grid_constant__ CUtensorMap tm_o) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using Tr = traits<kDtype, kHeadDim, kKeyTile, kConsumers, kPersistent, kServing, kKeySplit>;
+    using Tr = traits<kDtype, kHeadDim, kKeyTile, kConsumers, kPersistent, kServing>;
     using T = typename Tr::T;
     constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN;
-    constexpr int kKC = Tr::kConsumerKeys; /* the keys of a key tile this consumer takes */
-    constexpr int kSN = kKC / 2, kON = kHeadDim / 2; /* accumulator floats per thread */
+    constexpr int kSN = kBlockN / 2, kON = kHeadDim / 2; /* accumulator floats per thread */
     constexpr int kNC = Tr::kConsumers;
     /* A persistent serving block's producer holds a sequence's counts and offsets besides its tile:
      * beside two consumers 56 registers (the consumers then keep 224 each: 56 + 2 x 224 = 3 x 168,
@@ -1197,14 +1186,10 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     constexpr bool kUniformC = kNC != 3;
     const int c = kUniformC ? __shfl_sync(0xffffffffu, wg - 1, 0) : wg - 1;
     const int g = lane / 4, t = lane % 4;
-    /* This consumer's rows: 64 from 64 rc (a key-split block's consumers share the tile's 64, each
-     * taking keys from kc of every key tile). */
-    const int rc = Tr::kKeySplit ? 0 : c, kc = Tr::kKeySplit ? c * kKC : 0;
-    const int trow = rc * 64 + ((tid % kWarpgroupThreads) / 32) * 16 + g; /* this thread's tile rows: trow, trow + 8 */
+    const int trow = c * 64 + ((tid % kWarpgroupThreads) / 32) * 16 + g; /* this thread's tile rows: trow, trow + 8 */
     /* Turns go round: consumer c waits on its turn barrier and then passes to c + 1 (mod C); the
-     * last one starts each tile's round by passing to consumer 0. (A key-split block's consumers
-     * take none: their products are of the same size and neither waits for the other's.) */
-    constexpr bool kTurns = kNC > 1 && !Tr::kKeySplit;
+     * last one starts each tile's round by passing to consumer 0. (One consumer takes none.) */
+    constexpr bool kTurns = kNC > 1;
     const int my_turn = turn_barrier(c), next_turn = turn_barrier((c + 1) % kNC);
     const float mult = kTransform ? 1.0f : p.scale_log2;
     /* The large head dims' key loop issues fewer instructions: the running max is raised only past
@@ -1228,7 +1213,6 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     /* The width of a narrow last key tile (key_loop below; 0: none), at the head dims whose key
      * tiles are not a power of two. */
     constexpr int kTailW = kHeadDim >= 192 ? 32 : 0;
-    static_assert(!Tr::kKeySplit || kTailW == 0, "a key-split block's last tile is whole");
     const bool short_k = p.head_dim <= 16 * kShortSteps;
     /* Gathered pages land through the generic proxy (cp.async): after the wait for a stage, a proxy
      * fence before the tensor cores read it. */
@@ -1295,19 +1279,19 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
          * tile (a causal mask: consumer 0's rows end before the others') stops there: every score
          * of the tiles after it is masked for its rows, so they would add exactly nothing (the
          * max, the sum and O unchanged). It still waits for those tiles, releases their stages and
-         * takes their turns (below, after the key loop), so the other consumers run as before. A
-         * key-split block's consumers share their rows: both take every tile. Dense calls only: a
-         * serving call's consumers take every tile (with the rule its prefill calls read 0.97-0.99x
-         * warm, those where no consumer stops early among them: docs/performance.md v38). And only
-         * where a key tile is narrower than the block's rows (head dim 64's 192 rows on 128-key
-         * tiles, 128 rows on 112- or 80-key tiles): elsewhere a consumer would stop early only in a
-         * last tile with rows to spare, or under a causal offset that is not a whole number of key
-         * tiles, and those kernels leave the rule's code out. */
-        constexpr bool kStopEarly = !Tr::kKeySplit && !kServing && kBlockN < kBlockM;
+         * takes their turns (below, after the key loop), so the other consumers run as before.
+         * Dense calls only: a serving call's consumers take every tile (with the rule its prefill
+         * calls read 0.97-0.99x warm, those where no consumer stops early among them:
+         * docs/performance.md v38). And only where a key tile is narrower than the block's rows
+         * (head dim 64's 192 rows on 128-key tiles, 128 rows on 112- or 80-key tiles): elsewhere a
+         * consumer would stop early only in a last tile with rows to spare, or under a causal
+         * offset that is not a whole number of key tiles, and those kernels leave the rule's code
+         * out. */
+        constexpr bool kStopEarly = !kServing && kBlockN < kBlockM;
         int n_mine = n_tiles;
         if constexpr (kStopEarly) {
             if (tl.heads == 1) {
-                const int first = m0 + rc * 64, last = min(first + 63, row_last);
+                const int first = m0 + c * 64, last = min(first + 63, row_last);
                 const int end = min(bnd.seqlen_k, last + bnd.key_hi_off + 1); /* (tile::key_end's form) */
                 n_mine = first > row_last ? 0 : max(0, min(n_tiles, (end + kBlockN - 1) / kBlockN - tile_begin));
             }
@@ -1326,12 +1310,12 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         }
 
         float o[kON], s[kSN];
-        uint32_t pf[kKC / 16][4];
+        uint32_t pf[kBlockN / 16][4];
 #pragma unroll
         for (int i = 0; i < kON; ++i) o[i] = 0.0f;
         float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
 
-        const uint32_t q_wg = sm.q_buf(nth) + (uint32_t)rc * 64 * 128; /* this consumer's 64 rows of Q */
+        const uint32_t q_wg = sm.q_buf(nth) + (uint32_t)c * 64 * 128; /* this consumer's 64 rows of Q */
         /* (with two Q buffers: in make_tile). A kSplitQ block waits on its consumer's own barrier,
          * its index the shuffled c (where c is not shuffled already: kUniformC): with a per-thread
          * barrier address ptxas moved the key loop's uniform address arithmetic to ordinary
@@ -1349,12 +1333,11 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         if (kTurns && c == kNC - 1 && !(kTurnAcross && nth > 0)) named_arrive(turn_barrier(0), kTurnThreads);
 
         /* S = Q K_kv^T for this consumer's rows, issued (not committed) with K from kv's stage, into
-         * acc: kW columns of the key tile from this consumer's first, kc (kKC, or kTailW for a
-         * narrow last tile), kW / 2 floats. (Key kc's 8-row group is kc / 8 groups on.) */
-        const uint32_t kc_bytes = (uint32_t)(kc / 8) * kv_group_bytes;
+         * acc: the key tile's first kW columns (kBlockN, or kTailW for a narrow last tile), kW / 2
+         * floats. */
         auto issue_s_steps = [&](auto &acc, int kv, auto steps) {
             constexpr int kW = 2 * (int)(sizeof acc / sizeof acc[0]);
-            const uint32_t k_st = sm.k + (uint32_t)(kv & 1) * Tr::kKVBytes + kc_bytes;
+            const uint32_t k_st = sm.k + (uint32_t)(kv & 1) * Tr::kKVBytes;
             const smem_desc_base qd(q_wg, 16, 1024), kd(k_st, 16, kv_group_bytes);
 #pragma unroll
             for (int ks = 0; ks < decltype(steps)::value; ++ks) {
@@ -1364,11 +1347,10 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                                           kDescByOffset ? kd.at(k_off) : smem_desc(k_st + k_off, 16, kv_group_bytes), ks > 0);
             }
         };
-        /* O += P V_kv, issued (not committed): kW keys from this consumer's first (P's first kW / 16
-         * k-steps). */
+        /* O += P V_kv, issued (not committed): the key tile's first kW keys (P's first kW / 16 k-steps). */
         auto issue_pv = [&](int kv, auto width) {
             constexpr int kW = decltype(width)::value;
-            const uint32_t v_st = sm.v + (uint32_t)(kv & 1) * Tr::kKVBytes + kc_bytes;
+            const uint32_t v_st = sm.v + (uint32_t)(kv & 1) * Tr::kKVBytes;
             const smem_desc_base vd(v_st, kv_region_bytes, kv_group_bytes);
 #pragma unroll
             for (int kk = 0; kk < kW / 16; ++kk) /* (k-step kk: keys 16 kk.., two 8-row groups) */
@@ -1383,10 +1365,10 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             constexpr int kW = decltype(width)::value;
             /* the tile's scores: s, or for a narrow tile registers of its own (s's other entries
              * would otherwise stay pinned across it) */
-            float s_narrow[kW == kKC ? 1 : kW / 2];
-            auto &sw = pick_ref<kW == kKC>(s, s_narrow);
+            float s_narrow[kW == kBlockN ? 1 : kW / 2];
+            auto &sw = pick_ref<kW == kBlockN>(s, s_narrow);
             auto sw_at = [&sw](int j, int e) -> float & { return sw[4 * j + e]; };
-            const int n0 = (tile_begin + it) * kBlockN + kc; /* this consumer's first key */
+            const int n0 = (tile_begin + it) * kBlockN;
             const int kv = kv0 + it, st = kv & 1; /* K_it's and V_it's stage */
             mbar_wait(sm.full_k + 8 * st, (kv >> 1) & 1);
             if (it > 0) mbar_wait(sm.full_v + 8 * (st ^ 1), ((kv - 1) >> 1) & 1);
@@ -1400,7 +1382,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             wgmma_commit();
             if (it > 0) {
                 wgmma_fence(); /* P and O were written by ordinary instructions since the last one */
-                issue_pv(kv - 1, std::integral_constant<int, kKC>{}); /* (only a last tile is narrow) */
+                issue_pv(kv - 1, std::integral_constant<int, kBlockN>{}); /* (only a last tile is narrow) */
             }
             wgmma_commit(); /* empty on the first tile: "all but the newest group" then always means S */
             if (kTurns) named_arrive(next_turn, kTurnThreads); /* the next consumer's turn */
@@ -1421,7 +1403,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                     sw[i] = kLog2e * transform_raw_score(p, bnd, sw[i], slope_r[r], pos_r[r], n0 + 8 * (i / 4) + 2 * t + (i % 2));
                 }
             }
-            const bool need_mask = FA_TILE_NEEDS_MASK(bnd, n0, kKC, m0, row_last);
+            const bool need_mask = FA_TILE_NEEDS_MASK(bnd, n0, kBlockN, m0, row_last);
             if (need_mask)
                 mask_scores<kW / 8>(sw_at, bnd, [&pos_r](int r) { return pos_r[r]; }, n0, t,
                                     FA_TILE_CUTS_LOW(bnd, n0, row_last));
@@ -1490,13 +1472,13 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         auto key_loop = [&](auto steps) {
             const bool narrow_mine = narrow && n_mine == n_tiles; /* (only the block's last tile is narrow) */
             const int full_tiles = kTailW > 0 && narrow_mine ? n_mine - 1 : n_mine;
-            for (int it = 0; it < full_tiles; ++it) key_step(it, steps, std::integral_constant<int, kKC>{});
+            for (int it = 0; it < full_tiles; ++it) key_step(it, steps, std::integral_constant<int, kBlockN>{});
             if constexpr (kTailW > 0) {
                 if (narrow_mine) {
                     key_step(n_tiles - 1, steps, std::integral_constant<int, kTailW>{});
                     last_pv(std::integral_constant<int, kTailW>{});
                 } else if (!kStopEarly || n_mine > 0) { /* (without the rule: every consumer) */
-                    last_pv(std::integral_constant<int, kKC>{});
+                    last_pv(std::integral_constant<int, kBlockN>{});
                 }
             }
         };
@@ -1507,7 +1489,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             key_loop(std::integral_constant<int, kHeadDim / 16>{});
         }
         if constexpr (kTailW == 0)
-            if (!kStopEarly || n_mine > 0) last_pv(std::integral_constant<int, kKC>{});
+            if (!kStopEarly || n_mine > 0) last_pv(std::integral_constant<int, kBlockN>{});
         /* The block's key tiles this consumer does not compute (n_mine): each waited for, its stages
          * released, its turn taken and passed on; with none computed, the turn of the last P V too.
          * Every consumer takes n_tiles + 1 turns a tile; the last passes on as last_pv's would.
@@ -1534,49 +1516,6 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             if (kTurns && n_mine == 0) {
                 named_sync(my_turn, kTurnThreads);
                 if (c != kNC - 1 || turn_on) named_arrive(next_turn, kTurnThreads);
-            }
-        }
-
-        /* A key-split block: consumer 1 hands its O, running max and sum (this thread's rows and
-         * columns, which are consumer 0's same thread's) to consumer 0 through the K stages, which
-         * nothing reads once both consumers are past their last products (every load has landed);
-         * consumer 0 takes both under the larger max and goes on alone. Element i of thread x at
-         * word i x 128 + x: a warp's 32 words are consecutive. */
-        if constexpr (Tr::kKeySplit) {
-            static_assert((kON + 4) * kWarpgroupThreads * 4 <= 2 * (int)Tr::kKVBytes,
-                          "the hand-over fits in the K stages");
-            constexpr uint32_t kStep = 4u * kWarpgroupThreads; /* bytes from element i to i + 1 */
-            const uint32_t xo = sm.k + 4u * (uint32_t)(tid % kWarpgroupThreads), xs = xo + kON * kStep;
-            auto put = [](uint32_t at, float x) {
-                asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(at), "f"(x) : "memory");
-            };
-            auto get = [](uint32_t at) {
-                float x;
-                asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(x) : "r"(at) : "memory");
-                return x;
-            };
-            named_sync(merge_barrier(kNC), kNC * kWarpgroupThreads); /* no product reads a stage now */
-            if (c == 1) {
-#pragma unroll
-                for (int i = 0; i < kON; ++i) put(xo + i * kStep, o[i]);
-#pragma unroll
-                for (int r = 0; r < 2; ++r) put(xs + r * kStep, row_max[r]), put(xs + (2 + r) * kStep, row_sum[r]);
-            }
-            named_sync(merge_barrier(kNC), kNC * kWarpgroupThreads); /* consumer 1's results are there */
-            if (c == 1) return;
-            float f0[2], f1[2];
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                const float m1 = get(xs + r * kStep), l1 = get(xs + (2 + r) * kStep);
-                const float m = fmaxf(row_max[r], m1), m_scaled = m == -INFINITY ? 0.0f : m * mult;
-                f0[r] = fast_exp2(row_max[r] * mult - m_scaled), f1[r] = fast_exp2(m1 * mult - m_scaled);
-                row_sum[r] = row_sum[r] * f0[r] + l1 * f1[r];
-                row_max[r] = m;
-            }
-#pragma unroll
-            for (int i = 0; i < kON; ++i) {
-                const int r = (i % 4) / 2; /* (element i of an accumulator fragment: row g + 8 r) */
-                o[i] = o[i] * f0[r] + get(xo + i * kStep) * f1[r];
             }
         }
 

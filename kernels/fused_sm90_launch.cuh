@@ -84,14 +84,7 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
     /* (persistent serving blocks have two consumers, or three with two tile records: the others are not compiled) */
     constexpr bool kServingPersistent = kConsumers == 2 || (kConsumers == 3 && TrS::kTwoRecords);
     const int smem = !kp->persistent ? Tr::kSmemBytes : kp->serving ? TrS::kSmemBytes : TrP::kSmemBytes;
-    /* A key-split block (the planner's kp.key_split): a serving call's single-consumer block a tile
-     * whose keys TMA loads, with two consumer warpgroups (traits::kKeySplit). */
-    constexpr bool kKeySplits = kConsumers == 1 && kKeyTile == 128; /* (fa_sm90_key_split: compiled here only) */
-    const bool key_split = kKeySplits && kp->key_split;
-    const int threads = key_split ? kWarpgroupThreads * 3 : Tr::kThreads;
-    if ((kp->key_split && (!kKeySplits || !kp->serving || kp->persistent || kp->gather_pages)) ||
-        l->threads != threads ||
-        l->smem_bytes != smem ||
+    if (l->threads != Tr::kThreads || l->smem_bytes != smem ||
         (kp->pack_gqa && (kp->pack_rows < 1 || kp->pack_rows * kp->head_group > Tr::kBlockM)) ||
         (kp->num_splits > 1 && (kp->o_accum == nullptr || kp->lse_accum == nullptr)) ||
         (kp->persistent && (kp->num_splits > 1 || kp->pack_gqa || kp->sched_heads || l->grid_y != 1 || l->grid_z != 1 ||
@@ -155,14 +148,11 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
     args.o_tma = kp->persistent && encode_map(&to, kDtype, kp->o, kp->head_dim, q_seq, kp->heads_q, q_batch,
                                               kp->o_seq_stride, kp->o_head_stride, kp->o_batch_stride, 64, 1);
     const bool transform = kp->softcap > 0.0f || kp->alibi_slopes != nullptr;
-    static std::atomic<unsigned long long> configured[12]; /* per kernel below: devices configured */
+    static std::atomic<unsigned long long> configured[10]; /* per kernel below: devices configured */
     /* (a resident serving block whose pages are gathered: a kernel of its own, where compiled) */
     constexpr bool kGR = TrS::kGathersResident;
     const bool resident_gather = kGR && kp->serving && kp->persistent && kp->gather_pages;
-    const int which = (key_split         ? 10
-                       : resident_gather ? 8
-                                         : (kp->serving ? 2 : 0) + (kp->persistent ? 4 : 0)) +
-                      (transform ? 1 : 0);
+    const int which = (resident_gather ? 8 : (kp->serving ? 2 : 0) + (kp->persistent ? 4 : 0)) + (transform ? 1 : 0);
     auto kernel = resident_gather
                       ? (transform ? fused_sm90_kernel<kDtype, kHeadDim, kKeyTile, kConsumers, true, true, kGR, kGR>
                                    : fused_sm90_kernel<kDtype, kHeadDim, kKeyTile, kConsumers, false, true, kGR, kGR>)
@@ -175,18 +165,13 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
                                                 : fused_sm90_kernel<kDtype, kHeadDim, kKeyTile, kConsumers, false, false, true>)
                                    : (transform ? fused_sm90_kernel<kDtype, kHeadDim, kKeyTile, kConsumers, true, false>
                                                 : fused_sm90_kernel<kDtype, kHeadDim, kKeyTile, kConsumers, false, false>);
-    if constexpr (kKeySplits) {
-        if (key_split) /* (serving calls only: the launcher refused any other above) */
-            kernel = transform ? fused_sm90_kernel<kDtype, kHeadDim, kKeyTile, 1, true, true, false, false, true>
-                               : fused_sm90_kernel<kDtype, kHeadDim, kKeyTile, 1, false, true, false, false, true>;
-    }
     cudaError_t err = set_smem_once(kernel, smem, configured[which]);
     if (err != cudaSuccess) return (int)err;
     /* A programmatic dependent of the stream's previous kernel: the kernel waits for it before
      * touching memory (wait_prerequisites), so the order is the stream's; the launch itself costs
      * the host less than a plain one (benchmarks/launch_cost.cu: 2.6 against 3.2-3.6 us on the H200's hosts). */
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(l->grid_x, l->grid_y, l->grid_z), cfg.blockDim = dim3(threads);
+    cfg.gridDim = dim3(l->grid_x, l->grid_y, l->grid_z), cfg.blockDim = dim3(Tr::kThreads);
     cfg.dynamicSmemBytes = (size_t)smem, cfg.stream = (cudaStream_t)stream;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;

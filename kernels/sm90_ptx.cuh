@@ -21,14 +21,11 @@ constexpr int kWarpgroupThreads = 128;
  *               (c - 1 mod C) arrives, so kTurnThreads = two warpgroups take part;
  *   1 + C + c   consumer c's epilogue: its own 128 threads, once its rows of O are staged;
  *   1 + 2 C     every consumer thread, once the rows of a serving call's last V tile past its
- *               sequence's keys are zeroed (clear_rows_past);
- *   2 + 2 C     a key-split block's two consumers, around the hand-over of the second one's
- *               results to the first (merge_barrier). */
+ *               sequence's keys are zeroed (clear_rows_past). */
 constexpr int kTurnThreads = 2 * kWarpgroupThreads;
 __device__ __forceinline__ int turn_barrier(int c) { return 1 + c; }
 __device__ __forceinline__ int epilogue_barrier(int c, int consumers) { return 1 + consumers + c; }
 __device__ __forceinline__ int cleared_barrier(int consumers) { return 1 + 2 * consumers; }
-__device__ __forceinline__ int merge_barrier(int consumers) { return 2 + 2 * consumers; }
 
 __device__ __forceinline__ void named_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");

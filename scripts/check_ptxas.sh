@@ -42,7 +42,7 @@ for log in "$out"/*.log; do
     status=1
   fi
   # One line per kernel: its template arguments (dtype, head dim, key tile, consumers, transform,
-  # serving, persistent, and where given resident gather and key split), registers and spill bytes.
+  # serving, persistent, and where given resident gather), registers and spill bytes.
   awk -v n="$name" '
     /Compiling entry function/ { match($0, /kernelILi[0-9]+ELi[0-9]+ELi[0-9]+ELi[0-9]+ELb[01]ELb[01]ELb[01](ELb[01])*/);
                                  k = substr($0, RSTART + 7, RLENGTH - 7); gsub(/EL[ib]/, ",", k); sub(/^Li/, "", k) }

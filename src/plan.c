@@ -549,10 +549,6 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
             plan->kp.sched_heads = (int32_t)fa_sched_heads(caps, p, mblocks);
         }
     }
-    /* Key-split blocks (fa_sm90_key_split): two consumer warpgroups where the row has one. */
-    plan->kp.key_split =
-        sm90 && fa_sm90_key_split(serving, plan->cfg.block_m, plan->cfg.block_n, plan->kp.persistent, gathered);
-    if (plan->kp.key_split) plan->cfg.warps = 12, plan->threads = 32 * 12;
     return splits > 1 ? split_workspace(p, splits, plan) : 1;
 }
 

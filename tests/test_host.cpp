@@ -832,7 +832,6 @@ TEST(Planning, Sm90DecodeTakesTheSingleConsumerTileWhereTheGroupFits) {
         ASSERT_EQ(FLASHATTN_BACKEND_FUSED_SM90, plan.backend);
         EXPECT_EQ(c.block_m, plan.cfg.block_m);
         EXPECT_EQ(c.block_m == 64 ? 256 : 384, plan.threads);
-        EXPECT_EQ(0, plan.kp.key_split);  // (dense calls: fa_sm90_key_split)
         if (c.block_m == 64) {  // packed, and so never on resident blocks
             EXPECT_EQ(1, plan.kp.pack_gqa);
             EXPECT_EQ(0, plan.kp.persistent);
@@ -847,20 +846,11 @@ TEST(Planning, Sm90DecodeTakesTheSingleConsumerTileWhereTheGroupFits) {
     if (checked == 0) GTEST_SKIP() << "no FUSED_SM90 kernel for head dims 64, 128, 192 or 256 in this build";
 }
 
-// Key-split blocks (kp.key_split, fa_sm90_key_split): a serving call's single-consumer (64-row)
-// blocks a tile on 128-key tiles (head dim 128) whose keys TMA loads. Decode over pages TMA reads
-// (64 or 256 keys), a cache or packed K/V takes them (384 threads); pages gathered with cp.async (16
-// keys in a split decode, or 19) keep one consumer (256 threads: the copies use the producer
-// warpgroup's registers), as do dense calls, head dim 64's 192-key tile, the 128-row tiles and
-// the portable backend.
-TEST(Planning, Sm90KeySplitBlocksWhereTmaLoadsTheKeys) {
-    EXPECT_EQ(1, fa_sm90_key_split(1, 64, 128, 0, 0));
-    EXPECT_EQ(0, fa_sm90_key_split(0, 64, 128, 0, 0));  // dense
-    EXPECT_EQ(0, fa_sm90_key_split(1, 64, 192, 0, 0));  // head dim 64's 192-key tile
-    EXPECT_EQ(0, fa_sm90_key_split(1, 64, 128, 0, 1));  // gathered pages
-    EXPECT_EQ(0, fa_sm90_key_split(1, 64, 128, 1, 0));  // resident blocks
-    EXPECT_EQ(0, fa_sm90_key_split(1, 128, 128, 0, 0));
-    EXPECT_EQ(0, fa_sm90_key_split(1, 192, 112, 0, 0));
+// Serving decode on FUSED_SM90: the 64-row tile with one consumer warpgroup (256 threads), split
+// or not, over pages TMA reads (64 or 256 keys), pages gathered with cp.async (16 keys in a split
+// decode, or 19), a cache, and a dense decode. (Two consumers taking halves of each key tile, the
+// key-split blocks of 0.4.0, were slower at every measured shape: docs/performance.md v53.)
+TEST(Planning, Sm90ServingDecodeRunsOneConsumer) {
     if (!fa_sm90_compiled(FLASHATTN_DTYPE_BFLOAT16, 128)) GTEST_SKIP() << "no FUSED_SM90 d128 in this build";
     const fa_device_caps caps = h200_caps();
     flashattn_fwd_params v = valid_varlen_paged();  // decode: one query a sequence, 4096 keys of capacity
@@ -878,37 +868,48 @@ TEST(Planning, Sm90KeySplitBlocksWhereTmaLoadsTheKeys) {
         SCOPED_TRACE("pages of " + std::to_string(page));
         const fa_plan plan = paged(page);
         ASSERT_EQ(64, plan.cfg.block_m);
-        const int split = !plan.kp.gather_pages;
-        EXPECT_EQ(page == 256 || page == 64 ? 1 : 0, split);  // (pages of 16 are gathered in a split decode)
-        EXPECT_EQ(split, plan.kp.key_split);
-        EXPECT_EQ(split ? 384 : 256, plan.threads);
+        EXPECT_GT(plan.kp.num_splits, 1);
+        // (pages of 16 are gathered in a split decode)
+        EXPECT_EQ(page == 256 || page == 64 ? 0 : 1, plan.kp.gather_pages);
+        EXPECT_EQ(256, plan.threads);
         EXPECT_EQ(1, plan.kp.kv_evict_first);  // (a split decode, K/V read once: by TMA boxes or gathered)
         flashattn_plan_info info;
         flashattn_plan_info_init(&info);
         fa_plan_describe(&plan, &info);
-        EXPECT_EQ(plan.threads / 32, info.num_warps);
+        EXPECT_EQ(8, info.num_warps);
         EXPECT_NE(std::string(info.description).find("kv_evict_first"), std::string::npos) << info.description;
-        EXPECT_EQ(std::string(split ? "fused_sm90_bf16_d128_m64_n128_w12" : "fused_sm90_bf16_d128_m64_n128_w8"),
-                  info.kernel_name);
+        EXPECT_STREQ("fused_sm90_bf16_d128_m64_n128_w8", info.kernel_name);
     }
     flashattn_fwd_params c = v;  // a dense cache with per-sequence counts
     c.block_table = nullptr, c.pages_per_seq = c.block_table_batch_stride = c.page_size = c.num_pages = 0;
     c.cu_seqlens_q = nullptr, c.total_q = 0;
     flashattn_fwd_params_set_packed_strides(&c);
-    EXPECT_EQ(1, plan_ok(c, caps).kp.key_split);
-    flashattn_fwd_params pre = valid_params();  // prefill: 128-row tiles
-    pre.backend = FLASHATTN_BACKEND_FUSED_SM90;
-    EXPECT_EQ(0, plan_ok(pre, caps).kp.key_split);
-    flashattn_fwd_params dec = valid_params();  // a dense decode: the 64-row tile, one consumer
+    const fa_plan cache_plan = plan_ok(c, caps);
+    EXPECT_GT(cache_plan.kp.num_splits, 1);
+    EXPECT_EQ(256, cache_plan.threads);
+    // Tiles that fill the SMs unsplit (40 sequences x 8 KV heads > 132), over the cache and over
+    // pages of 256: the same tile.
+    for (bool pages : {false, true}) {
+        SCOPED_TRACE(pages ? "pages of 256" : "a cache");
+        flashattn_fwd_params u = pages ? v : c;
+        u.batch = 40;
+        if (pages) {
+            u.total_q = 40, u.page_size = 256, u.pages_per_seq = u.block_table_batch_stride = 16;
+            u.num_pages = 40 * 16, u.k_batch_stride = u.v_batch_stride = 256 * u.k_seq_stride;
+        }
+        const fa_plan plan = plan_ok(u, caps);
+        ASSERT_EQ(64, plan.cfg.block_m);
+        EXPECT_EQ(1, plan.kp.num_splits);
+        EXPECT_EQ(0, plan.kp.gather_pages);
+        EXPECT_EQ(256, plan.threads);
+    }
+    flashattn_fwd_params dec = valid_params();  // a dense decode: the same tile
     dec.seqlen_q = 1, dec.heads_q = 32, dec.heads_kv = 8, dec.seqlen_k = 4096;
     dec.backend = FLASHATTN_BACKEND_FUSED_SM90;
     flashattn_fwd_params_set_packed_strides(&dec);
     const fa_plan dense = plan_ok(dec, caps);
     EXPECT_EQ(64, dense.cfg.block_m);
-    EXPECT_EQ(0, dense.kp.key_split);
     EXPECT_EQ(256, dense.threads);
-    dec.backend = FLASHATTN_BACKEND_FUSED;  // the portable kernel never
-    EXPECT_EQ(0, plan_ok(dec, caps).kp.key_split);
 }
 
 // FUSED_SM90 calls whose tiles are all the same work (no mask, no window) and outnumber the SMs run

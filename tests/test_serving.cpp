@@ -267,7 +267,7 @@ struct DeviceRun {
 
 struct Stats {
     int seqs = 0, calls[4] = {0, 0, 0, 0}, split_packed_q = 0;  // split_packed_q: fused calls with a packed Q that split
-    int key_split = 0;  // FUSED_SM90 calls on key-split blocks (64 query rows, 12 warps: fa_sm90_key_split)
+    int unsplit_m64 = 0;  // FUSED_SM90 calls on 64-row tiles (one consumer, 8 warps), unsplit
     int not_built = 0;  // calls not made: a build restricted to other head dims (FLASHATTN_HEAD_DIMS) lacks the kernel
     double worst_ratio = 0, max_err = 0, max_lse_err = 0;
 };
@@ -372,7 +372,8 @@ void run_and_check(flashattn_handle *h, const Spec &spec, Stats &st, int only = 
         flashattn_plan_info_init(&info);
         ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_plan(h, &pb, &info)) << flashattn_last_error();
         st.split_packed_q += spec.packed_q && info.num_splits > 1;
-        st.key_split += backend == FLASHATTN_BACKEND_FUSED_SM90 && info.block_m == 64 && info.num_warps == 12;
+        st.unsplit_m64 +=
+            backend == FLASHATTN_BACKEND_FUSED_SM90 && info.block_m == 64 && info.num_warps == 8 && info.num_splits == 1;
         const char *plan_has = backend == FLASHATTN_BACKEND_FUSED_SM90 ? sm90_plan_has
                                : backend == FLASHATTN_BACKEND_FUSED    ? fused_plan_has
                                                                        : nullptr;
@@ -684,12 +685,39 @@ TEST_F(Serving, DecodeOverCaches) {
     g8.sq = {1, 1, 0, 1}, g8.sk = {2000, 1, 77, 0};
     run_and_check(h, g8, st);
     EXPECT_GT(st.split_packed_q, 0) << "no packed-Q decode call was split";
-    // FUSED_SM90's 64-row tiles over the caches (TMA loads: fa_sm90_key_split) split each key tile
-    // between two consumer warpgroups; over gathered pages of 16 they keep one.
-    if (serves_on_sm90()) EXPECT_GT(st.key_split, 0) << "no decode call ran on key-split blocks";
     print_stats("decode over paged, indexed and dense caches (dense and packed Q)", st);
-    printf("[ serving ] decode with packed Q: %d fused calls split their keys; %d FUSED_SM90 calls on key-split "
-           "blocks\n", st.split_packed_q, st.key_split);
+    printf("[ serving ] decode with packed Q: %d fused calls split their keys\n", st.split_packed_q);
+}
+
+TEST_F(Serving, UnsplitDecodeOverManySequences) {
+    // A decode whose tiles fill the SMs without a split (more sequences x KV heads than SMs):
+    // FUSED_SM90's 64-row tiles, one block a tile, over a dense cache, an indexed one, packed K/V
+    // and pages of 64 and 256 that TMA reads; dense and packed Q; lengths from 0 to past a tile,
+    // against the oracle.
+    if (!serves_on_sm90()) GTEST_SKIP() << "FUSED_SM90 needs an sm_90 GPU and a build with its kernels";
+    int dev = 0, sms = 0;
+    ASSERT_EQ(cudaSuccess, cudaGetDevice(&dev));
+    ASSERT_EQ(cudaSuccess, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    Stats st;
+    const int64_t hkv = 4, batch = sms / hkv + 9;  // tiles: batch x hkv > SMs
+    for (KvMode kv : {kDenseSeqused, kIndexedCache, kPackedKv, kPagedSeqused})
+        for (int64_t page : {64, 256}) {
+            if (kv != kPagedSeqused && page != 64) continue;
+            for (bool packed_q : {false, true}) {
+                Spec s;
+                s.packed_q = packed_q, s.kv = kv, s.page_size = page, s.hq = 16, s.hkv = hkv, s.d = 128;
+                s.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, s.cap_k = 1100;
+                s.dtype = packed_q ? FLASHATTN_DTYPE_FLOAT16 : FLASHATTN_DTYPE_BFLOAT16;
+                for (int64_t b = 0; b < batch; ++b) {
+                    s.sq.push_back(1);
+                    s.sk.push_back(b == 3 ? 0 : b == 5 ? 1 : b == 8 ? 129 : (97 * b) % 1100 + 1);
+                }
+                run_and_check(h, s, st, FLASHATTN_BACKEND_FUSED_SM90);
+            }
+        }
+    EXPECT_EQ(st.calls[FLASHATTN_BACKEND_FUSED_SM90], st.unsplit_m64) << "a call split its keys or left the 64-row tile";
+    EXPECT_GT(st.unsplit_m64, 0);
+    print_stats("decode whose tiles fill the SMs unsplit (cache, indexed cache, packed K/V, pages of 64 and 256)", st);
 }
 
 TEST_F(Serving, FusedDecodeWarpsWithNoQueryRowComputeNothing) {

@@ -230,13 +230,6 @@ static void check_plan(const fa_device_caps *caps, const flashattn_fwd_params *p
                                                          plan.cfg.block_n, plan.cfg.block_m, plan.kp.num_splits)) &&
               !(plan.kp.gather_pages && plan.kp.persistent && !resident_gather),
           "gather_pages %d", plan.kp.gather_pages);
-    /* Key-split blocks: the planner's rule, 384 threads on a 64-row tile (the launcher refuses a plan
-     * whose thread count differs from the kernel's) */
-    CHECK(plan.kp.key_split == (plan.backend == FLASHATTN_BACKEND_FUSED_SM90 &&
-                                fa_sm90_key_split(plan.kp.serving, plan.cfg.block_m, plan.cfg.block_n,
-                                                  plan.kp.persistent, plan.kp.gather_pages)) &&
-              (!plan.kp.key_split || (plan.threads == 384 && plan.cfg.block_m == 64 && plan.cfg.warps == 12)),
-          "key_split %d", (int)plan.kp.key_split);
     /* Full-width page boxes: the launcher's own answer (it refuses a plan otherwise), TMA pages only,
      * a kernel head dim of several 64-column regions equal to the call's, and every group index the
      * kernel forms (page x G + i, any page of the pool) in int32 */
