@@ -271,7 +271,8 @@ static inline int32_t fa_fused_idle_warps(const fa_fused_config *c, int64_t rows
  * replaces it for causal or windowed calls with seqlen_q <= masked_max_seqlen_q, and for
  * decode-shaped calls (2 x seqlen_q <= its block_m); a row with unmasked_min_seqlen_k > 0, for calls
  * with no mask and no window, not decode-shaped, with seqlen_k >= unmasked_min_seqlen_k (long key
- * loops, where wider key tiles pay; never over gathered pages: plan.c, docs/performance.md v50).
+ * loops, where wider key tiles pay; never over gathered pages, nor at the head dims
+ * FA_SM90_D128_SHORT_S_HEAD_DIM names: plan.c, docs/performance.md v50 and v54).
  * docs/performance.md records the measurements behind each choice. */
 /*                     head_dim block_n consumers auto_min_head_dim masked_max_seqlen_q unmasked_min_seqlen_k */
 #define FA_SM90_CONFIGS(X)         \
@@ -283,6 +284,12 @@ static inline int32_t fa_fused_idle_warps(const fa_fused_config *c, int64_t rows
     X(128, 128, 1, 65, 1, 0)       \
     X(192, 112, 2, 129, 0, 0)      \
     X(256, 80, 2, 193, 0, 0)
+
+/* The largest head dim whose S = Q K^T the head dim 128 kernels with 128-key tiles issue in fewer
+ * k-steps (FA_SM90_D128_SHORT_S_HEAD_DIM / 16 of 8: Q's and K's columns past the head dim are
+ * zero-filled, and their steps would add nothing). The 176-key kernel has no such loop, so the
+ * planner keeps these head dims on 128-key tiles at every length (docs/performance.md v54). */
+#define FA_SM90_D128_SHORT_S_HEAD_DIM 96
 
 /* FUSED_SM90 reads a serving call's pages with the tensor memory accelerator in boxes of
  * gcd(page_size, block_n) keys (each box lies within one page and a key tile is a whole number of

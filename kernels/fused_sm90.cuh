@@ -1208,8 +1208,11 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     /* S = Q K^T's k-steps of 16 columns that hold the head dim (a head dim below the kernel's, 160
      * on the 192 kernel or 96 on the 128 one, leaves zero columns in Q and K: their steps would add
      * nothing). Not in the 176-key 128 kernel (long unmasked calls): with the second loop copy its
-     * d128 16k rows read 0.965-0.988x (docs/performance.md v17). */
-    constexpr int kShortSteps = kHeadDim == 192 ? 10 : kHeadDim == 128 && kKeyTile != 176 ? 6 : 0;
+     * d128 16k rows read 0.965-0.988x (docs/performance.md v17); the planner keeps those head dims
+     * off that tile instead (FA_SM90_D128_SHORT_S_HEAD_DIM). */
+    constexpr int kShortSteps = kHeadDim == 192                      ? 10
+                                : kHeadDim == 128 && kKeyTile != 176 ? FA_SM90_D128_SHORT_S_HEAD_DIM / 16
+                                                                     : 0;
     /* The width of a narrow last key tile (key_loop below; 0: none), at the head dims whose key
      * tiles are not a power of two. */
     constexpr int kTailW = kHeadDim >= 192 ? 32 : 0;

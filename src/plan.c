@@ -80,8 +80,14 @@ const fa_fused_config *fa_sm90_config_for_call(int kernel_head_dim, const flasha
          * call gathers only on 64-row tiles, and no such row has unmasked_min_seqlen_k.) */
         const int gathered =
             fa_sm90_gathers_pages(p->block_table != NULL, (int)p->page_size, c->block_n, c->block_m, 1);
+        /* Nor a call whose head dim the 128-key tile's shorter S serves (FA_SM90_D128_SHORT_S_HEAD_DIM:
+         * 6 of its 8 k-steps at head dims up to 96, where the 176-key tile runs all 8): at 4096 to
+         * 16384 keys without a mask, head dim 96 ran 1.016-1.067x and 80 1.078x on the 128-key tile
+         * (docs/performance.md v54). */
+        const int short_s = c->head_dim == 128 && p->head_dim <= FA_SM90_D128_SHORT_S_HEAD_DIM;
         const int wanted = (masked_max > 0 && fits_group && ((masked && p->seqlen_q <= masked_max) || decode)) ||
-                           (unmasked_min > 0 && !masked && !decode && !gathered && p->seqlen_k >= unmasked_min);
+                           (unmasked_min > 0 && !masked && !decode && !gathered && !short_s &&
+                            p->seqlen_k >= unmasked_min);
         if (c->head_dim == kernel_head_dim && wanted &&
             fa_sm90_variant_compiled(p->dtype, kernel_head_dim, c->block_n, c->block_m / 64))
             return c;

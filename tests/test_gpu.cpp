@@ -563,22 +563,24 @@ TEST_F(GpuSm90, ConsumersStopAtTheLastKeyTileTheirRowsSee) {
            (long long)pairs);
 }
 
-// Calls with no mask and no window over at least 4096 keys, head dims 65-128, take 176-key tiles
-// (FA_SM90_CONFIGS): a block a tile, persistent, fp16, softcap/ALiBi with GQA, head dim 96, a
-// padded layout; a causal call of the same length keeps 128-key tiles.
+// Calls with no mask and no window over at least 4096 keys, head dims 97-128, take 176-key tiles
+// (FA_SM90_CONFIGS): a block a tile, persistent, fp16, softcap/ALiBi with GQA, head dim 112, a
+// padded layout; a causal call of the same length keeps 128-key tiles, and so does head dim 96
+// (the 128-key tile's shorter S, FA_SM90_D128_SHORT_S_HEAD_DIM), on one block a tile and resident.
 TEST_F(GpuSm90, WideKeyTilesForLongUnmaskedCalls) {
     RuleStats st;
-    for (int variant = 0; variant < 6; ++variant) {
+    for (int variant = 0; variant < 8; ++variant) {
         Case c;
         c.dtype = variant == 1 ? FLASHATTN_DTYPE_FLOAT16 : FLASHATTN_DTYPE_BFLOAT16;
-        c.d = variant == 3 ? 96 : 128, c.b = 1, c.hq = 4, c.hkv = 4, c.sq = 300, c.sk = 8192 + 77;
-        if (variant == 0) c.b = 2, c.hq = 8, c.hkv = 8, c.sq = 2100;  // 272 query tiles: persistent
+        c.d = variant == 3 ? 112 : variant >= 6 ? 96 : 128, c.b = 1, c.hq = 4, c.hkv = 4, c.sq = 300, c.sk = 8192 + 77;
+        if (variant == 0 || variant == 7) c.b = 2, c.hq = 8, c.hkv = 8, c.sq = 2100;  // 272 query tiles: persistent
         if (variant == 2) c.softcap = 4.0f, c.alibi = true, c.hkv = 2;
         if (variant == 4) c.layout = kPadded, c.lse = false, c.sk = 4096;  // the rule's first length
         if (variant == 5) c.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
         const std::string d = plan_for(h, Inputs(c), FLASHATTN_BACKEND_FUSED_SM90).description;
-        EXPECT_EQ(variant != 5, d.find("_n176_") != std::string::npos) << d;
-        if (variant == 0) EXPECT_NE(std::string::npos, d.find(" persistent")) << d;
+        EXPECT_EQ(variant < 5, d.find("_n176_") != std::string::npos) << d;
+        if (variant >= 6) EXPECT_NE(std::string::npos, d.find("_n128_")) << d;
+        if (variant == 0 || variant == 7) EXPECT_NE(std::string::npos, d.find(" persistent")) << d;
         check_fa_rule(h, c, st, FLASHATTN_BACKEND_FUSED_SM90);
     }
     print_rule("176-key tiles (no mask, 4k keys and more)", st, FLASHATTN_BACKEND_FUSED_SM90);

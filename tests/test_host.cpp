@@ -1916,9 +1916,23 @@ TEST(Planning, Sm90HeadDim128TakesWideKeyTilesForLongUnmaskedCalls) {
     EXPECT_EQ(128, plan.cfg.block_m);
     EXPECT_EQ(fa_sm90_smem_bytes(128, 128, 176, plan.kp.persistent != 0, 0), plan.smem_bytes);
     EXPECT_LE(plan.smem_bytes, FA_SM90_SMEM_MAX);
-    p.head_dim = 72;  // head dims 65-128 run on the d128 kernel
-    flashattn_fwd_params_set_packed_strides(&p);
-    EXPECT_EQ(176, plan_ok(p, h200_caps()).cfg.block_n);
+    // Head dims 97-128 (multiples of 8) run all of the d128 kernel's k-steps of S: the wide tile too.
+    for (int64_t d : {104, 112, 120}) {
+        p.head_dim = d;
+        flashattn_fwd_params_set_packed_strides(&p);
+        EXPECT_EQ(176, plan_ok(p, h200_caps()).cfg.block_n) << d;
+    }
+    // Head dims 65-96 take the 128-key tile's shorter S (FA_SM90_D128_SHORT_S_HEAD_DIM) at every length.
+    EXPECT_EQ(96, FA_SM90_D128_SHORT_S_HEAD_DIM);
+    for (int64_t d : {72, 80, 96})
+        for (int64_t sk : {4096, 8192, 65536}) {
+            p.head_dim = d, p.seqlen_k = sk;
+            flashattn_fwd_params_set_packed_strides(&p);
+            const fa_plan sp = plan_ok(p, h200_caps());
+            EXPECT_EQ(128, sp.cfg.block_n) << d << " " << sk;
+            EXPECT_EQ(128, sp.cfg.head_dim) << d << " " << sk;
+            EXPECT_EQ(128, sp.cfg.block_m) << d << " " << sk;
+        }
     p.head_dim = 128, p.seqlen_k = 4096;
     flashattn_fwd_params_set_packed_strides(&p);
     EXPECT_EQ(176, plan_ok(p, h200_caps()).cfg.block_n);  // the rule's first length
