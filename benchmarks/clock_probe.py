@@ -5,7 +5,7 @@ half's samples (docs/performance.md v27: at the H200's power limit, the clock a 
 depends on what it issues).
 
     FLASHATTN_LIBRARY=build/libflashattn.so PYTHONPATH=python \\
-        python3 benchmarks/clock_probe.py --who ours --b 4 --h 8 --s 4096 --d 256
+        python3 benchmarks/clock_probe.py --who ours --b 4 --h 8 --s 4096 --d 256 [--dtype fp16]
 """
 import argparse
 import os
@@ -26,8 +26,10 @@ def main():
     ap.add_argument("--d", type=int, required=True)
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--secs", type=float, default=3.0)
+    ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
     a = ap.parse_args()
-    q, k, v = (torch.randn(a.b, a.s, a.h, a.d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    dt = torch.bfloat16 if a.dtype == "bf16" else torch.float16
+    q, k, v = (torch.randn(a.b, a.s, a.h, a.d, device="cuda", dtype=dt) for _ in range(3))
     if a.who == "ours":
         import flashattn
 
@@ -67,7 +69,7 @@ def main():
     flops = 4 * a.b * a.h * a.s * a.s * a.d * (0.5 if a.causal else 1.0)
     clock = statistics.median(float(r[0]) for r in rows)
     power = statistics.median(float(r[1]) for r in rows)
-    print(f"{a.who:6s} b{a.b} h{a.h} s{a.s} d{a.d}{' causal' if a.causal else ''}: {flops / ms / 1e9:6.1f} TFLOP/s  "
+    print(f"{a.who:6s} {a.dtype} b{a.b} h{a.h} s{a.s} d{a.d}{' causal' if a.causal else ''}: {flops / ms / 1e9:6.1f} TFLOP/s  "
           f"clock {clock:.0f} MHz  power {power:.0f} W  ({len(rows)} samples, {n} calls)")
 
 
