@@ -251,6 +251,11 @@ static void check_plan(const fa_device_caps *caps, const flashattn_fwd_params *p
                   g * plan.kp.num_pages <= INT32_MAX,
               "kv_page_groups %lld", (long long)g);
     }
+    if (plan.backend == FLASHATTN_BACKEND_FUSED_SM90 && plan.cfg.head_dim == 128 && plan.cfg.block_n == 176)
+        /* the wide key tile: unmasked calls over TMA-read K/V whose head dim needs all of S's k-steps */
+        CHECK(full.mask == FLASHATTN_MASK_NONE && full.window_left < 0 && full.window_right < 0 &&
+                  !plan.kp.gather_pages && full.head_dim > FA_SM90_D128_SHORT_S_HEAD_DIM,
+              "176-key tile at head dim %lld", (long long)full.head_dim);
     if (plan.backend == FLASHATTN_BACKEND_FUSED_SM90 && plan.cfg.block_m == 64) /* the single-consumer tile: */
         CHECK(plan.kp.pack_gqa && !plan.kp.persistent, "single-consumer tile: packed groups only"); /* grouped decode */
     if (plan.kp.sched_heads != 0) /* heaviest-first sections: FUSED_SM90's unsplit, unpacked dense calls */
