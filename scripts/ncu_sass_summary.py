@@ -42,6 +42,7 @@ def load(path):
     except ValueError:
         sys.exit(f"{path}: no 'Instructions Executed' column; profile with --section SourceCounters")
     col_s = hdr.index("Warp Stall Sampling (All Samples)") if "Warp Stall Sampling (All Samples)" in hdr else None
+    num = lambda s: int(s.replace(",", "") or 0)
     out = []
     for r in rows[hdr_i + 1:]:
         if len(r) <= col_e:
@@ -49,7 +50,6 @@ def load(path):
         m = OPCODE.match(r[1].strip())
         if not m:
             continue
-        num = lambda s: int(s.replace(",", "") or 0)
         out.append((m.group(1), num(r[col_e]), num(r[col_s]) if col_s is not None else 0, r[1].strip()))
     return name, out
 
