@@ -21,7 +21,12 @@ in GPU time with a cold L2: before each timed call a 512 MB buffer is overwritte
 MB L2, so a decode's K/V comes from DRAM, as in a server where other layers ran in between), and the
 events bracket only the call, which the host has enqueued while the GPU was still busy with the
 flush (so no host time is counted). Both are reported; for decode the flushed GPU time is what the
-kernel costs.
+kernel costs. The fill evicts the L2 but not every state the last kernels leave (after some
+kernels a split decode's merge, launched as a programmatic dependent, starts microseconds later),
+so a cold figure depends on what ran before the fill (benchmarks/predecessor_probe.py): by default (--cold-order after-e2e) each library's cold calls
+follow its own end-to-end calls, so each call comes after the same call; with --cold-order
+interleaved the libraries' cold calls take turns one call at a time, so each comes after another
+library's call (docs/performance.md v55 has both on the peer table).
 FLOPs = 4*B*Hq*Sq*Sk*D, halved for causal when Sq == Sk; decode rows report K+V bytes read per second
 instead. The causal mask is bottom-right for libflashattn and top-left for PyTorch's is_causal; with
 Sq == Sk they are the same mask. The chunked prefill's causal row (Sq < Sk) needs the bottom-right
@@ -61,6 +66,33 @@ def bench(fn, iters=30, warm=5, flush=None, before=None):
         ts.append(a.elapsed_time(b))
     ts.sort()
     return ts[len(ts) // 2]
+
+
+def bench_cold_interleaved(calls, iters=30, warm=5, flush=None):
+    """Each library's median milliseconds per call in GPU time, the L2 flushed (`flush` overwritten)
+    before each call, the libraries' calls taking turns: call i of every library, in an order that
+    rotates with i, so each library's calls follow the others' in equal shares rather than its own.
+    calls: {name: (the call, a function returning the context it runs in)}."""
+    names = list(calls)
+    for name in names:
+        call, ctx = calls[name]
+        with ctx():
+            for _ in range(warm):
+                call()
+    torch.cuda.synchronize()
+    ts = {name: [] for name in names}
+    for i in range(iters):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            call, ctx = calls[name]
+            with ctx():
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                flush.fill_(1)  # keeps the GPU busy while the call below is enqueued
+                a.record()
+                call()
+                b.record()
+                b.synchronize()
+                ts[name].append(a.elapsed_time(b))
+    return {name: sorted(t)[len(t) // 2] for name, t in ts.items()}
 
 
 def shapes():
@@ -122,6 +154,10 @@ def main():
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--flush-l2", action="store_true",
                     help="also time every row in GPU time with the L2 flushed before each call")
+    ap.add_argument("--cold-order", choices=("after-e2e", "interleaved"), default="after-e2e",
+                    help="with --flush-l2: each library's cold calls follow its own end-to-end timing "
+                         "(after-e2e, the default), or the libraries' cold calls take turns call by "
+                         "call (interleaved)")
     ap.add_argument("--backend", choices=("auto", "fused", "fused_sm90"), default="auto",
                     help="the library's backend (default: AUTO's choice)")
     all_kinds = sorted({shape[0] for shape in shapes()})
@@ -190,7 +226,7 @@ def main():
                 try:
                     with sdpa_kernel([be]) if be is not None else contextlib.nullcontext():
                         for mode, fl in (("_ms", None), ("_cold_ms", flush)):
-                            if mode == "_cold_ms" and flush is None:
+                            if mode == "_cold_ms" and (flush is None or args.cold_order == "interleaved"):
                                 continue
                             t = bench(call, args.iters, flush=fl)
                             row[name + mode] = min(t, row.get(name + mode, t))
@@ -199,6 +235,12 @@ def main():
                         raise
                     row[name + "_error"] = str(e).splitlines()[0]
                     row.pop(name + "_ms", None), row.pop(name + "_cold_ms", None)
+            if flush is not None and args.cold_order == "interleaved":
+                turns = {name: (calls[name][0], (lambda be=calls[name][1]: sdpa_kernel([be]) if be is not None
+                                                 else contextlib.nullcontext()))
+                         for name in names[start:] + names[:start] if name + "_error" not in row}
+                for name, t in bench_cold_interleaved(turns, args.iters, flush=flush).items():
+                    row[name + "_cold_ms"] = min(t, row.get(name + "_cold_ms", t))
         peer_out = None
         for name in ("fa2", "cudnn"):
             if name in calls and name + "_error" not in row:
