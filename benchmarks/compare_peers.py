@@ -48,17 +48,18 @@ import flashattn
 def bench(fn, iters=30, warm=5, flush=None, before=None):
     """Median milliseconds per call; with `flush` (a tensor), the L2 is overwritten before each call
     and only the call's GPU time is counted; with `before` (a callable enqueueing GPU work), that
-    work runs before each call instead (benchmarks/l2_states.py)."""
+    work runs before each call (benchmarks/l2_states.py), and before the flush when both are given
+    (benchmarks/predecessor_probe.py)."""
     for _ in range(warm):
         fn()
     torch.cuda.synchronize()
     ts = []
     for _ in range(iters):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if before is not None:
+            before()
         if flush is not None:
             flush.fill_(1)  # keeps the GPU busy while the call below is enqueued
-        elif before is not None:
-            before()
         a.record()
         fn()
         b.record()

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashattn
+from compare_peers import bench
 
 SHAPES = ((1, 32, 8, 1, 8192), (1, 32, 8, 1, 131072), (16, 32, 8, 1, 8192), (8, 16, 16, 2048, 2048))
 
@@ -39,24 +40,6 @@ def main():
     flush = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
     ga, gb = (torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     pq, pk, pv = (torch.randn(4, 2048, 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-
-    def median_us(fn, before):
-        for _ in range(3):
-            before()
-            fn()
-        torch.cuda.synchronize()
-        ts = []
-        for _ in range(args.iters):
-            before()
-            flush.fill_(1)  # keeps the GPU busy while the call below is enqueued
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            ts.append(a.elapsed_time(b))
-        ts.sort()
-        return ts[len(ts) // 2] * 1000.0
 
     for bsz, hq, hkv, sq, sk in SHAPES:
         torch.manual_seed(0)
@@ -79,7 +62,7 @@ def main():
                    "fa2+again": lambda: (fa2(), again()), "prefill+again": lambda: (flashattn.flash_attn_func(pq, pk, pv), again())}
         for rnd in range(args.rounds):
             for name, fn in (("ours", ours), ("cudnn", cudnn)):
-                cells = {m: median_us(fn, b) for m, b in befores.items() if not (name == "cudnn" and "again" in m)}
+                cells = {m: 1000.0 * bench(fn, args.iters, warm=3, flush=flush, before=b) for m, b in befores.items() if not (name == "cudnn" and "again" in m)}
                 print(f"{bsz}x{hq}/{hkv} {sq}x{sk} {name:5s} round {rnd} (us): "
                       + "  ".join(f"{m} {t:.1f}" for m, t in cells.items()), flush=True)
 
