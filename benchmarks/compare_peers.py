@@ -23,10 +23,11 @@ events bracket only the call, which the host has enqueued while the GPU was stil
 flush (so no host time is counted). Both are reported; for decode the flushed GPU time is what the
 kernel costs. The fill evicts the L2 but not every state the last kernels leave (after some
 kernels a split decode's merge, launched as a programmatic dependent, starts microseconds later),
-so a cold figure depends on what ran before the fill (benchmarks/predecessor_probe.py): by default (--cold-order after-e2e) each library's cold calls
-follow its own end-to-end calls, so each call comes after the same call; with --cold-order
-interleaved the libraries' cold calls take turns one call at a time, so each comes after another
-library's call (docs/performance.md v55 has both on the peer table).
+so a cold figure depends on what ran before the fill (benchmarks/predecessor_probe.py). By
+default (--cold-order after-e2e) each library's cold calls follow its own end-to-end calls, so
+each call comes after the same call; with --cold-order interleaved the libraries' cold calls take
+turns one call at a time, so each comes after another library's call (docs/performance.md v55
+has both on the peer table).
 FLOPs = 4*B*Hq*Sq*Sk*D, halved for causal when Sq == Sk; decode rows report K+V bytes read per second
 instead. The causal mask is bottom-right for libflashattn and top-left for PyTorch's is_causal; with
 Sq == Sk they are the same mask. The chunked prefill's causal row (Sq < Sk) needs the bottom-right
