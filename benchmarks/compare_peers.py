@@ -97,6 +97,11 @@ def bench_cold_interleaved(calls, iters=30, warm=5, flush=None):
     return {name: sorted(t)[len(t) // 2] for name, t in ts.items()}
 
 
+def under(backend):
+    """The context a call runs in: PyTorch's SDPA restricted to `backend`, or none (None: ours)."""
+    return sdpa_kernel([backend]) if backend is not None else contextlib.nullcontext()
+
+
 def shapes():
     """(kind, dtype, batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal)"""
     out = []
@@ -226,7 +231,7 @@ def main():
                     continue
                 call, be = calls[name]
                 try:
-                    with sdpa_kernel([be]) if be is not None else contextlib.nullcontext():
+                    with under(be):
                         for mode, fl in (("_ms", None), ("_cold_ms", flush)):
                             if mode == "_cold_ms" and (flush is None or args.cold_order == "interleaved"):
                                 continue
@@ -238,8 +243,7 @@ def main():
                     row[name + "_error"] = str(e).splitlines()[0]
                     row.pop(name + "_ms", None), row.pop(name + "_cold_ms", None)
             if flush is not None and args.cold_order == "interleaved":
-                turns = {name: (calls[name][0], (lambda be=calls[name][1]: sdpa_kernel([be]) if be is not None
-                                                 else contextlib.nullcontext()))
+                turns = {name: (calls[name][0], lambda be=calls[name][1]: under(be))
                          for name in names[start:] + names[:start] if name + "_error" not in row}
                 for name, t in bench_cold_interleaved(turns, args.iters, flush=flush).items():
                     row[name + "_cold_ms"] = min(t, row.get(name + "_cold_ms", t))
