@@ -998,7 +998,6 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     /* Launched as a programmatic dependent of the stream's previous kernel (fused_sm90_launch.cuh,
      * for the host time it saves): no global memory is read or written before that kernel is done. */
     wait_prerequisites();
-    if (p.num_splits > 1 && tid == 0) launch_dependents(); /* the combine's blocks may start */
     /* A persistent block's work numbers: fa_persistent_first, then fa_persistent_next, below `works` (at
      * most INT32_MAX work numbers; every block has at least one). A dense call's tiles all have keys
      * (the planner takes no window, seqlen_k > 0 and, under a causal mask, seqlen_q <= seqlen_k); a
@@ -1533,6 +1532,11 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         }
         if (tl.partial) {
             store_split_partial(p, tl, o, inv_r, valid_r, head_r, pos_r, t);
+            /* The merge (a programmatic dependent) may be scheduled once every block has a thread
+             * here (a block's first counts); it still waits for this grid's completion before its
+             * first load. Triggered at the kernel's start instead, a batch-1 split decode read 4-7 us
+             * slower after other libraries' kernels and 0.5 us slower alone (docs/performance.md v56). */
+            launch_dependents();
             return;
         }
         /* Epilogue: normalise; stage O (swizzled, conflict-free) in this consumer's 64 rows of the O tile

@@ -16,8 +16,9 @@
  * Any number of parts and any head dim.
  *
  * After a split FUSED_SM90 call the merge is launched as a programmatic dependent of the attention
- * kernel (its blocks start while the attention finishes) and waits for it before its first load;
- * after a split FUSED call (sm_80 and newer) it is an ordinary launch.
+ * kernel (its blocks may start once a thread of each attention block has stored its share of the
+ * partial results) and waits for it before its first load; after a split FUSED call (sm_80 and
+ * newer) it is an ordinary launch.
  */
 #include "fa_common.cuh"
 #include "grid_stride.cuh"
