@@ -2,8 +2,9 @@
 
 compare_peers.py's cold mode overwrites a 512 MB buffer before each timed call, which evicts the
 L2 but not every state the last kernels leave (docs/performance.md v55: after some kernels a split
-decode's merge, launched as a programmatic dependent, starts microseconds later). This times the
-same call after different predecessors, each followed by the fill:
+decode's merge, launched as a programmatic dependent triggered at the attention kernel's start,
+started microseconds later; v56 moved the trigger after the partial stores). This times the same
+call after different predecessors, each followed by the fill:
 
   self          nothing else: the call before is the same call (what a run of one library's
                 cold calls, compare_peers.py --cold-order after-e2e, measures after its first);
