@@ -46,6 +46,25 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import flashattn
 
 
+def timed_call(fn, flush=None, before=None):
+    """One call's milliseconds between CUDA events: `before` (a callable enqueueing GPU work), then
+    the flush (`flush` overwritten), then the call, the events bracketing only the call."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    if before is not None:
+        before()
+    if flush is not None:
+        flush.fill_(1)  # keeps the GPU busy while the call below is enqueued
+    a.record()
+    fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b)
+
+
+def median(ts):
+    return sorted(ts)[len(ts) // 2]
+
+
 def bench(fn, iters=30, warm=5, flush=None, before=None):
     """Median milliseconds per call; with `flush` (a tensor), the L2 is overwritten before each call
     and only the call's GPU time is counted; with `before` (a callable enqueueing GPU work), that
@@ -54,20 +73,7 @@ def bench(fn, iters=30, warm=5, flush=None, before=None):
     for _ in range(warm):
         fn()
     torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        if before is not None:
-            before()
-        if flush is not None:
-            flush.fill_(1)  # keeps the GPU busy while the call below is enqueued
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    ts.sort()
-    return ts[len(ts) // 2]
+    return median([timed_call(fn, flush, before) for _ in range(iters)])
 
 
 def bench_cold_interleaved(calls, iters=30, warm=5, flush=None):
@@ -87,14 +93,8 @@ def bench_cold_interleaved(calls, iters=30, warm=5, flush=None):
         for name in names[i % len(names):] + names[:i % len(names)]:
             call, ctx = calls[name]
             with ctx():
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                flush.fill_(1)  # keeps the GPU busy while the call below is enqueued
-                a.record()
-                call()
-                b.record()
-                b.synchronize()
-                ts[name].append(a.elapsed_time(b))
-    return {name: sorted(t)[len(t) // 2] for name, t in ts.items()}
+                ts[name].append(timed_call(call, flush))
+    return {name: median(t) for name, t in ts.items()}
 
 
 def under(backend):
