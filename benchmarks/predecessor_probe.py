@@ -60,10 +60,12 @@ def main():
         befores = {"self": lambda: None, "cudnn": cudnn, "fa2": fa2, "gemm": lambda: torch.mm(ga, gb),
                    "prefill": lambda: flashattn.flash_attn_func(pq, pk, pv),
                    "sleep": lambda: torch.cuda._sleep(40000),
-                   "fa2+again": lambda: (fa2(), again()), "prefill+again": lambda: (flashattn.flash_attn_func(pq, pk, pv), again())}
+                   "fa2+again": lambda: (fa2(), again()),
+                   "prefill+again": lambda: (flashattn.flash_attn_func(pq, pk, pv), again())}
         for rnd in range(args.rounds):
             for name, fn in (("ours", ours), ("cudnn", cudnn)):
-                cells = {m: 1000.0 * bench(fn, args.iters, warm=3, flush=flush, before=b) for m, b in befores.items() if not (name == "cudnn" and "again" in m)}
+                cells = {m: 1000.0 * bench(fn, args.iters, warm=3, flush=flush, before=b)
+                         for m, b in befores.items() if not (name == "cudnn" and "again" in m)}
                 print(f"{bsz}x{hq}/{hkv} {sq}x{sk} {name:5s} round {rnd} (us): "
                       + "  ".join(f"{m} {t:.1f}" for m, t in cells.items()), flush=True)
 
