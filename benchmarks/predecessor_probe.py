@@ -25,10 +25,10 @@ import argparse
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import SDPBackend
 
 import flashattn
-from compare_peers import bench
+from compare_peers import bench, under
 
 SHAPES = ((1, 32, 8, 1, 8192), (1, 32, 8, 1, 131072), (16, 32, 8, 1, 8192), (8, 16, 16, 2048, 2048))
 
@@ -50,7 +50,7 @@ def main():
 
         def sdpa(backend):
             def call():
-                with sdpa_kernel([backend]):
+                with under(backend):
                     F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=hq != hkv)
             return call
 
