@@ -1305,6 +1305,19 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         bool valid_r[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) valid_r[r] = row_target(trow + 8 * r, head_r[r], pos_r[r]);
+        /* A single consumer's tile (a decode: its rows a KV group's query heads at a few positions)
+         * holds mostly padding rows: with 4 query heads of one position, rows 0-3 of 64. Where no
+         * row of this warp's half r (rows trow + 8 r) is the call's, the warp leaves that half's
+         * softmax out (the same for the whole warp: a vote): its probabilities stay the raw scores
+         * and its O rows whatever P V makes of them, rows that are never stored, nor read by another
+         * row's products. Warp 0 of a 4-row decode then exponentiates half of what it did. (Not
+         * in the serving kernels with softcap or ALiBi, where it made ptxas spill: 12-36 bytes.) */
+        constexpr bool kSkipDead = kNC == 1 && !(kServing && kTransform);
+        bool live_r[2] = {true, true};
+        if constexpr (kSkipDead) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) live_r[r] = __any_sync(0xffffffffu, valid_r[r]);
+        }
         float slope_r[2] = {0.0f, 0.0f};
         if constexpr (kTransform) {
 #pragma unroll
@@ -1411,8 +1424,10 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                                     FA_TILE_CUTS_LOW(bnd, n0, row_last));
 
             float corr[2];
+            if constexpr (kSkipDead) corr[0] = corr[1] = 1.0f;
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
+                if (kSkipDead && !live_r[r]) continue;
                 float m_scaled;
                 corr[r] = kLazyMax ? softmax_new_max_lazy<kW / 8, kTree>(sw_at, r, row_max[r], mult, m_scaled)
                                    : softmax_new_max<kW / 8, kTree>(sw_at, r, row_max[r], mult, m_scaled);
@@ -1427,10 +1442,18 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             /* O *= corr; with kLazyMax, only where some row of the warp raised its max (else
              * corr is 1) and O is no longer zero (after the first key tile) */
             if (!kLazyMax || __any_sync(0xffffffffu, it > 0 && (corr[0] != 1.0f || corr[1] != 1.0f))) {
+                if constexpr (kSkipDead) { /* (a half left out keeps its O) */
 #pragma unroll
-                for (int j = 0; j < kHeadDim / 8; ++j) {
-                    o[4 * j] *= corr[0], o[4 * j + 1] *= corr[0];
-                    o[4 * j + 2] *= corr[1], o[4 * j + 3] *= corr[1];
+                    for (int r = 0; r < 2; ++r)
+                        if (live_r[r])
+#pragma unroll
+                            for (int j = 0; j < kHeadDim / 8; ++j) o[4 * j + 2 * r] *= corr[r], o[4 * j + 2 * r + 1] *= corr[r];
+                } else {
+#pragma unroll
+                    for (int j = 0; j < kHeadDim / 8; ++j) {
+                        o[4 * j] *= corr[0], o[4 * j + 1] *= corr[0];
+                        o[4 * j + 2] *= corr[1], o[4 * j + 3] *= corr[1];
+                    }
                 }
             }
 #pragma unroll
