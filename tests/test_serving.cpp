@@ -926,7 +926,9 @@ TEST_F(Serving, AppendWithRotaryWritesTheCacheThenAttendsOverIt) {
             // 16-byte chunk half rotated); GPT-J with new keys one element apart per head (no
             // 16-byte chunks: the append's element-wise kernel).
             for (int rot : {0, 1, 2, 3, 4}) {
-                const int64_t page = rot == 2 ? 19 : (rot == 4 ? 1 : 16);
+                // (pages of 64 without rotary: read by TMA boxes on FUSED_SM90; the other sizes
+                // are gathered)
+                const int64_t page = rot == 2 ? 19 : (rot == 4 ? 1 : (rot == 0 ? 64 : 16));
                 const bool interleaved = rot == 1 || rot == 4;
                 SCOPED_TRACE("backend " + std::to_string(backend) + " kv " + std::to_string(kv) + " rotary " +
                              std::to_string(rot) + " page " + std::to_string(page));
@@ -1053,7 +1055,7 @@ TEST_F(Serving, AppendWithRotaryWritesTheCacheThenAttendsOverIt) {
                 }
                 ++st.calls[backend];
             }
-    print_stats("append (dense, indexed, paged 1/16/19 caches, left padding) with GPT-J / GPT-NeoX rotary (full, partial, 16-byte chunks or not)", st);
+    print_stats("append (dense, indexed, paged 1/16/19/64 caches, left padding) with GPT-J / GPT-NeoX rotary (full, partial, 16-byte chunks or not)", st);
 }
 
 // The append reads what the kernels just before it in the stream wrote: on FUSED_SM90 it starts as
@@ -1164,6 +1166,113 @@ TEST_F(Serving, AppendReadsWhatTheKernelBeforeItWrote) {
         ++stats.calls[FLASHATTN_BACKEND_FUSED_SM90];
     }
     print_stats("an append of another call's output, enqueued right before it (dense cache, head dim 128)", stats);
+}
+
+// The attention after an append sees the cache rows that the kernels enqueued right before the
+// append wrote: on FUSED_SM90 the append is the previous kernel's programmatic dependent and the
+// attention the append's, so the order holds across two such launches. Here another call's output
+// is written straight into the cache's first 512 rows (which held NaN) right before a split decode
+// over 4096 keys that appends one key near the end, over a dense cache and over the same memory
+// as pages of 256 (TMA boxes). Each sequence's output against the fp64 oracle over its grown
+// cache, by FlashAttention's rule.
+TEST_F(Serving, AppendAttentionSeesRowsTheKernelsBeforeItWrote) {
+    if (!serves_on_sm90()) GTEST_SKIP() << "FUSED_SM90 needs an sm_90 GPU and a build with its kernels";
+    const int dt = FLASHATTN_DTYPE_BFLOAT16;
+    const int64_t HQ = 8, HKV = 2, D = 128, cap = 4096, page = 256, P = 512, row = HKV * D;
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    auto fresh = [&](size_t n) {
+        std::vector<uint16_t> x(n);
+        for (auto &e : x) e = from_f32(dt, nd(rng()));
+        return x;
+    };
+    DevBuf<uint16_t> pq(P * row), pk(64 * row), pv(64 * row), kc(cap * row), vc(cap * row), kn(row), vn(row);
+    DevBuf<uint16_t> q(HQ * D), o(HQ * D);
+    DevBuf<int32_t> used(1), table(cap / page);
+    std::vector<int32_t> ident(cap / page);
+    for (size_t i = 0; i < ident.size(); ++i) ident[i] = (int32_t)i;
+    table.upload(ident);
+    Stats stats;
+    // The producing calls: attention of P queries over 64 keys (2 heads), whose output [1, P, 2, D]
+    // is written straight into the cache's rows 0 .. P - 1 (K by the first call, V by the second).
+    auto producer = [&](void *out) {
+        flashattn_fwd_params p;
+        flashattn_fwd_params_init(&p);
+        p.dtype = dt, p.batch = 1, p.seqlen_q = P, p.seqlen_k = 64, p.heads_q = HKV, p.heads_kv = HKV, p.head_dim = D;
+        p.q = pq.p, p.k = pk.p, p.v = pv.p, p.o = out;
+        p.backend = FLASHATTN_BACKEND_FUSED_SM90;
+        EXPECT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_params_set_packed_strides(&p));
+        return p;
+    };
+    for (int paged : {0, 1})
+        for (int it = 0; it < 3; ++it) {
+            SCOPED_TRACE(std::string(paged ? "pages of 256" : "dense cache") + ", round " + std::to_string(it));
+            const int32_t used_h = 3900 + 37 * it;  // the new key's row: in the last split's tiles
+            used.upload({used_h});
+            const std::vector<uint16_t> qh = fresh(q.n), knh = fresh(kn.n), vnh = fresh(vn.n);
+            pq.upload(fresh(pq.n)), pk.upload(fresh(pk.n)), pv.upload(fresh(pv.n)), q.upload(qh);
+            kn.upload(knh), vn.upload(vnh), kc.upload(fresh(kc.n)), vc.upload(fresh(vc.n));
+            for (auto *b : {&kc, &vc}) CUDA_CHECK(cudaMemset(b->p, 0xff, P * row * 2));  // NaN until the producers write
+            CUDA_CHECK(cudaMemset(o.p, 0xff, o.n * 2));
+            CUDA_CHECK(cudaDeviceSynchronize());  // (the fills ran on the legacy stream)
+            flashattn_fwd_params s;  // the decode step: one query, one new key appended at row used_h
+            flashattn_fwd_params_init(&s);
+            s.dtype = dt, s.batch = 1, s.seqlen_q = 1, s.seqlen_k = cap, s.heads_q = HQ, s.heads_kv = HKV, s.head_dim = D;
+            s.q = q.p, s.k = kc.p, s.v = vc.p, s.o = o.p;
+            ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_params_set_packed_strides(&s));
+            if (paged) {  // the same memory as 16 pages of 256, in order
+                s.block_table = table.p, s.page_size = page, s.num_pages = cap / page, s.pages_per_seq = cap / page;
+                s.block_table_batch_stride = cap / page, s.k_batch_stride = s.v_batch_stride = page * row;
+            }
+            s.seqused_k = used.p, s.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+            s.k_new = kn.p, s.v_new = vn.p, s.seqlen_new = 1;
+            s.k_new_batch_stride = s.v_new_batch_stride = row, s.k_new_seq_stride = s.v_new_seq_stride = row;
+            s.k_new_head_stride = s.v_new_head_stride = D;
+            s.backend = FLASHATTN_BACKEND_FUSED_SM90;
+            flashattn_plan_info info;
+            flashattn_plan_info_init(&info);
+            ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_plan(h, &s, &info)) << flashattn_last_error();
+            EXPECT_GT(info.num_splits, 1) << info.description;  // (a split decode: the written rows in the first split)
+            flashattn_fwd_params pk_call = producer(kc.p), pv_call = producer(vc.p);
+            size_t need_p = 0, need_s = 0;
+            ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_workspace_size(h, &pk_call, &need_p)) << flashattn_last_error();
+            ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_workspace_size(h, &s, &need_s)) << flashattn_last_error();
+            DevBuf<char> ws_k(need_p), ws_v(need_p), ws_s(need_s);
+            cudaStream_t st;  // one stream, back to back: producer, producer, then the append and the attention
+            CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+            ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd(h, &pk_call, ws_k.p, need_p, st)) << flashattn_last_error();
+            ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd(h, &pv_call, ws_v.p, need_p, st)) << flashattn_last_error();
+            ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd(h, &s, ws_s.p, need_s, st)) << flashattn_last_error();
+            CUDA_CHECK(cudaStreamSynchronize(st));
+            CUDA_CHECK(cudaStreamDestroy(st));
+            const std::vector<uint16_t> kch = kc.download(), vch = vc.download(), oh = o.download();
+            size_t nan_rows = 0, bad_new = 0;
+            for (int64_t e = 0; e < P * row; ++e)
+                nan_rows += std::isnan(to_f32(dt, kch[e])) || std::isnan(to_f32(dt, vch[e]));
+            for (int64_t e = 0; e < row; ++e)
+                bad_new += kch[used_h * row + e] != knh[e] || vch[used_h * row + e] != vnh[e];
+            EXPECT_EQ(0u, nan_rows) << "the producers' rows were not written";
+            EXPECT_EQ(0u, bad_new) << "the appended row";
+            Case c;
+            c.dtype = dt, c.sq = 1, c.sk = used_h + 1, c.hq = HQ, c.hkv = HKV, c.d = D;
+            Inputs in(c);
+            std::copy(qh.begin(), qh.end(), in.q.begin());
+            std::copy(kch.begin(), kch.begin() + c.sk * row, in.k.begin());
+            std::copy(vch.begin(), vch.begin() + c.sk * row, in.v.begin());
+            in.dq.upload(in.q), in.dk.upload(in.k), in.dv.upload(in.v);
+            std::vector<float> ob(o.n);
+            for (size_t x = 0; x < ob.size(); ++x) ob[x] = to_f32(dt, oh[x]);
+            const Oracle ora = oracle(in);
+            const Result low = run(h, in, FLASHATTN_BACKEND_REFERENCE, true);
+            ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, low.status) << flashattn_last_error();
+            const double err_f = max_abs_diff(ob, ora.o), err_l = max_abs_diff(low.o, ora.o);
+            EXPECT_LE(err_f, 2 * err_l + 1e-5) << "the attention after the append: error " << err_f
+                                                << " vs plain low-precision " << err_l;
+            stats.worst_ratio = std::max(stats.worst_ratio, err_f / std::max(err_l, 1e-5));
+            stats.max_err = std::max(stats.max_err, err_f);
+            ++stats.seqs;
+            ++stats.calls[FLASHATTN_BACKEND_FUSED_SM90];
+        }
+    print_stats("an append's attention over rows another call wrote just before it (split decode, 4096-key cache and pages of 256)", stats);
 }
 
 }  // namespace
