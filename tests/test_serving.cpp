@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <initializer_list>
 #include <memory>
 #include <numeric>
 
@@ -1058,6 +1059,51 @@ TEST_F(Serving, AppendWithRotaryWritesTheCacheThenAttendsOverIt) {
     print_stats("append (dense, indexed, paged 1/16/19/64 caches, left padding) with GPT-J / GPT-NeoX rotary (full, partial, 16-byte chunks or not)", st);
 }
 
+// The calls, each with a workspace of its own, enqueued back to back on one new stream (nothing
+// between them), then waited for.
+void run_back_to_back(flashattn_handle *h, std::initializer_list<const flashattn_fwd_params *> calls) {
+    std::vector<std::unique_ptr<DevBuf<char>>> ws;
+    for (const flashattn_fwd_params *p : calls) {
+        size_t need = 0;
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_workspace_size(h, p, &need)) << flashattn_last_error();
+        ws.push_back(std::make_unique<DevBuf<char>>(need));
+    }
+    cudaStream_t st;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    size_t i = 0;
+    for (const flashattn_fwd_params *p : calls) {
+        const DevBuf<char> &w = *ws[i++];
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd(h, p, w.p, w.n, st)) << flashattn_last_error();
+    }
+    CUDA_CHECK(cudaStreamSynchronize(st));
+    CUDA_CHECK(cudaStreamDestroy(st));
+}
+
+// A decode step's output after an append, one sequence's: o (its hq x d values) against the fp64
+// oracle over the keys it sees (q: its hq x d query; k, v: its first sk cache rows of hkv x d, the
+// appended ones among them), by FlashAttention's rule, counted in stats.
+void check_decode_after_append(flashattn_handle *h, int dt, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                               int64_t sk, int64_t hq, int64_t hkv, int64_t d, const uint16_t *o, Stats &stats) {
+    Case c;
+    c.dtype = dt, c.sq = 1, c.sk = sk, c.hq = hq, c.hkv = hkv, c.d = d;
+    Inputs in(c);
+    std::copy(q, q + hq * d, in.q.begin());
+    std::copy(k, k + sk * hkv * d, in.k.begin());
+    std::copy(v, v + sk * hkv * d, in.v.begin());
+    in.dq.upload(in.q), in.dk.upload(in.k), in.dv.upload(in.v);
+    std::vector<float> ob(hq * d);
+    for (int64_t x = 0; x < hq * d; ++x) ob[x] = to_f32(dt, o[x]);
+    const Oracle ora = oracle(in);
+    const Result low = run(h, in, FLASHATTN_BACKEND_REFERENCE, true);
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, low.status) << flashattn_last_error();
+    const double err_f = max_abs_diff(ob, ora.o), err_l = max_abs_diff(low.o, ora.o);
+    EXPECT_LE(err_f, 2 * err_l + 1e-5) << "the attention after the append: error " << err_f << " vs plain low-precision "
+                                        << err_l;
+    stats.worst_ratio = std::max(stats.worst_ratio, err_f / std::max(err_l, 1e-5));
+    stats.max_err = std::max(stats.max_err, err_f);
+    ++stats.seqs;
+}
+
 // The append reads what the kernels just before it in the stream wrote: on FUSED_SM90 it starts as
 // the previous kernel's programmatic dependent and must wait for that grid. The new keys and
 // values here are another call's output, enqueued right before with nothing between; the cache
@@ -1112,19 +1158,9 @@ TEST_F(Serving, AppendReadsWhatTheKernelBeforeItWrote) {
         kc.upload(k0), vc.upload(v0);
         for (auto *b : {&kn, &vn, &o}) CUDA_CHECK(cudaMemset(b->p, 0xff, b->n * 2));  // NaN until written
         CUDA_CHECK(cudaDeviceSynchronize());  // the fills ran on the legacy stream; the stream below does not wait for it
-        flashattn_fwd_params pk_call = producer(kn.p), pv_call = producer(vn.p), s = step(o.p, FLASHATTN_BACKEND_FUSED_SM90);
-        size_t need_p = 0, need_s = 0;
-        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_workspace_size(h, &pk_call, &need_p)) << flashattn_last_error();
-        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_workspace_size(h, &s, &need_s)) << flashattn_last_error();
-        DevBuf<char> ws_k(need_p), ws_v(need_p), ws_s(need_s);
+        const flashattn_fwd_params pk_call = producer(kn.p), pv_call = producer(vn.p), s = step(o.p, FLASHATTN_BACKEND_FUSED_SM90);
         // One stream, back to back: producer, producer, then the append and the attention.
-        cudaStream_t st;
-        CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd(h, &pk_call, ws_k.p, need_p, st)) << flashattn_last_error();
-        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd(h, &pv_call, ws_v.p, need_p, st)) << flashattn_last_error();
-        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd(h, &s, ws_s.p, need_s, st)) << flashattn_last_error();
-        CUDA_CHECK(cudaStreamSynchronize(st));
-        CUDA_CHECK(cudaStreamDestroy(st));
+        ASSERT_NO_FATAL_FAILURE(run_back_to_back(h, {&pk_call, &pv_call, &s}));
         // The cache: row used[b] of each sequence is the producers' output, the rest as uploaded.
         const std::vector<uint16_t> knh = kn.download(), vnh = vn.download(), kch = kc.download(), vch = vc.download();
         size_t bad = 0, nan_new = 0;
@@ -1144,24 +1180,8 @@ TEST_F(Serving, AppendReadsWhatTheKernelBeforeItWrote) {
         const std::vector<uint16_t> oh = o.download();
         for (int64_t b = 0; b < B; ++b) {
             SCOPED_TRACE("sequence " + std::to_string(b));
-            Case c;
-            c.dtype = dt, c.sq = 1, c.sk = used_h[b] + 1, c.hq = c.hkv = H, c.d = D;
-            Inputs in(c);
-            std::copy(qh.begin() + b * row, qh.begin() + (b + 1) * row, in.q.begin());
-            std::copy(kch.begin() + b * cap * row, kch.begin() + (b * cap + c.sk) * row, in.k.begin());
-            std::copy(vch.begin() + b * cap * row, vch.begin() + (b * cap + c.sk) * row, in.v.begin());
-            in.dq.upload(in.q), in.dk.upload(in.k), in.dv.upload(in.v);
-            std::vector<float> ob(row);
-            for (int64_t x = 0; x < row; ++x) ob[x] = to_f32(dt, oh[b * row + x]);
-            const Oracle ora = oracle(in);
-            const Result low = run(h, in, FLASHATTN_BACKEND_REFERENCE, true);
-            ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, low.status) << flashattn_last_error();
-            const double err_f = max_abs_diff(ob, ora.o), err_l = max_abs_diff(low.o, ora.o);
-            EXPECT_LE(err_f, 2 * err_l + 1e-5) << "the attention after the append: error " << err_f
-                                                << " vs plain low-precision " << err_l;
-            stats.worst_ratio = std::max(stats.worst_ratio, err_f / std::max(err_l, 1e-5));
-            stats.max_err = std::max(stats.max_err, err_f);
-            ++stats.seqs;
+            check_decode_after_append(h, dt, &qh[b * row], &kch[b * cap * row], &vch[b * cap * row], used_h[b] + 1, H, H,
+                                      D, &oh[b * row], stats);
         }
         ++stats.calls[FLASHATTN_BACKEND_FUSED_SM90];
     }
@@ -1232,18 +1252,9 @@ TEST_F(Serving, AppendAttentionSeesRowsTheKernelsBeforeItWrote) {
             flashattn_plan_info_init(&info);
             ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_plan(h, &s, &info)) << flashattn_last_error();
             EXPECT_GT(info.num_splits, 1) << info.description;  // (a split decode: the written rows in the first split)
-            flashattn_fwd_params pk_call = producer(kc.p), pv_call = producer(vc.p);
-            size_t need_p = 0, need_s = 0;
-            ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_workspace_size(h, &pk_call, &need_p)) << flashattn_last_error();
-            ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_workspace_size(h, &s, &need_s)) << flashattn_last_error();
-            DevBuf<char> ws_k(need_p), ws_v(need_p), ws_s(need_s);
-            cudaStream_t st;  // one stream, back to back: producer, producer, then the append and the attention
-            CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-            ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd(h, &pk_call, ws_k.p, need_p, st)) << flashattn_last_error();
-            ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd(h, &pv_call, ws_v.p, need_p, st)) << flashattn_last_error();
-            ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd(h, &s, ws_s.p, need_s, st)) << flashattn_last_error();
-            CUDA_CHECK(cudaStreamSynchronize(st));
-            CUDA_CHECK(cudaStreamDestroy(st));
+            const flashattn_fwd_params pk_call = producer(kc.p), pv_call = producer(vc.p);
+            // one stream, back to back: producer, producer, then the append and the attention
+            ASSERT_NO_FATAL_FAILURE(run_back_to_back(h, {&pk_call, &pv_call, &s}));
             const std::vector<uint16_t> kch = kc.download(), vch = vc.download(), oh = o.download();
             size_t nan_rows = 0, bad_new = 0;
             for (int64_t e = 0; e < P * row; ++e)
@@ -1252,24 +1263,7 @@ TEST_F(Serving, AppendAttentionSeesRowsTheKernelsBeforeItWrote) {
                 bad_new += kch[used_h * row + e] != knh[e] || vch[used_h * row + e] != vnh[e];
             EXPECT_EQ(0u, nan_rows) << "the producers' rows were not written";
             EXPECT_EQ(0u, bad_new) << "the appended row";
-            Case c;
-            c.dtype = dt, c.sq = 1, c.sk = used_h + 1, c.hq = HQ, c.hkv = HKV, c.d = D;
-            Inputs in(c);
-            std::copy(qh.begin(), qh.end(), in.q.begin());
-            std::copy(kch.begin(), kch.begin() + c.sk * row, in.k.begin());
-            std::copy(vch.begin(), vch.begin() + c.sk * row, in.v.begin());
-            in.dq.upload(in.q), in.dk.upload(in.k), in.dv.upload(in.v);
-            std::vector<float> ob(o.n);
-            for (size_t x = 0; x < ob.size(); ++x) ob[x] = to_f32(dt, oh[x]);
-            const Oracle ora = oracle(in);
-            const Result low = run(h, in, FLASHATTN_BACKEND_REFERENCE, true);
-            ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, low.status) << flashattn_last_error();
-            const double err_f = max_abs_diff(ob, ora.o), err_l = max_abs_diff(low.o, ora.o);
-            EXPECT_LE(err_f, 2 * err_l + 1e-5) << "the attention after the append: error " << err_f
-                                                << " vs plain low-precision " << err_l;
-            stats.worst_ratio = std::max(stats.worst_ratio, err_f / std::max(err_l, 1e-5));
-            stats.max_err = std::max(stats.max_err, err_f);
-            ++stats.seqs;
+            check_decode_after_append(h, dt, qh.data(), kch.data(), vch.data(), used_h + 1, HQ, HKV, D, oh.data(), stats);
             ++stats.calls[FLASHATTN_BACKEND_FUSED_SM90];
         }
     print_stats("an append's attention over rows another call wrote just before it (split decode, 4096-key cache and pages of 256)", stats);
