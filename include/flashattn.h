@@ -463,7 +463,8 @@ typedef struct flashattn_plan_info {
                                   split each key tile among them instead), "kv_evict_first"
                                   (FUSED_SM90 split decode: K and V, each read once, are loaded
                                   with an evict-first L2 policy, by TMA or gathered row by row),
-                                  and a serving call's paths */
+                                  and a serving call's paths; a line that would not fit leaves
+                                  out threads=, smem= and workspace= (fields of their own) */
 } flashattn_plan_info;
 
 /* The struct's size in release 0.1.0. */

@@ -737,11 +737,18 @@ void fa_plan_describe(const fa_plan *plan, flashattn_plan_info *info) {
     if (kp->persistent) snprintf(order, sizeof order, " persistent%s", kp->persistent == 2 ? "=pairs" : "");
     if (kp->idle_warps > 0) snprintf(order, sizeof order, " idle_warps=%d", kp->idle_warps);
     if (kp->kv_evict_first) snprintf(order + strlen(order), sizeof order - strlen(order), " kv_evict_first");
-    snprintf(info->description, sizeof info->description,
-             "backend=%s kernel=%s grid=(%d,%d,%d) threads=%d smem=%lld splits=%d workspace=%lld%s%s%s",
-             bname, info->kernel_name,
-             info->grid_x, info->grid_y, info->grid_z, plan->threads, (ll)plan->smem_bytes,
-             info->num_splits, (ll)plan->workspace_bytes,
-             plan->noop ? " (no-op: seqlen_q=0)" : plan->kp.pack_gqa ? " gqa_packed" : plan->gqa_rows ? " gqa_rows" : "",
-             serving, order);
+    const char *tiles = plan->noop           ? " (no-op: seqlen_q=0)"
+                        : plan->kp.pack_gqa  ? " gqa_packed"
+                        : plan->gqa_rows     ? " gqa_rows"
+                                             : "";
+    const int n = snprintf(info->description, sizeof info->description,
+                           "backend=%s kernel=%s grid=(%d,%d,%d) threads=%d smem=%lld splits=%d workspace=%lld%s%s%s",
+                           bname, info->kernel_name, info->grid_x, info->grid_y, info->grid_z, plan->threads,
+                           (ll)plan->smem_bytes, info->num_splits, (ll)plan->workspace_bytes, tiles, serving, order);
+    /* A line that does not fit (a serving call with many paths) leaves out the figures that have
+     * fields of their own (threads, smem, workspace) rather than lose its last words. */
+    if (n >= (int)sizeof info->description)
+        snprintf(info->description, sizeof info->description, "backend=%s kernel=%s grid=(%d,%d,%d) splits=%d%s%s%s",
+                 bname, info->kernel_name, info->grid_x, info->grid_y, info->grid_z, info->num_splits, tiles, serving,
+                 order);
 }

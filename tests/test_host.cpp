@@ -797,6 +797,47 @@ TEST(Planning, Sm90SplitDecodeLoadsKeysAndValuesEvictFirst) {
     }
 }
 
+// A plan description too long for its 192 bytes (a split decode over pages of 256 that appends
+// with rotary) leaves out threads=, smem= and workspace= (fields of their own) and keeps its last
+// words; one that fits keeps them.
+TEST(Planning, LongDescriptionsKeepTheirLastWords) {
+    if (!fa_sm90_compiled(FLASHATTN_DTYPE_BFLOAT16, 128)) GTEST_SKIP() << "no FUSED_SM90 d128 in this build";
+    const fa_device_caps caps = h200_caps();
+    flashattn_fwd_params p = valid_params();
+    p.batch = 1, p.seqlen_q = 1, p.seqlen_k = 8192, p.heads_q = 32, p.heads_kv = 8, p.head_dim = 128;
+    flashattn_fwd_params_set_packed_strides(&p);
+    p.seqused_k = (const int32_t *)0x710000;
+    p.block_table = (const int32_t *)0x720000, p.page_size = 256, p.pages_per_seq = 32;
+    p.block_table_batch_stride = 32, p.num_pages = 32, p.k_batch_stride = p.v_batch_stride = 256 * p.k_seq_stride;
+    p.k_new = (const void *)0x740000, p.v_new = (const void *)0x750000, p.seqlen_new = 1;
+    p.k_new_head_stride = p.v_new_head_stride = 128, p.k_new_seq_stride = p.v_new_seq_stride = 8 * 128;
+    p.k_new_batch_stride = p.v_new_batch_stride = 8 * 128;
+    p.rotary_cos = (const void *)0x760000, p.rotary_sin = (const void *)0x770000;
+    p.rotary_dim = 128, p.seqlen_ro = 8193, p.rotary_interleaved = 1;
+    flashattn_plan_info info;
+    flashattn_plan_info_init(&info);
+    const fa_plan long_plan = plan_ok(p, caps);
+    fa_plan_describe(&long_plan, &info);
+    const std::string d = info.description;
+    EXPECT_LT(d.size(), sizeof info.description);
+    const std::string tail = " append+rotary kv_evict_first";
+    ASSERT_GE(d.size(), tail.size()) << d;
+    EXPECT_EQ(tail, d.substr(d.size() - tail.size())) << d;
+    for (const char *w : {"backend=FUSED_SM90 ", "kernel=fused_sm90_bf16_d128_m64_n128_w8 ", "splits=16", " gqa_packed",
+                          " seqused_k", " paged=256:tma_full"})
+        EXPECT_NE(std::string::npos, d.find(w)) << w << ": " << d;
+    EXPECT_EQ(std::string::npos, d.find("workspace=")) << d;
+    // Without the append the line fits, and keeps every figure.
+    p.k_new = p.v_new = nullptr, p.seqlen_new = 0, p.rotary_cos = p.rotary_sin = nullptr, p.rotary_dim = p.seqlen_ro = 0;
+    p.k_new_batch_stride = p.k_new_seq_stride = p.k_new_head_stride = 0;
+    p.v_new_batch_stride = p.v_new_seq_stride = p.v_new_head_stride = 0;
+    const fa_plan short_plan = plan_ok(p, caps);
+    fa_plan_describe(&short_plan, &info);
+    const std::string f = info.description;
+    for (const char *w : {"threads=256 ", "smem=", " workspace=", " kv_evict_first"})
+        EXPECT_NE(std::string::npos, f.find(w)) << w << ": " << f;
+}
+
 // FUSED_SM90 decode-shaped calls at head dims 64 and 128 with grouped query heads take the
 // single-consumer 64-row tile (192 keys at head dim 64, 128 at 128) when it holds a KV group's query
 // rows (seqlen_q x group <= 64, and 2 x seqlen_q <= 64); otherwise (and without groups) the 128-row
