@@ -1443,11 +1443,10 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
              * corr is 1) and O is no longer zero (after the first key tile) */
             if (!kLazyMax || __any_sync(0xffffffffu, it > 0 && (corr[0] != 1.0f || corr[1] != 1.0f))) {
                 if constexpr (kSkipDead) { /* (a half left out keeps its O) */
+                    auto o_at = [&o](int j, int e) -> float & { return o[4 * j + e]; };
 #pragma unroll
                     for (int r = 0; r < 2; ++r)
-                        if (live_r[r])
-#pragma unroll
-                            for (int j = 0; j < kHeadDim / 8; ++j) o[4 * j + 2 * r] *= corr[r], o[4 * j + 2 * r + 1] *= corr[r];
+                        if (live_r[r]) rescale_row<kHeadDim / 8>(o_at, r, corr[r]);
                 } else {
 #pragma unroll
                     for (int j = 0; j < kHeadDim / 8; ++j) {
