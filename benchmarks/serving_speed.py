@@ -17,12 +17,20 @@ rounds (time_interleaved: the GPU slows as it warms, which would favour whicheve
 inputs drawn once per shape (the same K/V call after call: a shape that fits in L2 is read from
 it); TFLOP/s for prefill (causal counts half), GB/s of K/V read for decode.
 
+The "ragged" rows are batches of 16k tokens in sequences of unequal lengths (RAGGED), run as one
+varlen call (AUTO, FUSED forced, and over pages of 1, 16 and 256) beside the same work done by the
+dense path: "dense per seq" is one flash_attn_func call a sequence, all of them in one graph (the
+ratio to it is the varlen call against the dense path at equal work); the peers likewise run one
+call a sequence. The equal-length prefill rows of the same heads and total tokens (8x2k, 4x4k)
+give the dense call's rate on a batch it can take at once.
+
     FLASHATTN_LIBRARY=build/libflashattn.so PYTHONPATH=python python3 benchmarks/serving_speed.py
 
 --only TEXT (repeatable) keeps the shapes whose label contains TEXT (an A/B of a few rows, or a
 build without some head dim); a TEXT that matches no label is an error.
 """
 import argparse
+import itertools
 import json
 import statistics
 
@@ -41,6 +49,15 @@ SHAPES = [  # (label, B, Sq, Sk, Hq, Hkv, D, causal)
     ("decode 16x1 sk=8k 32/8 d128", 16, 1, 8192, 32, 8, 128, True),
     ("decode 1x1 sk=8k 32/8 d128", 1, 1, 8192, 32, 8, 128, True),
     ("decode 2x1 sk=32k 32/8 d128", 2, 1, 32768, 32, 8, 128, True),
+    ("decode 128x1 sk=2k 32/8 d128", 128, 1, 2048, 32, 8, 128, True),
+    ("decode 1x1 sk=128k 32/8 d128", 1, 1, 131072, 32, 8, 128, True),
+]
+# (label, sequence lengths (16k tokens), Hq, Hkv, D, causal): ragged prefill batches.
+RAGGED_LENGTHS = (4096, 512, 2816, 1024, 3584, 1536, 768, 2048)
+RAGGED = [
+    ("prefill ragged 8 seqs 16k 16/16 d128 causal", RAGGED_LENGTHS, 16, 16, 128, True),
+    ("prefill ragged 8 seqs 16k 32/8 d128", RAGGED_LENGTHS, 32, 8, 128, False),
+    ("prefill ragged 8 seqs 16k 16/16 d64 causal", RAGGED_LENGTHS, 16, 16, 64, True),
 ]
 PAGES = (1, 16, 256)
 
@@ -116,6 +133,24 @@ def to_pages(x, page, perm):
     return pool
 
 
+def ragged_pages(x, lengths, page, perm):
+    """Packed [total, H, D] in sequences of `lengths` -> (pool [n, page, H, D], table [B, max_pages] int32):
+    each sequence's keys from the start of its own pages (its last page zero-padded), page i of the
+    batch (sequence by sequence) at perm[i]; a table row's entries past its pages are 0 (never read)."""
+    H, D = x.shape[1:]
+    counts = [-(-n // page) for n in lengths]
+    pool = torch.zeros(sum(counts), page, H, D, device=x.device, dtype=x.dtype)
+    table = torch.zeros(len(lengths), max(counts), device=x.device, dtype=torch.int32)
+    row0, first = 0, 0
+    for b, (n, c) in enumerate(zip(lengths, counts)):
+        padded = torch.zeros(c * page, H, D, device=x.device, dtype=x.dtype)
+        padded[:n] = x[row0:row0 + n]
+        pool[perm[first:first + c]] = padded.reshape(c, page, H, D)
+        table[b, :c] = perm[first:first + c].to(torch.int32)
+        row0, first = row0 + n, first + c
+    return pool, table
+
+
 def append_inputs(B, Sk, Hkv, D, g):
     """A decode step's new key and value [B, 1, Hkv, D] and GPT-J rotary tables cos, sin [Sk, D / 2]
     (bf16, base 10000), drawn from generator g."""
@@ -164,7 +199,83 @@ def flex_peer():
         except Exception as e:  # noqa: BLE001 - reported, and the cell left empty
             print(f"flex: {B}x{Sq}x{Sk} failed ({type(e).__name__}: {str(e)[:200]})", flush=True)
             return None
+
+    def build_ragged(qp, kp, vp, lengths, causal):
+        """Packed [total, H, D] sequences of `lengths` (queries and keys alike) as one sequence with a
+        document mask (causal: a query sees its own document's keys up to its own position)."""
+        gqa = qp.shape[1] != kp.shape[1]
+        total = qp.shape[0]
+        try:
+            qt, kt, vt = (x.unsqueeze(0).transpose(1, 2) for x in (qp, kp, vp))
+            doc = torch.repeat_interleave(torch.arange(len(lengths), device="cuda"),
+                                          torch.tensor(lengths, device="cuda"))
+
+            def mask(b, h, qi, ki):
+                same = doc[qi] == doc[ki]
+                return same & (qi >= ki) if causal else same
+            bm = create_block_mask(mask, None, None, total, total, device="cuda")
+            fn = lambda: compiled(qt, kt, vt, block_mask=bm, enable_gqa=gqa)  # noqa: E731
+            fn()
+            return fn
+        except Exception as e:  # noqa: BLE001 - reported, and the cell left empty
+            print(f"flex: ragged {total} failed ({type(e).__name__}: {str(e)[:200]})", flush=True)
+            return None
+    build.ragged = build_ragged
     return build
+
+
+def ragged_row(label, lengths, Hq, Hkv, D, causal, flex, args):
+    """One ragged row: {column: TFLOP/s} (FLOPs summed over the sequences, causal halved)."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    total, B, longest = sum(lengths), len(lengths), max(lengths)
+    qp = torch.randn(total, Hq, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    kp = torch.randn(total, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    vp = torch.randn(total, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    cu = torch.tensor([0] + list(itertools.accumulate(lengths)), device="cuda", dtype=torch.int32)
+    starts = [0] + list(itertools.accumulate(lengths))[:-1]
+    # each sequence as a dense [1, n, H, D] view of the packed tensors
+    seqs = [tuple(x[s0:s0 + n].unsqueeze(0) for x in (qp, kp, vp)) for s0, n in zip(starts, lengths)]
+
+    def per_seq(call):
+        def run():
+            for q, k, v in seqs:
+                call(q, k, v)
+        return run
+    fns = {
+        "dense per seq": per_seq(lambda q, k, v: flashattn.flash_attn_func(q, k, v, causal=causal)),
+        "varlen": lambda: flashattn.flash_attn_varlen_func(qp, kp, vp, cu, cu, longest, longest, causal=causal),
+        "varlen FUSED": lambda: flashattn.flash_attn_varlen_func(qp, kp, vp, cu, cu, longest, longest, causal=causal,
+                                                                 backend=flashattn.Backend.FUSED),
+    }
+    for page in PAGES:
+        perm = torch.randperm(sum(-(-n // page) for n in lengths), device="cuda", generator=g)
+        kpool, table = ragged_pages(kp, lengths, page, perm)
+        vpool, _ = ragged_pages(vp, lengths, page, perm)
+        fns[f"paged {page}"] = (lambda kpool=kpool, vpool=vpool, table=table: flashattn.flash_attn_varlen_func(
+            qp, kpool, vpool, cu, cu, longest, longest, causal=causal, block_table=table))
+        # the pages hold the packed keys: the paged call answers as the packed one does
+        err = (fns[f"paged {page}"]().float() - fns["varlen"]().float()).abs().max().item()
+        if not err < 1e-2:
+            raise SystemExit(f"{label}: pages of {page} differ from the packed call by {err}")
+    for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
+        def peer(q, k, v, be=be):
+            with sdpa_kernel(be):
+                return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                      is_causal=causal, enable_gqa=Hq != Hkv)
+        try:
+            per_seq(peer)()
+            fns[name + " per seq"] = per_seq(peer)
+        except RuntimeError:
+            pass
+    if flex is not None:
+        fn = flex.ragged(qp, kp, vp, lengths, causal)
+        if fn is not None:
+            fns["flex doc mask"] = fn
+    flops = sum(4 * Hq * n * n * D * (0.5 if causal else 1.0) for n in lengths)
+    row = {"shape": label}
+    for name, (ms, eager) in time_interleaved(fns, args.iters, args.rounds).items():
+        row[name + ("*" if eager else "")] = round(flops / ms / 1e9, 1)
+    return row
 
 
 def main():
@@ -176,10 +287,12 @@ def main():
     ap.add_argument("--only", action="append", default=[], metavar="TEXT",
                     help="keep the shapes whose label contains TEXT (repeatable)")
     args = ap.parse_args()
+    labels = [shape[0] for shape in SHAPES + RAGGED]
     for text in args.only:
-        if not any(text in shape[0] for shape in SHAPES):
-            ap.error(f"--only {text!r} matches no shape: " + "; ".join(shape[0] for shape in SHAPES))
-    shapes = [s for s in SHAPES if not args.only or any(text in s[0] for text in args.only)]
+        if not any(text in label for label in labels):
+            ap.error(f"--only {text!r} matches no shape: " + "; ".join(labels))
+    keep = lambda label: not args.only or any(text in label for text in args.only)  # noqa: E731
+    shapes = [s for s in SHAPES if keep(s[0])]
     flex = flex_peer() if args.flex else None
     rows = []
     for label, B, Sq, Sk, Hq, Hkv, D, causal in shapes:
@@ -242,6 +355,10 @@ def main():
         rows.append(row)
         unit = "GB/s" if decode else "TFLOP/s"
         print(f"{label} ({unit}): " + "  ".join(f"{n} {x}" for n, x in row.items() if n != "shape"), flush=True)
+    for label, lengths, Hq, Hkv, D, causal in (r for r in RAGGED if keep(r[0])):
+        row = ragged_row(label, lengths, Hq, Hkv, D, causal, flex, args)
+        rows.append(row)
+        print(f"{label} (TFLOP/s): " + "  ".join(f"{n} {x}" for n, x in row.items() if n != "shape"), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
