@@ -893,15 +893,22 @@ __device__ __forceinline__ void store_split_partial(const fa_kernel_params &p, c
  * order is persistent's (fa_persistent_works): kind 1, sequence after sequence, each sequence's tiles
  * query tile fastest, then head; kind 2, first every sequence's units (head h's pair of query tiles
  * m - 1 - j, the heavier, then j, for m = the sequence's query tiles), then the middle tiles of the
- * sequences with m odd, the first of them to the blocks that took one unit fewer. Block i takes
- * units i, i + G, ... (G = gridDim.x). A unit is found by a prefix sum over 32 sequences at a time
- * (one load of cu_seqlens_q per lane), from a cursor that only moves forward. */
+ * sequences with m odd. The sequences are taken 32 at a time (one load of cu_seqlens_q per lane), and
+ * within those 32 the one with the most query tiles first (a stable sort: equal ones in batch order),
+ * so that the heaviest units come first. Units are dealt out in rounds of G = gridDim.x, in turn
+ * forwards and backwards: in round r block i takes unit r G + i (r even) or r G + G - 1 - i (r odd);
+ * the middle tiles continue the same rounds after the last unit, so the first of them go to the
+ * blocks that took one unit fewer. (With units dealt i, i + G, ... and a batch's sequences in batch
+ * order, the blocks' shares of a ragged causal batch's work differed by up to 11%.) A unit is found
+ * by a prefix sum over the 32 sequences, from a cursor that only moves forward. */
 template <class Tr> struct ragged_walk {
     const fa_kernel_params &p;
-    int lane, phase = 0, target, base = 0, before = 0; /* phase 1: the middle tiles */
-    int light = -1, light_b = 0, light_h = 0;          /* kind 2: the unit's lighter tile, still to hand out */
+    int lane, phase = 0, target, step, base = 0, before = 0; /* phase 1: the middle tiles */
+    int seq = -1; /* this lane's sequence of the 32 from `base`, longest first (-1: not yet sorted) */
+    int light = -1, light_b = 0, light_h = 0; /* kind 2: the unit's lighter tile, still to hand out */
+    /* (step: the distance to the block's unit in the next round, 2 G - 1 - 2 i and 1 + 2 i in turn) */
     __device__ __forceinline__ ragged_walk(const fa_kernel_params &p_, int lane_)
-        : p(p_), lane(lane_), target((int)blockIdx.x) {}
+        : p(p_), lane(lane_), target((int)blockIdx.x), step(2 * ((int)gridDim.x - (int)blockIdx.x) - 1) {}
     /* Sequence e's query tiles (serving_seq's query count; FUSED_SM90 is never planned with
      * q_group_rows), and its units or middle tiles. */
     __device__ __forceinline__ int query_tiles(int e) const {
@@ -913,11 +920,35 @@ template <class Tr> struct ragged_walk {
     __device__ __forceinline__ int count(int m) const {
         return (phase == 1 ? (m & 1) : p.persistent == 2 ? m / 2 : m) * p.heads_q;
     }
+    /* Sequences base..base + 31 (seq, with their query tiles m) across the lanes, most query tiles
+     * first (ties: lower index first): as they are where they already are in that order (sequences
+     * of equal lengths), else by a bitonic sort across the warp. Not unrolled: it runs once a block
+     * and 32 sequences (unrolled at each place it is called, it added some 1,400 instructions to the
+     * head dim 64 resident serving kernel). */
+    __device__ __forceinline__ void sort_sequences(int &m) {
+        seq = base + lane, m = query_tiles(seq);
+        const int m_after = __shfl_down_sync(0xffffffffu, m, 1); /* (every lane: no shuffle under a condition) */
+        if (__all_sync(0xffffffffu, lane == 31 || m >= m_after)) return;
+#pragma unroll 1
+        for (int k = 2; k <= 32; k <<= 1)
+#pragma unroll 1
+            for (int j = k >> 1; j > 0; j >>= 1) {
+                const int other_m = __shfl_xor_sync(0xffffffffu, m, j);
+                const int other_seq = __shfl_xor_sync(0xffffffffu, seq, j);
+                const bool other_first = other_m > m || (other_m == m && other_seq < seq);
+                /* the lower lane of the pair keeps the earlier of the two where its run of k is in
+                 * order ((lane & k) == 0), the later where it is reversed; the upper lane the other */
+                if (((lane & j) == 0) == ((lane & k) == 0) ? other_first : !other_first) m = other_m, seq = other_seq;
+            }
+    }
     /* The sequence holding unit `target` of the phase, the unit's rank in it and the sequence's query
      * tiles; false past the last. */
     __device__ __forceinline__ bool locate(int &b, int &rank, int &m_b) {
-        for (; base < p.batch; base += 32) {
-            const int m = query_tiles(base + lane), c = count(m);
+        for (; base < p.batch; base += 32, seq = -1) {
+            int m;
+            if (seq < 0) sort_sequences(m);
+            else m = query_tiles(seq);
+            const int c = count(m);
             int incl = c;
 #pragma unroll
             for (int o = 1; o < 32; o <<= 1) {
@@ -929,7 +960,7 @@ template <class Tr> struct ragged_walk {
                 const int l = __ffs(__ballot_sync(0xffffffffu, target < before + incl)) - 1;
                 const int excl = __shfl_sync(0xffffffffu, incl - c, l);
                 m_b = __shfl_sync(0xffffffffu, m, l);
-                b = base + l, rank = target - before - excl;
+                b = __shfl_sync(0xffffffffu, seq, l), rank = target - before - excl;
                 return true;
             }
             before += total;
@@ -945,7 +976,7 @@ template <class Tr> struct ragged_walk {
         for (;;) {
             int rank, m;
             if (locate(b, rank, m)) {
-                target += (int)gridDim.x;
+                target += step, step = 2 * (int)gridDim.x - step;
                 if (phase == 1) {
                     h = rank, mb = m / 2;
                 } else if (p.persistent == 2) {
@@ -958,9 +989,8 @@ template <class Tr> struct ragged_walk {
                 return true;
             }
             if (phase == 1 || p.persistent != 2) return false;
-            const int units = before, grid = (int)gridDim.x; /* (the walk has counted every unit) */
-            phase = 1, base = 0, before = 0;
-            target = ((int)blockIdx.x - units % grid + grid) % grid;
+            /* every unit counted (before): the middle tiles go on from there in the same rounds */
+            phase = 1, target -= before, base = 0, before = 0;
         }
     }
 };

@@ -637,6 +637,30 @@ TEST_F(Serving, ThreeConsumerPersistentBlocksPairCausalTiles) {
     print_stats("three-consumer persistent serving blocks, causal pairs (head dim 64, 2100-key capacity; packed and paged K/V)", st);
 }
 
+TEST_F(Serving, RaggedWalksTakeTheLongestSequencesFirst) {
+    // 40 sequences of unequal, unsorted lengths (some with no queries, some with one): the record
+    // warp of FUSED_SM90's resident blocks walks them 32 at a time, each run of 32 sorted longest
+    // first, and deals the units out in rounds forwards and backwards; the second run (8 sequences)
+    // and, under a causal mask, the middle tiles after the pairs start their walk again. Every tile
+    // must be handed out exactly once: a tile dealt twice or never leaves rows unwritten (the
+    // outputs are poisoned) or wrong. Head dims 64 and 128; no mask and causal; packed and paged K/V.
+    if (!serves_on_sm90()) GTEST_SKIP() << "FUSED_SM90 needs an sm_90 GPU and a build with its kernels";
+    Stats st;
+    for (int64_t d : {64, 128})
+        for (int mask : {FLASHATTN_MASK_NONE, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT})
+            for (KvMode kv : {kPackedKv, kPagedSeqused}) {
+                Spec s;
+                s.d = d, s.mask = mask, s.kv = kv, s.page_size = 64, s.hq = 4, s.hkv = 2;
+                s.dtype = d == 64 ? FLASHATTN_DTYPE_FLOAT16 : FLASHATTN_DTYPE_BFLOAT16;
+                s.sq = {129, 5, 200, 600, 0, 1, 77, 390, 1, 129, 450, 0, 390, 37, 0, 1, 200, 200, 1, 37,
+                        1, 390, 200, 0, 77, 450, 1, 37, 600, 600, 450, 0, 450, 450, 200, 0, 37, 0, 390, 77};
+                s.sk.clear();
+                for (size_t i = 0; i < s.sq.size(); ++i) s.sk.push_back(s.sq[i] + (int64_t)(i % 3) * 50);
+                run_and_check(h, s, st, FLASHATTN_BACKEND_FUSED_SM90, " persistent");
+            }
+    print_stats("ragged walks longest first (40 sequences of unsorted lengths, two runs of 32; head dims 64 and 128; no mask and causal; packed and paged K/V)", st);
+}
+
 TEST_F(Serving, OneWarpProducerBlocksWalkRaggedQueries) {
     // The resident serving blocks whose producer is one warp (it posts each tile's record and then
     // loads the tile: head dims 192 and 256, and head dim 128 with 176-key tiles, a capacity of
