@@ -571,6 +571,21 @@ TEST_F(Serving, PersistentBlocksSkipWhatTheirSequencesLack) {
     print_stats("persistent serving blocks (ragged, 256 capacity tiles; packed, paged, cached K/V; causal, no mask, a window; head dims 64, 128, 256)", st);
 }
 
+// Sequences of sq queries over sk keys on FUSED_SM90's resident blocks (the plan must say so), head
+// dims 64 (fp16) and 128 (bf16), no mask and causal, packed K/V and pages of 64 keys.
+void check_on_resident_blocks(flashattn_handle *h, int64_t hq, int64_t hkv, const std::vector<int64_t> &sq,
+                              const std::vector<int64_t> &sk, Stats &st) {
+    for (int64_t d : {64, 128})
+        for (int mask : {FLASHATTN_MASK_NONE, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT})
+            for (KvMode kv : {kPackedKv, kPagedSeqused}) {
+                Spec s;
+                s.d = d, s.mask = mask, s.kv = kv, s.page_size = 64, s.hq = hq, s.hkv = hkv;
+                s.dtype = d == 64 ? FLASHATTN_DTYPE_FLOAT16 : FLASHATTN_DTYPE_BFLOAT16;
+                s.sq = sq, s.sk = sk;
+                run_and_check(h, s, st, FLASHATTN_BACKEND_FUSED_SM90, " persistent");
+            }
+}
+
 TEST_F(Serving, PersistentBlocksTakeManyTilesEach) {
     // 1024 capacity tiles (4 of 128 rows x 16 heads x 16 sequences) over the SMs' resident blocks:
     // some eight tiles a block, so that a block's two Q buffers and two tile records (head dims 64
@@ -578,16 +593,8 @@ TEST_F(Serving, PersistentBlocksTakeManyTilesEach) {
     // (answered without a load) and with both, and a block's last tile may be any of them.
     if (!serves_on_sm90()) GTEST_SKIP() << "FUSED_SM90 needs an sm_90 GPU and a build with its kernels";
     Stats st;
-    for (int64_t d : {64, 128})
-        for (int mask : {FLASHATTN_MASK_NONE, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT})
-            for (KvMode kv : {kPackedKv, kPagedSeqused}) {
-                Spec s;
-                s.d = d, s.mask = mask, s.kv = kv, s.page_size = 64, s.hq = 16, s.hkv = 4;
-                s.dtype = d == 64 ? FLASHATTN_DTYPE_FLOAT16 : FLASHATTN_DTYPE_BFLOAT16;
-                s.sq = {400, 0, 130, 5, 0, 0, 256, 1, 390, 77, 0, 129, 400, 3, 0, 200};
-                s.sk = {400, 9, 130, 0, 0, 12, 300, 1, 390, 0, 0, 500, 450, 3, 7, 250};
-                run_and_check(h, s, st, FLASHATTN_BACKEND_FUSED_SM90, " persistent");
-            }
+    check_on_resident_blocks(h, 16, 4, {400, 0, 130, 5, 0, 0, 256, 1, 390, 77, 0, 129, 400, 3, 0, 200},
+                             {400, 9, 130, 0, 0, 12, 300, 1, 390, 0, 0, 500, 450, 3, 7, 250}, st);
     print_stats("persistent serving blocks, many tiles each (1024 capacity tiles; packed and paged K/V; head dims 64, 128)", st);
 }
 
@@ -646,18 +653,12 @@ TEST_F(Serving, RaggedWalksTakeTheLongestSequencesFirst) {
     // outputs are poisoned) or wrong. Head dims 64 and 128; no mask and causal; packed and paged K/V.
     if (!serves_on_sm90()) GTEST_SKIP() << "FUSED_SM90 needs an sm_90 GPU and a build with its kernels";
     Stats st;
-    for (int64_t d : {64, 128})
-        for (int mask : {FLASHATTN_MASK_NONE, FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT})
-            for (KvMode kv : {kPackedKv, kPagedSeqused}) {
-                Spec s;
-                s.d = d, s.mask = mask, s.kv = kv, s.page_size = 64, s.hq = 4, s.hkv = 2;
-                s.dtype = d == 64 ? FLASHATTN_DTYPE_FLOAT16 : FLASHATTN_DTYPE_BFLOAT16;
-                s.sq = {129, 5, 200, 600, 0, 1, 77, 390, 1, 129, 450, 0, 390, 37, 0, 1, 200, 200, 1, 37,
-                        1, 390, 200, 0, 77, 450, 1, 37, 600, 600, 450, 0, 450, 450, 200, 0, 37, 0, 390, 77};
-                s.sk.clear();
-                for (size_t i = 0; i < s.sq.size(); ++i) s.sk.push_back(s.sq[i] + (int64_t)(i % 3) * 50);
-                run_and_check(h, s, st, FLASHATTN_BACKEND_FUSED_SM90, " persistent");
-            }
+    const std::vector<int64_t> sq = {129, 5,   200, 600, 0,   1, 77, 390, 1,   129, 450, 0,   390, 37,
+                                     0,   1,   200, 200, 1,   37, 1,  390, 200, 0,   77,  450, 1,   37,
+                                     600, 600, 450, 0,   450, 450, 200, 0,  37,  0,   390, 77};
+    std::vector<int64_t> sk;
+    for (size_t i = 0; i < sq.size(); ++i) sk.push_back(sq[i] + (int64_t)(i % 3) * 50);
+    check_on_resident_blocks(h, 4, 2, sq, sk, st);
     print_stats("ragged walks longest first (40 sequences of unsorted lengths, two runs of 32; head dims 64 and 128; no mask and causal; packed and paged K/V)", st);
 }
 
