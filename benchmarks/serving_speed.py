@@ -170,56 +170,51 @@ def flex_peer():
         print(f"flex: not available ({type(e).__name__}: {e})", flush=True)
         return None
 
-    def build(q, k, v, seqlens, causal):
-        B, Sq, Hq, D = q.shape
-        Sk, Hkv = k.shape[1], k.shape[2]
-        gqa = Hq != Hkv
+    def call(qt, kt, vt, mask, batch, q_len, k_len, gqa, what):
+        """The compiled call over [batch or 1, H, S, D] views with a block mask of `mask`, run once;
+        None (said) where it fails."""
         try:
-            if Sq == 1:  # decode: [B, H, S, D] views of the dense cache, keys below each sequence's length
-                qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-
-                def mask(b, h, qi, ki):
-                    return ki < seqlens[b]
-                bm = create_block_mask(mask, B, None, 1, Sk, device="cuda")
-            else:  # prefill: the ragged batch packed into one sequence, a query sees its own document's keys
-                qt, kt, vt = (x.reshape(1, -1, *x.shape[2:]).transpose(1, 2) for x in (q, k, v))
-                doc_q = torch.arange(B * Sq, device="cuda") // Sq
-                doc_k = torch.arange(B * Sk, device="cuda") // Sk
-
-                def mask(b, h, qi, ki):
-                    same = doc_q[qi] == doc_k[ki]
-                    if not causal:
-                        return same
-                    # bottom-right within the document (Sk - Sq keys more than queries)
-                    return same & (qi - doc_q[qi] * Sq + (Sk - Sq) >= ki - doc_k[ki] * Sk)
-                bm = create_block_mask(mask, None, None, B * Sq, B * Sk, device="cuda")
+            bm = create_block_mask(mask, batch, None, q_len, k_len, device="cuda")
             fn = lambda: compiled(qt, kt, vt, block_mask=bm, enable_gqa=gqa)  # noqa: E731
             fn()
             return fn
         except Exception as e:  # noqa: BLE001 - reported, and the cell left empty
-            print(f"flex: {B}x{Sq}x{Sk} failed ({type(e).__name__}: {str(e)[:200]})", flush=True)
+            print(f"flex: {what} failed ({type(e).__name__}: {str(e)[:200]})", flush=True)
             return None
+
+    def build(q, k, v, seqlens, causal):
+        B, Sq, Hq, D = q.shape
+        Sk, Hkv = k.shape[1], k.shape[2]
+        if Sq == 1:  # decode: [B, H, S, D] views of the dense cache, keys below each sequence's length
+            qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+
+            def mask(b, h, qi, ki):
+                return ki < seqlens[b]
+            return call(qt, kt, vt, mask, B, 1, Sk, Hq != Hkv, f"{B}x{Sq}x{Sk}")
+        # prefill: the ragged batch packed into one sequence, a query sees its own document's keys
+        qt, kt, vt = (x.reshape(1, -1, *x.shape[2:]).transpose(1, 2) for x in (q, k, v))
+        doc_q = torch.arange(B * Sq, device="cuda") // Sq
+        doc_k = torch.arange(B * Sk, device="cuda") // Sk
+
+        def mask(b, h, qi, ki):
+            same = doc_q[qi] == doc_k[ki]
+            if not causal:
+                return same
+            # bottom-right within the document (Sk - Sq keys more than queries)
+            return same & (qi - doc_q[qi] * Sq + (Sk - Sq) >= ki - doc_k[ki] * Sk)
+        return call(qt, kt, vt, mask, None, B * Sq, B * Sk, Hq != Hkv, f"{B}x{Sq}x{Sk}")
 
     def build_ragged(qp, kp, vp, lengths, causal):
         """Packed [total, H, D] sequences of `lengths` (queries and keys alike) as one sequence with a
         document mask (causal: a query sees its own document's keys up to its own position)."""
-        gqa = qp.shape[1] != kp.shape[1]
         total = qp.shape[0]
-        try:
-            qt, kt, vt = (x.unsqueeze(0).transpose(1, 2) for x in (qp, kp, vp))
-            doc = torch.repeat_interleave(torch.arange(len(lengths), device="cuda"),
-                                          torch.tensor(lengths, device="cuda"))
+        qt, kt, vt = (x.unsqueeze(0).transpose(1, 2) for x in (qp, kp, vp))
+        doc = torch.repeat_interleave(torch.arange(len(lengths), device="cuda"), torch.tensor(lengths, device="cuda"))
 
-            def mask(b, h, qi, ki):
-                same = doc[qi] == doc[ki]
-                return same & (qi >= ki) if causal else same
-            bm = create_block_mask(mask, None, None, total, total, device="cuda")
-            fn = lambda: compiled(qt, kt, vt, block_mask=bm, enable_gqa=gqa)  # noqa: E731
-            fn()
-            return fn
-        except Exception as e:  # noqa: BLE001 - reported, and the cell left empty
-            print(f"flex: ragged {total} failed ({type(e).__name__}: {str(e)[:200]})", flush=True)
-            return None
+        def mask(b, h, qi, ki):
+            same = doc[qi] == doc[ki]
+            return same & (qi >= ki) if causal else same
+        return call(qt, kt, vt, mask, None, total, total, qp.shape[1] != kp.shape[1], f"ragged {total}")
     build.ragged = build_ragged
     return build
 
