@@ -898,9 +898,9 @@ __device__ __forceinline__ void store_split_partial(const fa_kernel_params &p, c
  * so that the heaviest units come first. Units are dealt out in rounds of G = gridDim.x, in turn
  * forwards and backwards: in round r block i takes unit r G + i (r even) or r G + G - 1 - i (r odd);
  * the middle tiles continue the same rounds after the last unit, so the first of them go to the
- * blocks that took one unit fewer. (With units dealt i, i + G, ... and a batch's sequences in batch
- * order, the blocks' shares of a ragged causal batch's work differed by up to 11%.) A unit is found
- * by a prefix sum over the 32 sequences, from a cursor that only moves forward. */
+ * blocks that took one unit fewer. (Dealt i, i + G, ... in batch order, a ragged causal batch of 16k
+ * tokens left its most loaded block about 1.12x an even share of the work: docs/performance.md v61.)
+ * A unit is found by a prefix sum over the 32 sequences, from a cursor that only moves forward. */
 template <class Tr> struct ragged_walk {
     const fa_kernel_params &p;
     int lane, phase = 0, target, step, base = 0, before = 0; /* phase 1: the middle tiles */
@@ -921,10 +921,10 @@ template <class Tr> struct ragged_walk {
         return (phase == 1 ? (m & 1) : p.persistent == 2 ? m / 2 : m) * p.heads_q;
     }
     /* Sequences base..base + 31 (seq, with their query tiles m) across the lanes, most query tiles
-     * first (ties: lower index first): as they are where they already are in that order (sequences
-     * of equal lengths), else by a bitonic sort across the warp. Not unrolled: it runs once a block
-     * and 32 sequences (unrolled at each place it is called, it added some 1,400 instructions to the
-     * head dim 64 resident serving kernel). */
+     * first (ties: lower index first): left as they are when already in that order (equal lengths),
+     * else put in it by a bitonic sort across the warp. Not unrolled: it runs once a block and 32
+     * sequences (unrolled at each place it is called, it added some 1,400 instructions to the head
+     * dim 64 resident serving kernel). */
     __device__ __forceinline__ void sort_sequences(int &m) {
         seq = base + lane, m = query_tiles(seq);
         const int m_after = __shfl_down_sync(0xffffffffu, m, 1); /* (every lane: no shuffle under a condition) */
