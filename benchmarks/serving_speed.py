@@ -226,10 +226,10 @@ def ragged_row(label, lengths, Hq, Hkv, D, causal, flex, args):
     qp = torch.randn(total, Hq, D, device="cuda", dtype=torch.bfloat16, generator=g)
     kp = torch.randn(total, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
     vp = torch.randn(total, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    cu = torch.tensor([0] + list(itertools.accumulate(lengths)), device="cuda", dtype=torch.int32)
-    starts = [0] + list(itertools.accumulate(lengths))[:-1]
+    offsets = [0] + list(itertools.accumulate(lengths))
+    cu = torch.tensor(offsets, device="cuda", dtype=torch.int32)
     # each sequence as a dense [1, n, H, D] view of the packed tensors
-    seqs = [tuple(x[s0:s0 + n].unsqueeze(0) for x in (qp, kp, vp)) for s0, n in zip(starts, lengths)]
+    seqs = [tuple(x[s0:s0 + n].unsqueeze(0) for x in (qp, kp, vp)) for s0, n in zip(offsets, lengths)]
 
     def per_seq(call):
         def run():
