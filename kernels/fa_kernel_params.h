@@ -87,7 +87,8 @@ typedef struct fa_kernel_params {
      * in the L2. 0: the grid order (blockIdx.x the query tile, heaviest first within each head). */
     int32_t sched_heads;
     /* FUSED_SM90 calls with more query tiles than SMs, every tile with keys, no split, no pack_gqa
-     * (dense calls, and serving calls on their capacities with two consumers and pages read by TMA):
+     * (dense calls, and serving calls on their capacities with two consumers and pages read by TMA;
+     * and serving decodes on one consumer, whose tiles pack a KV head's group, pack_gqa):
      * grid_x blocks stay resident and each takes tile after tile (fa_persistent_first, then
      * fa_persistent_next), its producer loading the next tile's Q and K while the consumers finish
      * this one. 1: tiles in the grid's order, for calls with no mask (every tile the same work) or
@@ -131,43 +132,50 @@ typedef struct fa_kernel_params {
 #endif
 
 /* Persistent blocks (kp->persistent): how many work numbers there are, the ones a block takes
- * (fa_persistent_first, then fa_persistent_next), and the tile a work number stands for.
+ * (fa_persistent_first, then fa_persistent_next), and the tile a work number stands for, over
+ * `heads` tiles' heads a batch entry (fa_persistent_heads: heads_q; with pack_gqa, a serving decode
+ * on resident blocks whose tiles each hold a KV head's group, heads_kv).
  * persistent 1: work w is tile w of the grid order (query tile fastest, then head, then batch);
  * block i takes i, i + grid_x, ... persistent 2: first the
  * units, unit u = bh x (m / 2) + j the pair of query tiles m - 1 - j (work 2u, the heavier under
- * a causal mask) and j (work 2u + 1) of (batch, head) pair bh, m = num_m_blocks: a pair's work is
- * the same for every j, and block i takes units i, i + grid_x, ...; then, when m is odd, the
- * middle tiles (m / 2) of every bh, work 2 U + bh (U units), half a unit's work each, dealt first to
- * the blocks that took one unit fewer. Every (m_block, bh) is one work number's tile
- * (tests/test_host.cpp checks it). */
-static inline FA_HOST_DEVICE int32_t fa_persistent_works(const fa_kernel_params *kp) {
-    const int32_t pairs = kp->batch * kp->heads_q;
+ * a causal mask) and j (work 2u + 1) of (batch, head) pair bh = batch x heads + head, m =
+ * num_m_blocks: a pair's work is the same for every j, and block i takes units i, i + grid_x, ...;
+ * then, when m is odd, the middle tiles (m / 2) of every bh, work 2 U + bh (U units), half a
+ * unit's work each, dealt first to the blocks that took one unit fewer. Every (m_block, bh) is one
+ * work number's tile (tests/test_host.cpp checks it). (The kernels pass heads_q where they can
+ * have no packed tile, so that their code does not read pack_gqa.) */
+static inline FA_HOST_DEVICE int32_t fa_persistent_heads(const fa_kernel_params *kp) {
+    return kp->pack_gqa ? kp->heads_kv : kp->heads_q;
+}
+static inline FA_HOST_DEVICE int32_t fa_persistent_works(const fa_kernel_params *kp, int32_t heads) {
+    const int32_t pairs = kp->batch * heads;
     return kp->num_m_blocks * pairs; /* 2 U + (m odd ? pairs : 0) = m x pairs */
 }
 /* A block's first work number, and the one after `work` (>= fa_persistent_works: none left). */
-static inline FA_HOST_DEVICE int32_t fa_persistent_first(const fa_kernel_params *kp, int32_t block, int32_t grid) {
-    const int32_t units = kp->num_m_blocks / 2 * (kp->batch * kp->heads_q);
+static inline FA_HOST_DEVICE int32_t fa_persistent_first(const fa_kernel_params *kp, int32_t heads, int32_t block,
+                                                         int32_t grid) {
+    const int32_t units = kp->num_m_blocks / 2 * (kp->batch * heads);
     if (kp->persistent != 2 || block < units) return kp->persistent != 2 ? block : 2 * block;
     return 2 * units + (block - units % grid + grid) % grid;
 }
-static inline FA_HOST_DEVICE int32_t fa_persistent_next(const fa_kernel_params *kp, int32_t work, int32_t block,
-                                                        int32_t grid) {
+static inline FA_HOST_DEVICE int32_t fa_persistent_next(const fa_kernel_params *kp, int32_t heads, int32_t work,
+                                                        int32_t block, int32_t grid) {
     if (kp->persistent != 2) return work + grid;
-    const int32_t units2 = 2 * (kp->num_m_blocks / 2 * (kp->batch * kp->heads_q));
+    const int32_t units2 = 2 * (kp->num_m_blocks / 2 * (kp->batch * heads));
     if (work >= units2) return work + grid;              /* the middle tiles */
     work = (work & 1) ? work - 1 + 2 * grid : work + 1; /* the unit's lighter tile, or the block's next unit */
     if (work < units2) return work;
     /* past the units: the middle tiles, the first of them to the blocks that took one unit fewer */
     return units2 + (block - units2 / 2 % grid + grid) % grid;
 }
-static inline FA_HOST_DEVICE void fa_persistent_tile(const fa_kernel_params *kp, int32_t work, int32_t *m_block,
-                                                     int32_t *bh) {
+static inline FA_HOST_DEVICE void fa_persistent_tile(const fa_kernel_params *kp, int32_t heads, int32_t work,
+                                                     int32_t *m_block, int32_t *bh) {
     const int32_t m = kp->num_m_blocks;
     if (kp->persistent != 2) {
         *bh = work / m, *m_block = work - *bh * m;
         return;
     }
-    const int32_t half = m / 2, units = half * (kp->batch * kp->heads_q);
+    const int32_t half = m / 2, units = half * (kp->batch * heads);
     if (work >= 2 * units) { /* a middle tile */
         *bh = work - 2 * units, *m_block = half;
         return;
@@ -179,11 +187,12 @@ static inline FA_HOST_DEVICE void fa_persistent_tile(const fa_kernel_params *kp,
 /* The work number of query tile m_block of (batch, head) pair bh: fa_persistent_tile's inverse
  * (a resident serving block that walks a ragged Q by each sequence's own tiles hands its tiles on
  * as work numbers; tests/test_host.cpp checks both directions). */
-static inline FA_HOST_DEVICE int32_t fa_persistent_work(const fa_kernel_params *kp, int32_t m_block, int32_t bh) {
+static inline FA_HOST_DEVICE int32_t fa_persistent_work(const fa_kernel_params *kp, int32_t heads, int32_t m_block,
+                                                        int32_t bh) {
     const int32_t m = kp->num_m_blocks;
     if (kp->persistent != 2) return bh * m + m_block;
     const int32_t half = m / 2;
-    if (m_block == half && (m & 1)) return 2 * (half * (kp->batch * kp->heads_q)) + bh; /* a middle tile */
+    if (m_block == half && (m & 1)) return 2 * (half * (kp->batch * heads)) + bh; /* a middle tile */
     return m_block >= m - half ? 2 * (bh * half + (m - 1 - m_block)) : 2 * (bh * half + m_block) + 1;
 }
 

@@ -226,8 +226,8 @@ template <class Tr> struct tile {
     bool partial;
     /* bnd: the sequence's counts and visibility offsets (the kernel parameters for a dense call,
      * its fa_seq for a serving call). */
-    /* work: a persistent block's work number (fa_persistent_tile; p.persistent, no split, no
-     * pack_gqa), or -1: the block's own tile. */
+    /* work: a persistent block's work number (fa_persistent_tile; p.persistent, no split), or -1:
+     * the block's own tile. */
     template <class Bounds>
     __device__ __forceinline__ tile(const fa_kernel_params &p, const Bounds &bnd, int work = -1) {
         split = (int)blockIdx.x % p.num_splits;
@@ -236,8 +236,10 @@ template <class Tr> struct tile {
         int head = blockIdx.y;
         if (work >= 0) {
             int32_t bh;
-            fa_persistent_tile(&p, work, &m_block, &bh);
-            split = 0, b = bh / p.heads_q, head = bh - b * p.heads_q;
+            /* (a single consumer's serving tile may pack a KV head's group: then KV heads) */
+            const int hx = Tr::kConsumers == 1 && Tr::kServing ? fa_persistent_heads(&p) : p.heads_q;
+            fa_persistent_tile(&p, hx, work, &m_block, &bh);
+            split = 0, b = bh / hx, head = bh - b * hx;
         } else if (p.sched_heads > 0) { /* heaviest first across a section of heads (no split, no pack_gqa) */
             int64_t bh;
             fa_sched_tile(&p, blockIdx.x + (int64_t)gridDim.x * (blockIdx.y + (int64_t)gridDim.y * blockIdx.z), &m_block, &bh);
@@ -254,11 +256,15 @@ template <class Tr> struct tile {
     }
     /* A persistent block's tile as its producer hands it over (take_tile, take_tile_record):
      * positions from m0 of head `head` of batch entry b, one split; nothing divided by a kernel
-     * parameter (hk is only the producer's, and the compiler drops it where nothing reads it). */
+     * parameter (hk is only the producer's, and the compiler drops it where nothing reads it). With
+     * pack_gqa (a single consumer's tile: a serving decode) the tile holds the head_group heads from
+     * `head`, pack_rows positions each. */
     template <class Bounds>
     __device__ __forceinline__ tile(const fa_kernel_params &p, const Bounds &bnd, int b_, int head, int m0_) {
-        split = 0, b = b_, heads = 1, rows_per_head = Tr::kBlockM, hk = head / p.head_group, h0 = head, m0 = m0_;
-        row_last = min(m0 + Tr::kBlockM, bnd.seqlen_q) - 1;
+        const bool packed = Tr::kConsumers == 1 && Tr::kServing && p.pack_gqa; /* (the planner packs no other resident tile) */
+        split = 0, b = b_, hk = head / p.head_group, h0 = head, m0 = m0_;
+        heads = packed ? p.head_group : 1, rows_per_head = packed ? p.pack_rows : Tr::kBlockM;
+        row_last = min(m0 + rows_per_head, bnd.seqlen_q) - 1;
         partial = false;
         set_key_tiles(bnd, 1);
     }
@@ -1034,9 +1040,11 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
      * serving call's work numbers cover its capacities: its producer skips a tile past its
      * sequence's queries, and hands the consumers every other tile in a record (post_record),
      * where a tile with no key to see is answered O = 0, LSE = -inf. */
-    const int works = kPersistent ? fa_persistent_works(&p) : 0;
-    const int work0 = kPersistent ? fa_persistent_first(&p, blockIdx.x, gridDim.x) : -1;
-    auto next_work = [&](int work) { return fa_persistent_next(&p, work, blockIdx.x, gridDim.x); };
+    /* (the tiles' heads a batch entry: a single consumer's serving tile may pack a KV head's group) */
+    const int tiles_heads = kServing && kNC == 1 ? fa_persistent_heads(&p) : p.heads_q;
+    const int works = kPersistent ? fa_persistent_works(&p, tiles_heads) : 0;
+    const int work0 = kPersistent ? fa_persistent_first(&p, tiles_heads, blockIdx.x, gridDim.x) : -1;
+    auto next_work = [&](int work) { return fa_persistent_next(&p, tiles_heads, work, blockIdx.x, gridDim.x); };
     /* The block's (first) tile, built once: a block a tile uses it throughout; its sequence is the
      * block's (grid z). (A persistent serving block's tiles come with their sequences in the
      * producer's records: no sequence is read here.) */
@@ -1120,7 +1128,9 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                             }
                             ++nq;
                         };
-                        if (p.cu_seqlens_q != nullptr) { /* ragged Q: the sequences' own tiles */
+                        /* (a single consumer's tile packs a KV head's group, pack_gqa: its
+                         * ragged Q goes by the capacity's tiles, skipping those past a sequence) */
+                        if (Tr::kConsumers > 1 && p.cu_seqlens_q != nullptr) { /* ragged Q: the sequences' own tiles */
                             ragged_walk<Tr> walk(p, lane);
                             int b, head, m_block;
                             while (walk.next(b, head, m_block)) {
@@ -1128,12 +1138,15 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                                 hand_out(sq, tile<Tr>(p, sq.bounds(p), b, head, m_block * Tr::kBlockM));
                             }
                         } else {
+                            const bool packed = Tr::kConsumers == 1 && p.pack_gqa;
+                            const int hx = tiles_heads, hmul = packed ? p.head_group : 1;
+                            const int rows = packed ? p.pack_rows : Tr::kBlockM;
                             for (int work = work0; work < works; work = next_work(work)) {
                                 int32_t m_block, bh; /* (worked out once) */
-                                fa_persistent_tile(&p, work, &m_block, &bh);
-                                const int b = bh / p.heads_q;
+                                fa_persistent_tile(&p, hx, work, &m_block, &bh);
+                                const int b = bh / hx;
                                 const seq_view<kServing> sq(p, b);
-                                const tile<Tr> tl(p, sq.bounds(p), b, bh - b * p.heads_q, m_block * Tr::kBlockM);
+                                const tile<Tr> tl(p, sq.bounds(p), b, (bh - b * hx) * hmul, m_block * rows);
                                 if (tl.m0 >= sq.s.seqlen_q) continue; /* no query: nothing for anyone to do */
                                 hand_out(sq, tl);
                             }
@@ -1164,11 +1177,11 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                     ragged_walk<Tr> walk(p, lane);
                     int b, head, m_block;
                     while (walk.next(b, head, m_block))
-                        run(fa_persistent_work(&p, m_block, b * p.heads_q + head), b, head, m_block);
+                        run(fa_persistent_work(&p, p.heads_q, m_block, b * p.heads_q + head), b, head, m_block);
                 } else {
                     for (int work = work0; work < works; work = next_work(work)) {
                         int32_t m_block, bh; /* (worked out once) */
-                        fa_persistent_tile(&p, work, &m_block, &bh);
+                        fa_persistent_tile(&p, p.heads_q, work, &m_block, &bh);
                         const int b = bh / p.heads_q;
                         run(work, b, bh - b * p.heads_q, m_block);
                     }
@@ -1189,7 +1202,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                 auto next_q = [&] {
                     if (next >= works) return;
                     int32_t m_block, bh;
-                    fa_persistent_tile(&p, next, &m_block, &bh);
+                    fa_persistent_tile(&p, p.heads_q, next, &m_block, &bh);
                     const int b = bh / p.heads_q, head = bh - b * p.heads_q, m0 = m_block * Tr::kBlockM;
                     const int more = next_work(next) < works;
                     mbar_wait(sm.empty_q, nth & 1);

@@ -81,13 +81,16 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
     using Tr = traits<kDtype, kHeadDim, kKeyTile, kConsumers>;
     using TrP = traits<kDtype, kHeadDim, kKeyTile, kConsumers, true>;        /* a persistent dense block */
     using TrS = traits<kDtype, kHeadDim, kKeyTile, kConsumers, true, true>;  /* a persistent serving block */
-    /* (persistent serving blocks have two consumers, or three with two tile records: the others are not compiled) */
-    constexpr bool kServingPersistent = kConsumers == 2 || (kConsumers == 3 && TrS::kTwoRecords);
+    /* (persistent serving blocks have two consumers, or three with two tile records, or one with two
+     * tile records for a decode's packed query heads: the others are not compiled) */
+    constexpr bool kServingPersistent = kConsumers == 2 || (kConsumers != 2 && TrS::kTwoRecords);
     const int smem = !kp->persistent ? Tr::kSmemBytes : kp->serving ? TrS::kSmemBytes : TrP::kSmemBytes;
     if (l->threads != Tr::kThreads || l->smem_bytes != smem ||
         (kp->pack_gqa && (kp->pack_rows < 1 || kp->pack_rows * kp->head_group > Tr::kBlockM)) ||
         (kp->num_splits > 1 && (kp->o_accum == nullptr || kp->lse_accum == nullptr)) ||
-        (kp->persistent && (kp->num_splits > 1 || kp->pack_gqa || kp->sched_heads || l->grid_y != 1 || l->grid_z != 1 ||
+        (kp->persistent && (kp->num_splits > 1 || kp->sched_heads || l->grid_y != 1 || l->grid_z != 1 ||
+                            /* (packed query heads: a serving decode on one consumer, and it only) */
+                            (kp->pack_gqa != (kp->serving && kConsumers == 1)) ||
                             (kp->serving && (!kServingPersistent ||
                                              (kp->gather_pages && !TrS::kGathersResident))))) ||
         (kp->gather_pages && !Tr::kMayGather) ||
@@ -142,10 +145,11 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
                                  kp->v_head_stride, kp->v_batch_stride, kv_box, 1, kv_promo))))
         return (int)cudaErrorInvalidValue; /* the planner checked the limits; not expected */
     /* A persistent block stores O by TMA, in boxes of 64 rows (a consumer's) where the driver takes
-     * O's strides (the map's extents are Q's: O has Q's rows); otherwise with 16-byte writes. */
+     * O's strides (the map's extents are Q's: O has Q's rows); otherwise, and where a tile's rows
+     * are a KV group's query heads (pack_gqa), with 16-byte writes. */
     CUtensorMap to;
     memset(&to, 0, sizeof to);
-    args.o_tma = kp->persistent && encode_map(&to, kDtype, kp->o, kp->head_dim, q_seq, kp->heads_q, q_batch,
+    args.o_tma = kp->persistent && !kp->pack_gqa && encode_map(&to, kDtype, kp->o, kp->head_dim, q_seq, kp->heads_q, q_batch,
                                               kp->o_seq_stride, kp->o_head_stride, kp->o_batch_stride, 64, 1);
     const bool transform = kp->softcap > 0.0f || kp->alibi_slopes != nullptr;
     static std::atomic<unsigned long long> configured[10]; /* per kernel below: devices configured */

@@ -509,7 +509,10 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
             ? fa_sm90_page_groups((int)p->head_dim, plan->cfg.head_dim, (int)p->page_size, p->num_pages,
                                   p->k_batch_stride, p->k_seq_stride, p->v_batch_stride, p->v_seq_stride)
             : 0;
-    if (sm90 && splits == 1 && !pack && !(serving && plan->cfg.block_m == 64)) {
+    /* (a serving decode on one consumer, its tiles a KV head's packed query heads, may take
+     * resident blocks; other packed tiles and dense single-consumer tiles keep a block a tile) */
+    const int pack_resident = serving && pack && plan->cfg.block_m == 64;
+    if (sm90 && splits == 1 && (pack ? pack_resident : !(serving && plan->cfg.block_m == 64))) {
         /* More tiles than SMs, every tile with keys to see, and work that is the same for every tile
          * (no mask), or grows linearly with its query position (a causal mask, seqlen_q <= seqlen_k;
          * taken in pairs of equal work), or is bounded by a window (the same for every tile but the
@@ -521,9 +524,13 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
          * resident blocks under a causal mask (pairs) where the block has a warp for the tile records
          * besides its copies (fa_sm90_resident_gathers: two consumers, two Q buffers), and keep a
          * block a tile elsewhere (their producer is then the whole warpgroup, for one tile), as does
-         * a single consumer's tile (no persistent serving kernel is compiled for it). Over pages of
+         * a single consumer's tile where its pages are gathered. Over pages of
          * one, resident blocks made causal prefill 1.05x (head dim 128) and 1.20x (64) as fast, an
-         * unmasked call 0.96x (docs/performance.md v36). */
+         * unmasked call 0.96x (docs/performance.md v36). A serving decode on one consumer (its
+         * tiles a KV head's packed query heads) with more tiles than SMs goes on resident blocks
+         * too: a block's producer reads the next tile's sequence and issues its first K and V while
+         * the consumer finishes the last one, instead of a new block starting from its counts
+         * (docs/performance.md v62). */
         const int64_t smem = fa_sm90_smem_bytes(plan->cfg.head_dim, plan->cfg.block_m, plan->cfg.block_n, 1, serving);
         /* Every row i sees keys [i + lo, i + hi] of [0, seqlen_k): some, for every i, exactly when
          * lo <= hi, hi >= 0 (the first row) and lo <= seqlen_k - seqlen_q (the last). */

@@ -1056,6 +1056,43 @@ TEST(Planning, Sm90UnmaskedCallsWithManyTilesArePersistent) {
     flashattn_fwd_params v = valid_varlen_paged();  // a serving call with fewer tiles than SMs: a block each
     v.backend = FLASHATTN_BACKEND_FUSED_SM90;
     EXPECT_EQ(0, persistent(v));
+    {
+        // A serving decode (one query a sequence, 8 query heads over 2 KV heads: one consumer's tile
+        // packs a KV group) with more tiles (batch x KV heads) than SMs: resident blocks, its tiles
+        // in the grid's order (pairs under a causal mask), the block's shared memory the persistent
+        // serving figure; over pages TMA reads (64 and 16 keys). With as many tiles as SMs or fewer
+        // it splits its keys, a block each; over pages gathered row by row (8 keys), a block a tile.
+        flashattn_fwd_params dec = valid_varlen_paged();
+        dec.backend = FLASHATTN_BACKEND_FUSED_SM90, dec.heads_q = 8, dec.heads_kv = 2, dec.head_dim = 128;
+        dec.batch = 70, dec.seqlen_q = 1, dec.total_q = 70, dec.seqlen_k = 1024, dec.page_size = 64;
+        dec.pages_per_seq = dec.block_table_batch_stride = 16, dec.num_pages = 70 * 16;
+        flashattn_fwd_params_set_packed_strides(&dec);
+        dec.q_batch_stride = dec.o_batch_stride = 0, dec.k_batch_stride = dec.v_batch_stride = 64 * dec.k_seq_stride;
+        const fa_plan resident = plan_ok(dec, caps);
+        EXPECT_EQ(64, resident.cfg.block_m);
+        EXPECT_EQ(1, resident.kp.pack_gqa);
+        EXPECT_EQ(1, resident.kp.persistent);
+        EXPECT_EQ(1, resident.kp.num_splits);
+        EXPECT_EQ(132, resident.grid_x);
+        EXPECT_EQ(1, resident.grid_y);
+        EXPECT_EQ(1, resident.grid_z);
+        EXPECT_EQ(fa_sm90_smem_bytes(128, 64, resident.cfg.block_n, 1, 1), resident.smem_bytes);
+        EXPECT_EQ(140, fa_persistent_works(&resident.kp, fa_persistent_heads(&resident.kp)));  // batch x KV heads x one query tile
+        dec.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+        EXPECT_EQ(2, persistent(dec));
+        dec.batch = 66, dec.total_q = 66;  // 132 tiles: no more than the SMs
+        EXPECT_EQ(0, persistent(dec));
+        dec.batch = 70, dec.total_q = 70, dec.page_size = 16;  // boxes of 16 keys: resident
+        dec.pages_per_seq = dec.block_table_batch_stride = 64, dec.num_pages = 70 * 64;
+        dec.k_batch_stride = dec.v_batch_stride = 16 * dec.k_seq_stride;
+        EXPECT_EQ(0, plan_ok(dec, caps).kp.gather_pages);
+        EXPECT_EQ(2, persistent(dec));
+        dec.page_size = 8;  // gathered
+        dec.pages_per_seq = dec.block_table_batch_stride = 128, dec.num_pages = 70 * 128;
+        dec.k_batch_stride = dec.v_batch_stride = 8 * dec.k_seq_stride;
+        EXPECT_EQ(1, plan_ok(dec, caps).kp.gather_pages);
+        EXPECT_EQ(0, persistent(dec));
+    }
     // Serving calls are planned on their capacities: 3 x 8 heads x 100 queries is 24 tiles; 3 x 8
     // heads x 2000 is 384. TMA-read pages, packed K/V and caches go persistent; so do gathered pages
     // (a size TMA cannot tile) under a causal mask where the resident block has two consumers and two
@@ -1106,31 +1143,34 @@ TEST(Planning, Sm90UnmaskedCallsWithManyTilesArePersistent) {
 // key tiles when block_m = block_n) sums to the same for every unit; with an odd tile count the
 // middle tiles come after the units, first to the blocks with one unit fewer, so that the most and
 // least loaded blocks differ by at most one unit's work (m + 1). fa_persistent_work gives each
-// tile's work number back.
+// tile's work number back. With packed query heads (pack_gqa) the pairs are of KV heads.
 TEST(Planning, PersistentWorkCoversEveryTileOnce) {
     for (int kind : {1, 2})
+        for (int pack : {0, 1})
         for (auto [m, batch, heads, grid] : std::vector<std::array<int, 4>>{{1, 1, 1, 1},   {4, 32, 16, 132}, {5, 3, 7, 13},
                                                                             {7, 2, 3, 132}, {11, 8, 32, 132}, {64, 2, 16, 132},
                                                                             {3, 1, 200, 100}, {1, 300, 1, 132}, {3, 9, 7, 50}}) {
             fa_kernel_params kp{};
-            kp.num_m_blocks = m, kp.batch = batch, kp.heads_q = heads, kp.persistent = kind;
+            kp.num_m_blocks = m, kp.batch = batch, kp.persistent = kind, kp.pack_gqa = pack;
+            kp.heads_kv = heads, kp.heads_q = pack ? 4 * heads : heads;  // (packed: groups of 4 query heads)
             const int64_t pairs = (int64_t)batch * heads;
             if (kind == 2) grid = (int)std::min<int64_t>(grid, (m / 2 + m % 2) * pairs);  // as the planner caps it
             else grid = (int)std::min<int64_t>(grid, m * pairs);
             std::vector<int> seen(pairs * m, 0);
-            const int32_t works = fa_persistent_works(&kp);
+            const int32_t tile_heads = fa_persistent_heads(&kp), works = fa_persistent_works(&kp, tile_heads);
+            ASSERT_EQ(heads, tile_heads);
             EXPECT_EQ(m * pairs, works);
             int64_t most = 0, least = INT64_MAX;
             for (int32_t block = 0; block < grid; ++block) {
                 int32_t prev_m = -1;
                 int64_t load = 0;
-                ASSERT_LT(fa_persistent_first(&kp, block, grid), works) << "block " << block << " has no work";
-                for (int32_t w = fa_persistent_first(&kp, block, grid), k = 0; w < works;
-                     w = fa_persistent_next(&kp, w, block, grid), ++k) {
+                ASSERT_LT(fa_persistent_first(&kp, tile_heads, block, grid), works) << "block " << block << " has no work";
+                for (int32_t w = fa_persistent_first(&kp, tile_heads, block, grid), k = 0; w < works;
+                     w = fa_persistent_next(&kp, tile_heads, w, block, grid), ++k) {
                     int32_t mb = -1, bh = -1;
-                    fa_persistent_tile(&kp, w, &mb, &bh);
+                    fa_persistent_tile(&kp, tile_heads, w, &mb, &bh);
                     ASSERT_TRUE(mb >= 0 && mb < m && bh >= 0 && bh < pairs) << w;
-                    ASSERT_EQ(w, fa_persistent_work(&kp, mb, bh)) << "kind " << kind << " m " << m << " tile " << mb;
+                    ASSERT_EQ(w, fa_persistent_work(&kp, tile_heads, mb, bh)) << "kind " << kind << " m " << m << " tile " << mb;
                     ++seen[bh * m + mb];
                     load += mb + 1;
                     if (kind == 2 && w < 2 * (m / 2) * pairs) {

@@ -717,9 +717,9 @@ TEST_F(Serving, DecodeOverCaches) {
 
 TEST_F(Serving, UnsplitDecodeOverManySequences) {
     // A decode whose tiles fill the SMs without a split (more sequences x KV heads than SMs):
-    // FUSED_SM90's 64-row tiles, one block a tile, over a dense cache, an indexed one, packed K/V
-    // and pages of 64 and 256 that TMA reads; dense and packed Q; lengths from 0 to past a tile,
-    // against the oracle.
+    // FUSED_SM90's 64-row tiles on resident blocks (the plan must say so), over a dense cache, an
+    // indexed one, packed K/V and pages of 64 and 256 that TMA reads; dense and packed Q; lengths
+    // from 0 to past a tile, against the oracle.
     if (!serves_on_sm90()) GTEST_SKIP() << "FUSED_SM90 needs an sm_90 GPU and a build with its kernels";
     int dev = 0, sms = 0;
     ASSERT_EQ(cudaSuccess, cudaGetDevice(&dev));
@@ -738,12 +738,67 @@ TEST_F(Serving, UnsplitDecodeOverManySequences) {
                     s.sq.push_back(1);
                     s.sk.push_back(b == 3 ? 0 : b == 5 ? 1 : b == 8 ? 129 : (97 * b) % 1100 + 1);
                 }
-                run_and_check(h, s, st, FLASHATTN_BACKEND_FUSED_SM90);
+                run_and_check(h, s, st, FLASHATTN_BACKEND_FUSED_SM90, " persistent");
             }
         }
     EXPECT_EQ(st.calls[FLASHATTN_BACKEND_FUSED_SM90], st.unsplit_m64) << "a call split its keys or left the 64-row tile";
     EXPECT_GT(st.unsplit_m64, 0);
     print_stats("decode whose tiles fill the SMs unsplit (cache, indexed cache, packed K/V, pages of 64 and 256)", st);
+}
+
+TEST_F(Serving, DecodeOnResidentBlocksTakesTileAfterTile) {
+    // A serving decode with about three times as many tiles (sequences x KV heads) as SMs: FUSED_SM90's
+    // resident single-consumer blocks, each tile a KV head's group of query heads, its record warp
+    // reading the next tile's sequence and its K/V warp loading the next tile's K and V while the
+    // consumer finishes the last one; the two Q buffers and tile records go round several times.
+    // Head dims 64 (192-key tiles) and 128; no mask, causal, a sliding window, softcap with ALiBi;
+    // one query and four (speculative decode) a sequence; groups of 4 and 3 query heads; a dense
+    // cache, pages (64 keys; 16 at head dim 128: eight boxes a key tile) and packed K/V; lengths 0
+    // to 700 (a sequence with no key: O = 0, LSE = -inf; with packed Q, one with no query). Pages
+    // gathered row by row (19 keys) keep a block a tile: their plan must not say persistent.
+    if (!serves_on_sm90()) GTEST_SKIP() << "FUSED_SM90 needs an sm_90 GPU and a build with its kernels";
+    int dev = 0, sms = 0;
+    ASSERT_EQ(cudaSuccess, cudaGetDevice(&dev));
+    ASSERT_EQ(cudaSuccess, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    Stats st;
+    int variant = 0;
+    const KvMode kvs[3] = {kDenseSeqused, kPagedSeqused, kPackedKv};
+    for (int64_t d : {64, 128})
+        for (int mask : {(int)FLASHATTN_MASK_NONE, (int)FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, -1, -2}) {
+            const KvMode kv = kvs[variant++ % 3];  // (each head dim meets every K/V form)
+            Spec s;
+            s.d = d, s.kv = kv, s.page_size = d == 128 ? 16 : 64, s.cap_k = 700;
+            s.hkv = variant % 2 ? 4 : 2, s.hq = s.hkv * (variant % 3 ? 4 : 3);
+            s.mask = mask < 0 ? FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT : mask;
+            if (mask == -1) s.wl = 100;                         // a sliding window
+            if (mask == -2) s.softcap = 25.0f, s.alibi = true;  // the transform kernels
+            s.packed_q = kv != kDenseSeqused;
+            s.dtype = variant % 2 ? FLASHATTN_DTYPE_BFLOAT16 : FLASHATTN_DTYPE_FLOAT16;
+            const int64_t queries = mask == FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT ? 4 : 1;
+            const int64_t batch = 3 * sms / s.hkv + 5;  // tiles: about three a block
+            if (!s.packed_q) s.cap_q = queries;
+            for (int64_t b = 0; b < batch; ++b) {
+                s.sq.push_back(s.packed_q && b == 7 ? 0 : queries);
+                s.sk.push_back(b == 3 ? 0 : b == 5 ? 1 : b == 8 ? 129 : (389 * b + 17 * variant) % 700 + 1);
+            }
+            run_and_check(h, s, st, FLASHATTN_BACKEND_FUSED_SM90, " persistent");
+        }
+    // Gathered pages: a block a tile.
+    Spec g;
+    g.d = 128, g.kv = kPagedSeqused, g.page_size = 19, g.hq = 16, g.hkv = 4, g.cap_k = 700;
+    for (int64_t b = 0; b < sms / g.hkv + 9; ++b) g.sq.push_back(1), g.sk.push_back((97 * b) % 700 + 1);
+    run_and_check(h, g, st, FLASHATTN_BACKEND_FUSED_SM90, ":gather");
+    {
+        ServingRun r(g);
+        DeviceRun devrun(r);
+        flashattn_fwd_params p = devrun.params(r);
+        p.backend = FLASHATTN_BACKEND_FUSED_SM90;
+        flashattn_plan_info info;
+        flashattn_plan_info_init(&info);
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_plan(h, &p, &info)) << flashattn_last_error();
+        EXPECT_EQ(std::string::npos, std::string(info.description).find(" persistent")) << info.description;
+    }
+    print_stats("decode on resident single-consumer blocks (about three tiles a block; head dims 64, 128; no mask, causal, a window, softcap with ALiBi; 1 and 4 queries; cache, pages of 64 and 16, packed K/V)", st);
 }
 
 TEST_F(Serving, FusedDecodeWarpsWithNoQueryRowComputeNothing) {
