@@ -191,26 +191,29 @@ static void check_plan(const fa_device_caps *caps, const flashattn_fwd_params *p
      * them (fa_sm90_resident_gathers: two consumers, two Q buffers) */
     const int resident_gather = plan.kp.persistent == 2 && plan.kp.serving && plan.kp.gather_pages &&
                                 fa_sm90_resident_gathers(plan.cfg.head_dim, plan.cfg.block_m, plan.cfg.block_n);
-    if (plan.kp.persistent) { /* resident blocks: FUSED_SM90's unsplit, unpacked calls whose every row sees a key
+    if (plan.kp.persistent) { /* resident blocks: FUSED_SM90's unsplit calls whose every row sees a key
                                * (at the capacities for serving ones: two or three consumers, K/V gathered
-                               * only as resident_gather says) */
-        const int64_t tiles = (int64_t)plan.kp.num_m_blocks * plan.kp.batch * plan.kp.heads_q;
+                               * only as resident_gather says; or one consumer whose tiles pack a KV head's
+                               * query heads, a serving decode, over pages TMA reads) */
+        const int32_t heads = fa_persistent_heads(&plan.kp); /* (packed: KV heads) */
+        const int64_t tiles = (int64_t)plan.kp.num_m_blocks * plan.kp.batch * heads;
         const int windowed = full.window_left >= 0 || full.window_right >= 0;
         const int64_t units =
-            plan.kp.persistent == 2 ? (int64_t)((plan.kp.num_m_blocks + 1) / 2) * plan.kp.batch * plan.kp.heads_q : tiles;
+            plan.kp.persistent == 2 ? (int64_t)((plan.kp.num_m_blocks + 1) / 2) * plan.kp.batch * heads : tiles;
         /* every block has work: its first work number is a tile */
         if (plan.grid_x > 0 && tiles <= INT32_MAX) {
-            const int32_t last = fa_persistent_first(&plan.kp, plan.grid_x - 1, plan.grid_x);
-            CHECK(last >= 0 && last < fa_persistent_works(&plan.kp), "the last persistent block has no work");
+            const int32_t last = fa_persistent_first(&plan.kp, heads, plan.grid_x - 1, plan.grid_x);
+            CHECK(last >= 0 && last < fa_persistent_works(&plan.kp, heads), "the last persistent block has no work");
             int32_t m_block = -1, bh = -1; /* its tile's work number back (the ragged walks hand tiles on so) */
-            fa_persistent_tile(&plan.kp, last, &m_block, &bh);
-            CHECK(fa_persistent_work(&plan.kp, m_block, bh) == last, "fa_persistent_work inverts fa_persistent_tile");
+            fa_persistent_tile(&plan.kp, heads, last, &m_block, &bh);
+            CHECK(fa_persistent_work(&plan.kp, heads, m_block, bh) == last, "fa_persistent_work inverts fa_persistent_tile");
         }
         CHECK(plan.backend == FLASHATTN_BACKEND_FUSED_SM90 &&
                   (!plan.kp.serving ||
-                   (plan.cfg.block_m != 64 &&
-                    (!plan.kp.gather_pages || resident_gather))) &&
-                  plan.kp.num_splits == 1 && !plan.kp.pack_gqa && plan.kp.sched_heads == 0 && full.seqlen_k > 0 &&
+                   (plan.cfg.block_m != 64 ? !plan.kp.pack_gqa && (!plan.kp.gather_pages || resident_gather)
+                                           : plan.kp.pack_gqa && !plan.kp.gather_pages)) &&
+                  (plan.kp.serving || !plan.kp.pack_gqa) &&
+                  plan.kp.num_splits == 1 && plan.kp.sched_heads == 0 && full.seqlen_k > 0 &&
                   /* a window: too few query tiles a head for the heaviest-first order (or serving) */
                   (!windowed || plan.kp.serving || fa_sched_heads(caps, &full, plan.kp.num_m_blocks) == 0) &&
                   /* every row i sees keys [i + lo, i + hi] of [0, seqlen_k): some, for every i */
@@ -257,7 +260,8 @@ static void check_plan(const fa_device_caps *caps, const flashattn_fwd_params *p
                   !plan.kp.gather_pages && full.head_dim > FA_SM90_D128_SHORT_S_HEAD_DIM,
               "176-key tile at head dim %lld", (long long)full.head_dim);
     if (plan.backend == FLASHATTN_BACKEND_FUSED_SM90 && plan.cfg.block_m == 64) /* the single-consumer tile: */
-        CHECK(plan.kp.pack_gqa && !plan.kp.persistent, "single-consumer tile: packed groups only"); /* grouped decode */
+        CHECK(plan.kp.pack_gqa && (!plan.kp.persistent || (plan.kp.serving && !plan.kp.gather_pages)),
+              "single-consumer tile: packed groups only, resident only in a serving call over TMA's loads"); /* grouped decode */
     if (plan.kp.sched_heads != 0) /* heaviest-first sections: FUSED_SM90's unsplit, unpacked dense calls */
         CHECK(plan.backend == FLASHATTN_BACKEND_FUSED_SM90 && !plan.kp.serving && plan.kp.num_splits == 1 &&
                   !plan.kp.pack_gqa && plan.kp.sched_heads >= 1 &&
