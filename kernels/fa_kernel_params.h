@@ -86,9 +86,10 @@ typedef struct fa_kernel_params {
      * one head's heaviest tiles started late, and the K/V of the heads a section runs at once stay
      * in the L2. 0: the grid order (blockIdx.x the query tile, heaviest first within each head). */
     int32_t sched_heads;
-    /* FUSED_SM90 calls with more query tiles than SMs, every tile with keys, no split, no pack_gqa
-     * (dense calls, and serving calls on their capacities with two consumers and pages read by TMA;
-     * and serving decodes on one consumer, whose tiles pack a KV head's group, pack_gqa):
+    /* FUSED_SM90 calls with more query tiles than SMs, every tile with keys, no split (dense calls
+     * and serving calls on their capacities, unpacked, with two or three consumers and pages read
+     * by TMA, or gathered under the rule of fa_sm90_resident_gathers; and serving decodes on one
+     * consumer, whose tiles pack a KV head's group, pack_gqa):
      * grid_x blocks stay resident and each takes tile after tile (fa_persistent_first, then
      * fa_persistent_next), its producer loading the next tile's Q and K while the consumers finish
      * this one. 1: tiles in the grid's order, for calls with no mask (every tile the same work) or

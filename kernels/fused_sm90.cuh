@@ -224,6 +224,16 @@ template <class Tr> __device__ __forceinline__ bool gathers_pages(const fa_kerne
 template <class Tr> struct tile {
     int split, b, heads, rows_per_head, hk, h0, m0, row_last, tile_begin, n_tiles;
     bool partial;
+    /* Whether a persistent block's tiles pack a KV head's group of query heads (pack_gqa): a serving
+     * decode on one consumer, the only resident tile the planner packs (the launcher checks). The
+     * (batch, head) pairs of its work numbers are then over KV heads: work_heads (heads_q in every
+     * other kernel, which then reads no more than it did). */
+    static __device__ __forceinline__ bool packed(const fa_kernel_params &p) {
+        return Tr::kConsumers == 1 && Tr::kServing && p.pack_gqa;
+    }
+    static __device__ __forceinline__ int work_heads(const fa_kernel_params &p) {
+        return Tr::kConsumers == 1 && Tr::kServing ? fa_persistent_heads(&p) : p.heads_q;
+    }
     /* bnd: the sequence's counts and visibility offsets (the kernel parameters for a dense call,
      * its fa_seq for a serving call). */
     /* work: a persistent block's work number (fa_persistent_tile; p.persistent, no split), or -1:
@@ -236,8 +246,7 @@ template <class Tr> struct tile {
         int head = blockIdx.y;
         if (work >= 0) {
             int32_t bh;
-            /* (a single consumer's serving tile may pack a KV head's group: then KV heads) */
-            const int hx = Tr::kConsumers == 1 && Tr::kServing ? fa_persistent_heads(&p) : p.heads_q;
+            const int hx = work_heads(p);
             fa_persistent_tile(&p, hx, work, &m_block, &bh);
             split = 0, b = bh / hx, head = bh - b * hx;
         } else if (p.sched_heads > 0) { /* heaviest first across a section of heads (no split, no pack_gqa) */
@@ -261,9 +270,9 @@ template <class Tr> struct tile {
      * `head`, pack_rows positions each. */
     template <class Bounds>
     __device__ __forceinline__ tile(const fa_kernel_params &p, const Bounds &bnd, int b_, int head, int m0_) {
-        const bool packed = Tr::kConsumers == 1 && Tr::kServing && p.pack_gqa; /* (the planner packs no other resident tile) */
+        const bool pack = packed(p);
         split = 0, b = b_, hk = head / p.head_group, h0 = head, m0 = m0_;
-        heads = packed ? p.head_group : 1, rows_per_head = packed ? p.pack_rows : Tr::kBlockM;
+        heads = pack ? p.head_group : 1, rows_per_head = pack ? p.pack_rows : Tr::kBlockM;
         row_last = min(m0 + rows_per_head, bnd.seqlen_q) - 1;
         partial = false;
         set_key_tiles(bnd, 1);
@@ -1040,8 +1049,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
      * serving call's work numbers cover its capacities: its producer skips a tile past its
      * sequence's queries, and hands the consumers every other tile in a record (post_record),
      * where a tile with no key to see is answered O = 0, LSE = -inf. */
-    /* (the tiles' heads a batch entry: a single consumer's serving tile may pack a KV head's group) */
-    const int tiles_heads = kServing && kNC == 1 ? fa_persistent_heads(&p) : p.heads_q;
+    const int tiles_heads = tile<Tr>::work_heads(p); /* (the work numbers' heads a batch entry) */
     const int works = kPersistent ? fa_persistent_works(&p, tiles_heads) : 0;
     const int work0 = kPersistent ? fa_persistent_first(&p, tiles_heads, blockIdx.x, gridDim.x) : -1;
     auto next_work = [&](int work) { return fa_persistent_next(&p, tiles_heads, work, blockIdx.x, gridDim.x); };
@@ -1138,7 +1146,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                                 hand_out(sq, tile<Tr>(p, sq.bounds(p), b, head, m_block * Tr::kBlockM));
                             }
                         } else {
-                            const bool packed = Tr::kConsumers == 1 && p.pack_gqa;
+                            const bool packed = tile<Tr>::packed(p);
                             const int hx = tiles_heads, hmul = packed ? p.head_group : 1;
                             const int rows = packed ? p.pack_rows : Tr::kBlockM;
                             for (int work = work0; work < works; work = next_work(work)) {

@@ -81,9 +81,9 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
     using Tr = traits<kDtype, kHeadDim, kKeyTile, kConsumers>;
     using TrP = traits<kDtype, kHeadDim, kKeyTile, kConsumers, true>;        /* a persistent dense block */
     using TrS = traits<kDtype, kHeadDim, kKeyTile, kConsumers, true, true>;  /* a persistent serving block */
-    /* (persistent serving blocks have two consumers, or three with two tile records, or one with two
-     * tile records for a decode's packed query heads: the others are not compiled) */
-    constexpr bool kServingPersistent = kConsumers == 2 || (kConsumers != 2 && TrS::kTwoRecords);
+    /* (persistent serving blocks have two consumers, or two tile records: three consumers, or one
+     * for a decode's packed query heads; the others are not compiled) */
+    constexpr bool kServingPersistent = kConsumers == 2 || TrS::kTwoRecords;
     const int smem = !kp->persistent ? Tr::kSmemBytes : kp->serving ? TrS::kSmemBytes : TrP::kSmemBytes;
     if (l->threads != Tr::kThreads || l->smem_bytes != smem ||
         (kp->pack_gqa && (kp->pack_rows < 1 || kp->pack_rows * kp->head_group > Tr::kBlockM)) ||

@@ -509,10 +509,9 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
             ? fa_sm90_page_groups((int)p->head_dim, plan->cfg.head_dim, (int)p->page_size, p->num_pages,
                                   p->k_batch_stride, p->k_seq_stride, p->v_batch_stride, p->v_seq_stride)
             : 0;
-    /* (a serving decode on one consumer, its tiles a KV head's packed query heads, may take
-     * resident blocks; other packed tiles and dense single-consumer tiles keep a block a tile) */
-    const int pack_resident = serving && pack && plan->cfg.block_m == 64;
-    if (sm90 && splits == 1 && (pack ? pack_resident : !(serving && plan->cfg.block_m == 64))) {
+    /* (packed tiles take resident blocks only as a serving decode on one consumer, and that tile
+     * only packed: the launcher's rule) */
+    if (sm90 && splits == 1 && pack == (serving && plan->cfg.block_m == 64)) {
         /* More tiles than SMs, every tile with keys to see, and work that is the same for every tile
          * (no mask), or grows linearly with its query position (a causal mask, seqlen_q <= seqlen_k;
          * taken in pairs of equal work), or is bounded by a window (the same for every tile but the
