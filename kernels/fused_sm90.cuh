@@ -915,15 +915,22 @@ __device__ __forceinline__ void store_split_partial(const fa_kernel_params &p, c
  * the middle tiles continue the same rounds after the last unit, so the first of them go to the
  * blocks that took one unit fewer. (Dealt i, i + G, ... in batch order, a ragged causal batch of 16k
  * tokens left its most loaded block about 1.12x an even share of the work: docs/performance.md v61.)
- * A unit is found by a prefix sum over the 32 sequences, from a cursor that only moves forward. */
-template <class Tr> struct ragged_walk {
+ * A unit is found by a prefix sum over the 32 sequences, from a cursor that only moves forward.
+ *
+ * kLongestFirst false: the sequences in batch order and block i taking units i, i + G, ... (the
+ * middle tiles going on from the block after the last unit's). The blocks whose one producer warp
+ * also loads every tile walk so: there the sort's registers pushed ptxas's spills in that warp from
+ * 16-28 to 40-48 bytes, and its equal-length rows ran 2-3.6% slower (docs/performance.md v62). */
+template <class Tr, bool kLongestFirst = true> struct ragged_walk {
     const fa_kernel_params &p;
     int lane, phase = 0, target, step, base = 0, before = 0; /* phase 1: the middle tiles */
     int seq = -1; /* this lane's sequence of the 32 from `base`, longest first (-1: not yet sorted) */
     int light = -1, light_b = 0, light_h = 0; /* kind 2: the unit's lighter tile, still to hand out */
-    /* (step: the distance to the block's unit in the next round, 2 G - 1 - 2 i and 1 + 2 i in turn) */
+    /* (step: the distance to the block's unit in the next round, 2 G - 1 - 2 i and 1 + 2 i in turn;
+     * G throughout without kLongestFirst) */
     __device__ __forceinline__ ragged_walk(const fa_kernel_params &p_, int lane_)
-        : p(p_), lane(lane_), target((int)blockIdx.x), step(2 * ((int)gridDim.x - (int)blockIdx.x) - 1) {}
+        : p(p_), lane(lane_), target((int)blockIdx.x),
+          step(kLongestFirst ? 2 * ((int)gridDim.x - (int)blockIdx.x) - 1 : (int)gridDim.x) {}
     /* Sequence e's query tiles (serving_seq's query count; FUSED_SM90 is never planned with
      * q_group_rows), and its units or middle tiles. */
     __device__ __forceinline__ int query_tiles(int e) const {
@@ -961,7 +968,8 @@ template <class Tr> struct ragged_walk {
     __device__ __forceinline__ bool locate(int &b, int &rank, int &m_b) {
         for (; base < p.batch; base += 32, seq = -1) {
             int m;
-            if (seq < 0) sort_sequences(m);
+            if constexpr (!kLongestFirst) seq = base + lane, m = query_tiles(seq);
+            else if (seq < 0) sort_sequences(m);
             else m = query_tiles(seq);
             const int c = count(m);
             int incl = c;
@@ -991,7 +999,8 @@ template <class Tr> struct ragged_walk {
         for (;;) {
             int rank, m;
             if (locate(b, rank, m)) {
-                target += step, step = 2 * (int)gridDim.x - step;
+                target += step;
+                if constexpr (kLongestFirst) step = 2 * (int)gridDim.x - step;
                 if (phase == 1) {
                     h = rank, mb = m / 2;
                 } else if (p.persistent == 2) {
@@ -1005,7 +1014,13 @@ template <class Tr> struct ragged_walk {
             }
             if (phase == 1 || p.persistent != 2) return false;
             /* every unit counted (before): the middle tiles go on from there in the same rounds */
-            phase = 1, target -= before, base = 0, before = 0;
+            if constexpr (kLongestFirst) {
+                phase = 1, target -= before, base = 0, before = 0;
+            } else {
+                const int units = before, grid = (int)gridDim.x;
+                phase = 1, base = 0, before = 0;
+                target = ((int)blockIdx.x - units % grid + grid) % grid;
+            }
         }
     }
 };
@@ -1181,8 +1196,8 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                     produce_serving(p, sq, tl, sm, &tm_q, &tm_k, &tm_v, tid, nth++, kv0);
                     kv0 += tl.n_tiles;
                 };
-                if (p.cu_seqlens_q != nullptr) { /* ragged Q: the sequences' own tiles */
-                    ragged_walk<Tr> walk(p, lane);
+                if (p.cu_seqlens_q != nullptr) { /* ragged Q: the sequences' own tiles, in batch order */
+                    ragged_walk<Tr, false> walk(p, lane);
                     int b, head, m_block;
                     while (walk.next(b, head, m_block))
                         run(fa_persistent_work(&p, p.heads_q, m_block, b * p.heads_q + head), b, head, m_block);
