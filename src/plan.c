@@ -120,6 +120,15 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 static int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
+/* The fields from which a serving call's kernel works out each sequence's visible keys
+ * (serving_seq): the mask's kind and the window. */
+static void serving_visibility(const flashattn_fwd_params *p, fa_kernel_params *kp) {
+    kp->mask_kind = p->mask;
+    /* A window wider than any sequence pair (2^30 + 2^30 keys) is unbounded in effect. */
+    kp->window_left = (int32_t)min64(p->window_left, FA_MAX_SEQLEN);
+    kp->window_right = (int32_t)min64(p->window_right, FA_MAX_SEQLEN);
+}
+
 /* Fold causal mask and window into key_lo_off <= j - i <= key_hi_off, clamped (see
  * fa_kernel_params.h). */
 static void visibility_offsets(const flashattn_fwd_params *p, int32_t *lo_out, int32_t *hi_out) {
@@ -171,10 +180,7 @@ static void fill_kernel_params(const flashattn_fwd_params *p, fa_kernel_params *
         kp->pages_per_seq = (int32_t)p->pages_per_seq;
         kp->total_q = (int32_t)p->total_q, kp->total_k = (int32_t)p->total_k;
         kp->kv_batch = (int32_t)p->kv_batch;
-        kp->mask_kind = p->mask;
-        /* A window wider than any sequence pair (2^30 + 2^30 keys) is unbounded in effect. */
-        kp->window_left = (int32_t)min64(p->window_left, FA_MAX_SEQLEN);
-        kp->window_right = (int32_t)min64(p->window_right, FA_MAX_SEQLEN);
+        serving_visibility(p, kp);
         kp->seqused_add = (int32_t)p->seqlen_new;
         kp->kv_indptr = p->kv_indptr, kp->kv_last_page_len = p->kv_last_page_len;
         kp->num_page_indices = (int32_t)p->num_page_indices;
@@ -509,9 +515,15 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
             ? fa_sm90_page_groups((int)p->head_dim, plan->cfg.head_dim, (int)p->page_size, p->num_pages,
                                   p->k_batch_stride, p->k_seq_stride, p->v_batch_stride, p->v_seq_stride)
             : 0;
+    /* A dense decode whose single consumer's tile packs a KV head's query heads goes on resident
+     * blocks as a serving call of full sequences (kp.serving with none of the device arrays: every
+     * sequence seqlen_q queries over seqlen_k keys, the mask and window the call's), since only the
+     * serving kernel is compiled for such blocks. */
+    const int dense_packed = sm90 && !serving && pack && plan->cfg.block_m == 64;
+    const int as_serving = serving || dense_packed;
     /* (packed tiles take resident blocks only as a serving decode on one consumer, and that tile
      * only packed: the launcher's rule) */
-    if (sm90 && splits == 1 && pack == (serving && plan->cfg.block_m == 64)) {
+    if (sm90 && splits == 1 && pack == (as_serving && plan->cfg.block_m == 64)) {
         /* More tiles than SMs, every tile with keys to see, and work that is the same for every tile
          * (no mask), or grows linearly with its query position (a causal mask, seqlen_q <= seqlen_k;
          * taken in pairs of equal work), or is bounded by a window (the same for every tile but the
@@ -529,8 +541,8 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
          * tiles a KV head's packed query heads) with more tiles than SMs goes on resident blocks
          * too: a block's producer reads the next tile's sequence and issues its first K and V while
          * the consumer finishes the last one, instead of a new block starting from its counts
-         * (docs/performance.md v62). */
-        const int64_t smem = fa_sm90_smem_bytes(plan->cfg.head_dim, plan->cfg.block_m, plan->cfg.block_n, 1, serving);
+         * (docs/performance.md v62); and so does a dense decode on that tile (v63). */
+        const int64_t smem = fa_sm90_smem_bytes(plan->cfg.head_dim, plan->cfg.block_m, plan->cfg.block_n, 1, as_serving);
         /* Every row i sees keys [i + lo, i + hi] of [0, seqlen_k): some, for every i, exactly when
          * lo <= hi, hi >= 0 (the first row) and lo <= seqlen_k - seqlen_q (the last). */
         const int32_t lo = plan->kp.key_lo_off, hi = plan->kp.key_hi_off;
@@ -539,7 +551,7 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
         /* A window with enough query tiles a head for sched_heads' order keeps a block a tile: its
          * blocks then take the heaviest tiles first across sections of heads (the grid order cost
          * head dim 256 12% at 8192 tokens and a window of 4096; docs/performance.md v24). */
-        const int window_in_grid_order = serving || fa_sched_heads(caps, p, mblocks) == 0;
+        const int window_in_grid_order = as_serving || fa_sched_heads(caps, p, mblocks) == 0;
         int kind = !every_row_sees_keys             ? 0
                    : windowed                       ? window_in_grid_order
                    : p->mask == FLASHATTN_MASK_NONE ? 1
@@ -557,7 +569,8 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
             plan->kp.persistent = kind;
             plan->grid_x = (int32_t)min64(caps->sm_count, takers), plan->grid_y = plan->grid_z = 1;
             plan->smem_bytes = (int32_t)smem;
-        } else if (!serving) {
+            if (dense_packed) plan->kp.serving = 1, serving_visibility(p, &plan->kp);
+        } else if (!as_serving) {
             plan->kp.sched_heads = (int32_t)fa_sched_heads(caps, p, mblocks);
         }
     }

@@ -36,6 +36,15 @@ inline bool gpu_available() {
     return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
+// The current device's SM count (0 where CUDA cannot say): the decode tests size their batches by it.
+inline int sm_count() {
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+        return 0;
+    return sms;
+}
+
 #define REQUIRE_GPU()                                                                  \
     do {                                                                               \
         if (!fatest::gpu_available()) GTEST_SKIP() << "no CUDA device on this machine"; \

@@ -486,6 +486,40 @@ TEST_F(GpuSm90, PersistentBlocksTakeTileAfterTile) {
     EXPECT_EQ(cases, persistent) << "every case must take the persistent path";
 }
 
+// Dense decode with more tiles (batch x KV heads) than SMs, each tile a KV head's group of query
+// heads on one consumer: FUSED_SM90 runs it on resident blocks as a serving call of full-length
+// sequences (the next tile's Q, K and V loading while the consumer finishes the last). About three
+// tiles a block; head dims 64 (192-key tiles), 96 and 128; no mask with one query; both causal masks
+// with four (speculative decode); a sliding window; softcap with ALiBi; a padded layout without LSE;
+// groups of 4 and 8; both dtypes. Every case must plan resident blocks.
+TEST_F(GpuSm90, DenseDecodeOnResidentBlocks) {
+    const int sms = sm_count();
+    ASSERT_GT(sms, 0);
+    RuleStats st;
+    int persistent = 0, cases = 0;
+    for (int64_t d : {64, 96, 128})
+        for (int variant = 0; variant < 6; ++variant) {
+            Case c;
+            c.dtype = variant % 2 ? FLASHATTN_DTYPE_FLOAT16 : FLASHATTN_DTYPE_BFLOAT16;
+            c.d = d, c.hkv = variant == 3 ? 2 : 4, c.hq = c.hkv * (variant == 3 ? 8 : 4);
+            c.b = 3 * sms / c.hkv + 5, c.sq = 1, c.sk = 300 + 77 * variant;
+            if (variant == 1) c.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, c.sq = 4;
+            if (variant == 2) c.mask = FLASHATTN_MASK_CAUSAL_TOP_LEFT, c.sq = 4;
+            if (variant == 3) c.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, c.wl = 100;
+            if (variant == 4) c.softcap = 20.0f, c.alibi = true;
+            if (variant == 5) c.layout = kPadded, c.lse = false;
+            const flashattn_plan_info info = plan_for(h, Inputs(c), FLASHATTN_BACKEND_FUSED_SM90);
+            const std::string desc = info.description;
+            EXPECT_EQ(64, info.block_m) << c.str() << ": " << desc;
+            persistent += desc.find(" gqa_packed persistent") != std::string::npos;
+            ++cases;
+            check_fa_rule(h, c, st, FLASHATTN_BACKEND_FUSED_SM90);
+        }
+    print_rule("dense decode on resident single-consumer blocks (about three tiles a block)", st,
+               FLASHATTN_BACKEND_FUSED_SM90);
+    EXPECT_EQ(cases, persistent) << "every case must take resident blocks";
+}
+
 // A FUSED_SM90 consumer warpgroup (64 rows of a block's tile) whose rows all lie past the last query
 // computes no key tile, and one whose last row sees no key past some key tile (a causal or
 // windowed upper bound: consumer 0's rows end first) stops there; it still takes its turns and

@@ -873,7 +873,7 @@ TEST(Planning, Sm90DecodeTakesTheSingleConsumerTileWhereTheGroupFits) {
         ASSERT_EQ(FLASHATTN_BACKEND_FUSED_SM90, plan.backend);
         EXPECT_EQ(c.block_m, plan.cfg.block_m);
         EXPECT_EQ(c.block_m == 64 ? 256 : 384, plan.threads);
-        if (c.block_m == 64) {  // packed, and so never on resident blocks
+        if (c.block_m == 64) {  // packed; 16 tiles, too few for resident blocks
             EXPECT_EQ(1, plan.kp.pack_gqa);
             EXPECT_EQ(0, plan.kp.persistent);
         }
@@ -1092,6 +1092,49 @@ TEST(Planning, Sm90UnmaskedCallsWithManyTilesArePersistent) {
         dec.k_batch_stride = dec.v_batch_stride = 8 * dec.k_seq_stride;
         EXPECT_EQ(1, plan_ok(dec, caps).kp.gather_pages);
         EXPECT_EQ(0, persistent(dec));
+    }
+    {
+        // A dense decode on the same tile (128 sequences x 8 KV heads, groups of 4) goes on resident
+        // blocks as a serving call of full sequences: the serving flag with none of its device
+        // arrays, the call's mask and window for the kernel's serving_seq, the persistent serving
+        // block's shared memory. With as many tiles as SMs or fewer it keeps its plan: a block a
+        // tile (or split), not a serving call.
+        flashattn_fwd_params dec = valid_params();
+        dec.backend = FLASHATTN_BACKEND_FUSED_SM90, dec.batch = 128, dec.seqlen_q = 1, dec.seqlen_k = 2048;
+        dec.heads_q = 32, dec.heads_kv = 8, dec.head_dim = 128;
+        flashattn_fwd_params_set_packed_strides(&dec);
+        const fa_plan resident = plan_ok(dec, caps);
+        EXPECT_EQ(64, resident.cfg.block_m);
+        EXPECT_EQ(1, resident.kp.pack_gqa);
+        EXPECT_EQ(1, resident.kp.persistent);
+        EXPECT_EQ(1, resident.kp.serving);
+        EXPECT_EQ(nullptr, resident.kp.cu_seqlens_q);
+        EXPECT_EQ(nullptr, resident.kp.seqused_k);
+        EXPECT_EQ(nullptr, resident.kp.block_table);
+        EXPECT_EQ(0, resident.kp.sched_heads);
+        EXPECT_EQ(132, resident.grid_x);
+        EXPECT_EQ(fa_sm90_smem_bytes(128, 64, resident.cfg.block_n, 1, 1), resident.smem_bytes);
+        EXPECT_EQ(1024, fa_persistent_works(&resident.kp, fa_persistent_heads(&resident.kp)));
+        flashattn_plan_info info;
+        flashattn_plan_info_init(&info);
+        fa_plan_describe(&resident, &info);
+        EXPECT_NE(std::string(info.description).find(" gqa_packed persistent"), std::string::npos) << info.description;
+        dec.mask = FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, dec.seqlen_q = 4, dec.window_left = 100;
+        flashattn_fwd_params_set_packed_strides(&dec);
+        const fa_plan windowed = plan_ok(dec, caps);
+        EXPECT_EQ(1, windowed.kp.persistent);  // (a window: the grid's order)
+        EXPECT_EQ(1, windowed.kp.serving);
+        EXPECT_EQ(FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT, windowed.kp.mask_kind);
+        EXPECT_EQ(100, windowed.kp.window_left);
+        EXPECT_EQ(-1, windowed.kp.window_right);
+        dec.window_left = -1;
+        EXPECT_EQ(2, persistent(dec));
+        dec.batch = 16, dec.seqlen_q = 1, dec.mask = FLASHATTN_MASK_NONE;  // 128 tiles: a block each
+        flashattn_fwd_params_set_packed_strides(&dec);
+        const fa_plan few = plan_ok(dec, caps);
+        EXPECT_EQ(0, few.kp.persistent);
+        EXPECT_EQ(0, few.kp.serving);
+        EXPECT_EQ(1, few.kp.pack_gqa);
     }
     // Serving calls are planned on their capacities: 3 x 8 heads x 100 queries is 24 tiles; 3 x 8
     // heads x 2000 is 384. TMA-read pages, packed K/V and caches go persistent; so do gathered pages

@@ -300,15 +300,6 @@ bool serves_on_sm90() {
     return std::find(b.begin(), b.end(), FLASHATTN_BACKEND_FUSED_SM90) != b.end();
 }
 
-// The current device's SM count (0 where CUDA cannot say): the decode tests size their batches by it.
-int sm_count() {
-    int dev = 0, sms = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-        return 0;
-    return sms;
-}
-
 // Runs the call on `backend` (workspace as planned) into dev's poisoned outputs.
 flashattn_status call(flashattn_handle *h, flashattn_fwd_params p, int backend, cudaStream_t st = 0) {
     p.backend = backend;

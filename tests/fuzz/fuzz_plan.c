@@ -144,8 +144,19 @@ static void check_plan(const fa_device_caps *caps, const flashattn_fwd_params *p
     if (full.block_table) ko = full.num_pages, kr = full.page_size;
     else if (full.cu_seqlens_k) ko = 1, kr = full.total_k;
     else if (full.kv_batch_idx) ko = full.kv_batch;
-    CHECK(plan.kp.serving == (full.cu_seqlens_q || full.cu_seqlens_k || full.seqused_k || full.block_table ||
-                              full.kv_batch_idx || full.k_new || full.cache_leftpad), "serving flag");
+    const int serving_call = full.cu_seqlens_q || full.cu_seqlens_k || full.seqused_k || full.block_table ||
+                             full.kv_batch_idx || full.k_new || full.cache_leftpad;
+    /* a dense decode on resident single-consumer blocks runs as a serving call of full sequences */
+    const int dense_resident = !serving_call && plan.backend == FLASHATTN_BACKEND_FUSED_SM90 &&
+                               plan.kp.persistent && plan.kp.pack_gqa && plan.cfg.block_m == 64;
+    CHECK(plan.kp.serving == (serving_call || dense_resident), "serving flag");
+    if (plan.kp.serving && !plan.gqa_rows) /* (the mask and window from which serving_seq works out each
+                                            * sequence's keys; FUSED's gqa rows read the call as unmasked) */
+        CHECK(plan.kp.mask_kind == full.mask &&
+                  plan.kp.window_left == (full.window_left < FA_MAX_SEQLEN ? full.window_left : FA_MAX_SEQLEN) &&
+                  plan.kp.window_right == (full.window_right < FA_MAX_SEQLEN ? full.window_right : FA_MAX_SEQLEN),
+              "serving visibility: mask %d (call %d), window %d %d", (int)plan.kp.mask_kind, (int)full.mask,
+              (int)plan.kp.window_left, (int)plan.kp.window_right);
     CHECK(!full.cache_leftpad || !full.block_table, "leftpad with pages");
     if (full.k_new) {
         CHECK(plan.append && full.seqused_k && !full.cu_seqlens_q && !full.cu_seqlens_k, "append fields");
