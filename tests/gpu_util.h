@@ -285,6 +285,18 @@ inline Result run(flashattn_handle *h, const Inputs &in, int backend, bool lowpr
     return r;
 }
 
+// A non-blocking stream of a test's own, waited for and destroyed when it goes out of scope (a
+// failed assertion included), so that nothing enqueued on it outlives the buffers it uses.
+struct OwnedStream {
+    cudaStream_t s = nullptr;
+    OwnedStream() { CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+    OwnedStream(const OwnedStream &) = delete;
+    OwnedStream &operator=(const OwnedStream &) = delete;
+    ~OwnedStream() {
+        if (s) cudaStreamSynchronize(s), cudaStreamDestroy(s);
+    }
+};
+
 // One flashattn_fwd call captured on a new non-blocking stream into an instantiated CUDA graph.
 struct CapturedCall {
     cudaStream_t stream = nullptr;

@@ -863,8 +863,8 @@ TEST_F(Gpu, ManyHostThreadsOneHandle) {
         threads.emplace_back([&, t] {
             try {
                 CUDA_CHECK(cudaSetDevice(0));
-                cudaStream_t s;
-                CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+                const OwnedStream stream;  // (destroyed on every way out, a thrown CUDA error included)
+                const cudaStream_t s = stream.s;
                 int good = 0;
                 for (int rep = 0; rep < 4; ++rep) {
                     Case c;
@@ -881,7 +881,6 @@ TEST_F(Gpu, ManyHostThreadsOneHandle) {
                     good += err < 2e-2;
                     if (!(err < 2e-2)) ADD_FAILURE() << "thread " << t << " " << c.str() << " err " << err;
                 }
-                CUDA_CHECK(cudaStreamDestroy(s));
                 if (good == 4) ++ok;
             } catch (const std::exception &e) {
                 ADD_FAILURE() << "thread " << t << ": " << e.what();
