@@ -63,7 +63,9 @@ typedef struct fa_kernel_params {
      * unused and seqlen_q, seqlen_k, key_lo_off and key_hi_off hold for every batch entry. serving = 1:
      * seqlen_q and seqlen_k are capacities; each sequence's counts come from the device arrays
      * (clamped to the capacities and to total_q / total_k), and its visibility offsets are folded
-     * in the kernel from mask_kind and the windows, as the host folds them for dense calls. */
+     * in the kernel from mask_kind and the windows, as the host folds them for dense calls. A dense
+     * FUSED_SM90 decode on resident single-consumer blocks is planned as a serving call with none
+     * of the arrays set: every sequence then has the capacities, seqlen_q x seqlen_k. */
     const int32_t *cu_seqlens_q, *cu_seqlens_k, *seqused_k, *block_table, *kv_batch_idx;
     int64_t block_table_stride;
     int32_t serving, page_size, num_pages, pages_per_seq, total_q, total_k, kv_batch;
@@ -88,8 +90,8 @@ typedef struct fa_kernel_params {
     int32_t sched_heads;
     /* FUSED_SM90 calls with more query tiles than SMs, every tile with keys, no split (dense calls
      * and serving calls on their capacities, unpacked, with two or three consumers and pages read
-     * by TMA, or gathered under the rule of fa_sm90_resident_gathers; and serving decodes on one
-     * consumer, whose tiles pack a KV head's group, pack_gqa):
+     * by TMA, or gathered under the rule of fa_sm90_resident_gathers; and decodes on one consumer,
+     * whose tiles pack a KV head's group, pack_gqa, as serving calls, dense ones included):
      * grid_x blocks stay resident and each takes tile after tile (fa_persistent_first, then
      * fa_persistent_next), its producer loading the next tile's Q and K while the consumers finish
      * this one. 1: tiles in the grid's order, for calls with no mask (every tile the same work) or
@@ -134,8 +136,8 @@ typedef struct fa_kernel_params {
 
 /* Persistent blocks (kp->persistent): how many work numbers there are, the ones a block takes
  * (fa_persistent_first, then fa_persistent_next), and the tile a work number stands for, over
- * `heads` tiles' heads a batch entry (fa_persistent_heads: heads_q; with pack_gqa, a serving decode
- * on resident blocks whose tiles each hold a KV head's group, heads_kv).
+ * `heads` tiles' heads a batch entry (fa_persistent_heads: heads_q; with pack_gqa, a decode on
+ * resident blocks, planned as a serving call, whose tiles each hold a KV head's group, heads_kv).
  * persistent 1: work w is tile w of the grid order (query tile fastest, then head, then batch);
  * block i takes i, i + grid_x, ... persistent 2: first the
  * units, unit u = bh x (m / 2) + j the pair of query tiles m - 1 - j (work 2u, the heavier under
