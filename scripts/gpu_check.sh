@@ -9,7 +9,11 @@
 # benchmarks/ab_interleave.py). "ab" times FUSED against FUSED_SM90 at every compiled head dim: the measurement
 # behind the AUTO ranges of FA_SM90_CONFIGS. CTEST_TIMEOUT: seconds a test may take (900), so that a
 # kernel that hangs costs a device call less than its whole limit. PEER_ROUNDS: compare_peers.py's
-# --rounds in the peers steps (2).
+# --rounds in the peers steps (2). FLASHATTN_HEAD_DIMS restricts this tree's build and $AB_OLD's
+# alike. abserving: AB_ONLY keeps the serving_speed.py rows whose labels contain one of its
+# '|'-separated parts (e.g. "prefill 4x4k 32/8|decode 128x1"), AB_GROUPS runs that many A B B A
+# groups (1), AB_ITERS replays a function (20); its runs' JSON and logs stay under /tmp, and $OUT
+# gets serving_ab.txt (B / A per cell) and serving_ab_runs.txt (each run's rows).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/flashattn_out}
@@ -20,7 +24,8 @@ want() { [[ " $steps " == *" all "* || " $steps " == *" $1 "* ]]; }
 # $AB_OLD), built in its build/.
 build_ab_old() {
   local tree=${2:-$AB_OLD}
-  cmake -S "$tree" -B "$tree/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_BUILD_TESTS=OFF >/dev/null &&
+  cmake -S "$tree" -B "$tree/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_BUILD_TESTS=OFF \
+    ${FLASHATTN_HEAD_DIMS:+-DFLASHATTN_HEAD_DIMS=$FLASHATTN_HEAD_DIMS} >/dev/null &&
     cmake --build "$tree/build" -j "$(nproc)" --target "$1" > /tmp/flashattn_ab_build.log 2>&1 ||
     { tail -20 /tmp/flashattn_ab_build.log; exit 1; }
 }
@@ -134,14 +139,22 @@ if [[ " $steps " == *" abshapes "* ]]; then
   summary+=("abshapes (A = $AB_OLD, B = this tree${AB_C:+, C = $AB_C}): $(tail -1 "$OUT/ab_shapes.txt")")
 fi
 if [[ " $steps " == *" abserving "* ]]; then
-  # The serving paths' A/B: serving_speed.py against $AB_OLD's library and this tree's, A B B A.
+  # The serving paths' A/B: serving_speed.py against $AB_OLD's library and this tree's, A B B A
+  # (AB_GROUPS times), on the rows AB_ONLY names (all by default).
   build_ab_old flashattn
-  for run in a1 b1 b2 a2; do
-    lib=$([ ${run:0:1} = a ] && echo "$AB_OLD/build/libflashattn.so" || echo "$PWD/build/libflashattn.so")
-    FLASHATTN_LIBRARY=$lib PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 \
-      python3 benchmarks/serving_speed.py --iters 20 --json "$OUT/serving_${run}.json" > "$OUT/serving_${run}.log" 2>&1
+  only=(); IFS='|' read -r -a parts <<< "${AB_ONLY:-}"; for part in "${parts[@]}"; do only+=(--only "$part"); done
+  ab_dir=/tmp/flashattn_abserving; rm -rf "$ab_dir"; mkdir -p "$ab_dir"
+  runs=(); for g in $(seq 1 "${AB_GROUPS:-1}"); do runs+=(a$g b$g c$g d$g); done  # a, d: A; b, c: B
+  : > "$OUT/serving_ab_runs.txt"
+  for run in "${runs[@]}"; do
+    lib=$([[ $run == [ad]* ]] && echo "$AB_OLD/build/libflashattn.so" || echo "$PWD/build/libflashattn.so")
+    FLASHATTN_LIBRARY=$lib PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 python3 benchmarks/serving_speed.py \
+      --iters "${AB_ITERS:-20}" "${only[@]}" --json "$ab_dir/$run.json" > "$ab_dir/$run.log" 2>&1 ||
+      { tail -5 "$ab_dir/$run.log"; exit 1; }
+    { echo "== $run ($([[ $run == [ad]* ]] && echo A || echo B))"; grep -E '(TFLOP/s|GB/s)\)' "$ab_dir/$run.log"; } >> "$OUT/serving_ab_runs.txt"
   done
-  python3 benchmarks/serving_ab_compare.py "$OUT"/serving_{a1,b1,b2,a2}.json > "$OUT/serving_ab.txt"
+  jsons=(); for run in "${runs[@]}"; do jsons+=("$ab_dir/$run.json"); done
+  python3 benchmarks/serving_ab_compare.py "${jsons[@]}" > "$OUT/serving_ab.txt"
   summary+=("abserving (A = $AB_OLD, B = this tree): $(tail -1 "$OUT/serving_ab.txt")")
 fi
 if [[ " $steps " == *" ncuserving "* ]]; then
