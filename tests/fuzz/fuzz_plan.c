@@ -205,7 +205,8 @@ static void check_plan(const fa_device_caps *caps, const flashattn_fwd_params *p
     if (plan.kp.persistent) { /* resident blocks: FUSED_SM90's unsplit calls whose every row sees a key
                                * (at the capacities for serving ones: two or three consumers, K/V gathered
                                * only as resident_gather says; or one consumer whose tiles pack a KV head's
-                               * query heads, a serving decode, over pages TMA reads) */
+                               * query heads, a decode planned as a serving call, dense ones included, over
+                               * pages TMA reads where paged) */
         const int32_t heads = fa_persistent_heads(&plan.kp); /* (packed: KV heads) */
         const int64_t tiles = (int64_t)plan.kp.num_m_blocks * plan.kp.batch * heads;
         const int windowed = full.window_left >= 0 || full.window_right >= 0;
