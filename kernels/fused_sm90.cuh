@@ -224,8 +224,9 @@ template <class Tr> __device__ __forceinline__ bool gathers_pages(const fa_kerne
 template <class Tr> struct tile {
     int split, b, heads, rows_per_head, hk, h0, m0, row_last, tile_begin, n_tiles;
     bool partial;
-    /* Whether a persistent block's tiles pack a KV head's group of query heads (pack_gqa): a serving
-     * decode on one consumer, the only resident tile the planner packs (the launcher checks). The
+    /* Whether a persistent block's tiles pack a KV head's group of query heads (pack_gqa): a decode
+     * on one consumer, planned as a serving call (a dense one too, with every sequence full), the
+     * only resident tile the planner packs (the launcher checks). The
      * (batch, head) pairs of its work numbers are then over KV heads: work_heads (heads_q in every
      * other kernel, which then reads no more than it did). */
     static __device__ __forceinline__ bool packed(const fa_kernel_params &p) {
@@ -266,8 +267,8 @@ template <class Tr> struct tile {
     /* A persistent block's tile as its producer hands it over (take_tile, take_tile_record):
      * positions from m0 of head `head` of batch entry b, one split; nothing divided by a kernel
      * parameter (hk is only the producer's, and the compiler drops it where nothing reads it). With
-     * pack_gqa (a single consumer's tile: a serving decode) the tile holds the head_group heads from
-     * `head`, pack_rows positions each. */
+     * pack_gqa (a single consumer's tile: a decode planned as a serving call) the tile holds the
+     * head_group heads from `head`, pack_rows positions each. */
     template <class Bounds>
     __device__ __forceinline__ tile(const fa_kernel_params &p, const Bounds &bnd, int b_, int head, int m0_) {
         const bool pack = packed(p);

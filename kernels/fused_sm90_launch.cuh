@@ -89,7 +89,8 @@ int launch(const fa_kernel_params *kp, const fa_launch *l, void *stream) {
         (kp->pack_gqa && (kp->pack_rows < 1 || kp->pack_rows * kp->head_group > Tr::kBlockM)) ||
         (kp->num_splits > 1 && (kp->o_accum == nullptr || kp->lse_accum == nullptr)) ||
         (kp->persistent && (kp->num_splits > 1 || kp->sched_heads || l->grid_y != 1 || l->grid_z != 1 ||
-                            /* (packed query heads: a serving decode on one consumer, and it only) */
+                            /* (packed query heads: a decode on one consumer, planned as a serving
+                             * call, dense ones too, and it only) */
                             (kp->pack_gqa != (kp->serving && kConsumers == 1)) ||
                             (kp->serving && (!kServingPersistent ||
                                              (kp->gather_pages && !TrS::kGathersResident))))) ||
