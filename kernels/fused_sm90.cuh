@@ -37,8 +37,7 @@
  *     wait for P V; hand back V_{j-1}; O *= exp2(m_old - m_new); P_j = bf16/fp16(exp2(S - m_new))
  *
  *   (at head dims 192 and 256, a last key tile in which the block's visible keys end at most 32
- *   keys in runs S, the softmax and P V over those 32 keys alone; on head dim 128's 176-key
- *   tiles, at most 64 keys in, over 64: kTailW)
+ *   keys in runs S, the softmax and P V over those 32 keys alone: kTailW)
  *   and after the last tile O += P V once more, O /= l, LSE = (m + log2 l) ln 2; O is staged
  *   through the consumer's own rows of the Q tile (a persistent block: of an O tile of its own where
  *   shared memory allows) and stored with 16-byte writes, or, by a persistent block, with TMA stores
@@ -1281,10 +1280,9 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
     constexpr int kShortSteps = kHeadDim == 192                      ? 10
                                 : kHeadDim == 128 && kKeyTile != 176 ? FA_SM90_D128_SHORT_S_HEAD_DIM / 16
                                                                      : 0;
-    /* The width of a narrow last key tile (key_loop below; 0: none), on the key tiles that are not
-     * a power of two: 32 of 112 or 80 keys; 64 of 176 (4096 keys end 48 into their 24th tile,
-     * 16384 16 into their 94th; docs/performance.md v64). */
-    constexpr int kTailW = kHeadDim >= 192 ? 32 : kHeadDim == 128 && kKeyTile == 176 ? 64 : 0;
+    /* The width of a narrow last key tile (key_loop below; 0: none), at the head dims whose key
+     * tiles are not a power of two. */
+    constexpr int kTailW = kHeadDim >= 192 ? 32 : 0;
     const bool short_k = p.head_dim <= 16 * kShortSteps;
     /* Gathered pages land through the generic proxy (cp.async): after the wait for a stage, a proxy
      * fence before the tensor cores read it. */
@@ -1530,7 +1528,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         };
         /* A narrow last tile (kTailW > 0): where the keys any of the tile's rows can see end at most
          * kTailW keys into the last key tile (1024 keys on 112-key tiles end 16 keys in, 512 on 80-key
-         * tiles 32 in, 4096 on 176-key tiles 48 in), that tile's S, softmax and P V cover its first kTailW keys: the rest are
+         * tiles 32 in), that tile's S, softmax and P V cover its first kTailW keys: the rest are
          * masked for every row, so they would add only zeros. The test is the same for the whole
          * block, taken through a shuffle so that ptxas sees it uniform. */
         const bool narrow =
