@@ -154,12 +154,17 @@ static inline FA_HOST_DEVICE int32_t fa_persistent_works(const fa_kernel_params 
     const int32_t pairs = kp->batch * heads;
     return kp->num_m_blocks * pairs; /* 2 U + (m odd ? pairs : 0) = m x pairs */
 }
+/* The middle tiles' round after `units` units dealt one a block in turn (block i: i, i + grid,
+ * ...): block `block`'s place in it, so that the blocks that took one unit fewer come first. The
+ * ragged walk (fused_sm90.cuh) deals a ragged batch's middle tiles by the same rule. (A macro:
+ * the expression as the kernels have always compiled it.) */
+#define FA_MIDDLE_TILE_TURN(block, units, grid) (((block) - (units) % (grid) + (grid)) % (grid))
 /* A block's first work number, and the one after `work` (>= fa_persistent_works: none left). */
 static inline FA_HOST_DEVICE int32_t fa_persistent_first(const fa_kernel_params *kp, int32_t heads, int32_t block,
                                                          int32_t grid) {
     const int32_t units = kp->num_m_blocks / 2 * (kp->batch * heads);
     if (kp->persistent != 2 || block < units) return kp->persistent != 2 ? block : 2 * block;
-    return 2 * units + (block - units % grid + grid) % grid;
+    return 2 * units + FA_MIDDLE_TILE_TURN(block, units, grid);
 }
 static inline FA_HOST_DEVICE int32_t fa_persistent_next(const fa_kernel_params *kp, int32_t heads, int32_t work,
                                                         int32_t block, int32_t grid) {
@@ -169,7 +174,7 @@ static inline FA_HOST_DEVICE int32_t fa_persistent_next(const fa_kernel_params *
     work = (work & 1) ? work - 1 + 2 * grid : work + 1; /* the unit's lighter tile, or the block's next unit */
     if (work < units2) return work;
     /* past the units: the middle tiles, the first of them to the blocks that took one unit fewer */
-    return units2 + (block - units2 / 2 % grid + grid) % grid;
+    return units2 + FA_MIDDLE_TILE_TURN(block, units2 / 2, grid);
 }
 static inline FA_HOST_DEVICE void fa_persistent_tile(const fa_kernel_params *kp, int32_t heads, int32_t work,
                                                      int32_t *m_block, int32_t *bh) {

@@ -1021,7 +1021,7 @@ template <class Tr, bool kLongestFirst = true> struct ragged_walk {
             } else {
                 const int units = before, grid = (int)gridDim.x;
                 phase = 1, base = 0, before = 0;
-                target = ((int)blockIdx.x - units % grid + grid) % grid;
+                target = FA_MIDDLE_TILE_TURN((int)blockIdx.x, units, grid); /* (fa_persistent_next's rule) */
             }
         }
     }
