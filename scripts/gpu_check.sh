@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: build with all cores, run the whole test suite (GPU tests included), the
 # benchmark's default suite, and the side-by-side comparison with the peers; logs under $OUT, a
-# short table last.   Usage: scripts/gpu_check.sh [all|build|test|sanitize|bench|quick|hostcost|serving|peers|fusedpeers|ab|abtree|abshapes|abserving|ncuserving]...
+# short table last.   Usage: scripts/gpu_check.sh [all|build|test|sanitize|bench|quick|hostcost|serving|peers|fusedpeers|ab|abtree|abshapes|abserving|ncuserving|ncupeers]...
 # (default: all; "abserving" is abtree's A/B for benchmarks/serving_speed.py; "quick" is the benchmark's quick suite, "hostcost" the Python host cost per call
 # beside SDPA's; "fusedpeers" the portable FUSED kernel forced, beside FA2 (which runs its sm80 code on Hopper too); "launchcost" the host cost of each launch form (benchmarks/launch_cost.cu); "serving" the serving paths' speed beside the dense path and the peers; "abtree" builds the source tree in $AB_OLD too and times both builds on the default
 # suite, alternating, for a refactor's before/after; AB_ARGS adds benchmark options to both, e.g.
@@ -13,7 +13,9 @@
 # alike. abserving: AB_ONLY keeps the serving_speed.py rows whose labels contain one of its
 # '|'-separated parts (e.g. "prefill 4x4k 32/8|decode 128x1"), AB_GROUPS runs that many A B B A
 # groups (1), AB_ITERS replays a function (20); its runs' JSON and logs stay under /tmp, and $OUT
-# gets serving_ab.txt (B / A per cell) and serving_ab_runs.txt (each run's rows).
+# gets serving_ab.txt (B / A per cell) and serving_ab_runs.txt (each run's rows). ncupeers: ours
+# beside cuDNN under ncu (benchmarks/ncu_peers.py; NCU_SHAPES, space-separated, replaces its default
+# rows), its table in ncu_peers_table.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/flashattn_out}
@@ -171,6 +173,18 @@ if [[ " $steps " == *" ncuserving "* ]]; then
     done
   done
 fi
+if [[ " $steps " == *" ncupeers "* ]]; then
+  # Each library's kernels on the same tensors, cold (ncu flushes the caches before each replay), at
+  # the GPU's own clock: duration, clock, tensor pipe, DRAM, instructions (docs/performance.md v64).
+  shape_args=(); for s in ${NCU_SHAPES:-}; do shape_args+=(--shape "$s"); done
+  FLASHATTN_LIBRARY=$PWD/build/libflashattn.so PYTHONPATH=$PWD/python timeout "${NCU_TIMEOUT:-400}" ncu --clock-control none \
+    -k regex:'fused_sm90|cudnn|sdpa|fmha' --section SpeedOfLight --section LaunchStats \
+    --metrics sm__inst_executed.sum,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active \
+    python3 benchmarks/ncu_peers.py "${shape_args[@]}" > "$OUT/ncu_peers.txt" 2>&1
+  rc=$?
+  python3 benchmarks/ncu_peers.py --summarize "$OUT/ncu_peers.txt" > "$OUT/ncu_peers_table.txt"
+  summary+=("ncu peers: rc=$rc, $(( $(wc -l < "$OUT/ncu_peers_table.txt") - 1 )) kernels (ncu_peers_table.txt)")
+fi
 if want peers && [ -f benchmarks/compare_peers.py ]; then
   FLASHATTN_LIBRARY=$PWD/build/libflashattn.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 \
     python3 benchmarks/compare_peers.py --flush-l2 --rounds "${PEER_ROUNDS:-2}" --json "$OUT/peers.json" > "$OUT/peers.log" 2>&1
@@ -191,4 +205,5 @@ fi
 [ -f "$OUT/ab_compare.txt" ] && cat "$OUT/ab_compare.txt"
 [ -f "$OUT/ab_shapes.txt" ] && cat "$OUT/ab_shapes.txt"
 [ -f "$OUT/serving_ab.txt" ] && cat "$OUT/serving_ab.txt"
+[ -f "$OUT/ncu_peers_table.txt" ] && cat "$OUT/ncu_peers_table.txt"
 printf '%s\n' "${summary[@]}"
