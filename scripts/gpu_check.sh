@@ -192,7 +192,7 @@ if want peers && [ -f benchmarks/compare_peers.py ]; then
 fi
 if [[ " $steps " == *" fusedpeers "* ]]; then
   FLASHATTN_LIBRARY=$PWD/build/libflashattn.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 \
-    python3 benchmarks/compare_peers.py --backend fused --rounds "${PEER_ROUNDS:-2}" --json "$OUT/fused_peers.json" > "$OUT/fused_peers.log" 2>&1
+    python3 benchmarks/compare_peers.py --backend fused --flush-l2 --rounds "${PEER_ROUNDS:-2}" --json "$OUT/fused_peers.json" > "$OUT/fused_peers.log" 2>&1
   summary+=("fused peers: $(grep -E '^prefill \(' "$OUT/fused_peers.log" | tr '\n' ' ')")
 fi
 [ -f "$OUT/correctness.txt" ] && cat "$OUT/correctness.txt"
