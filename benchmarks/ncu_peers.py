@@ -115,14 +115,13 @@ def summarize(path):
         rows.append((label, kernel, dur, num(r"SM Frequency\s+\S+\s+([\d.]+)"),
                      num(r"pipe_tensor_cycles_active\S*\s+%\s+([\d.]+)"), num(r"DRAM Throughput\s+%\s+([\d.]+)"),
                      num(r"inst_executed\.sum\s+inst\s+([\d,]+)"), num(r"Grid Size\s+([\d,]+)")))
-    def fmt(v, f):
-        width = int(re.search(r"(\d+)", f).group(1))
-        return f"{'-':>{width}s}" if v is None else f.format(v)
-
-    print(f"{'shape (who)':56s} {'kernel':44s} {'us':>9s} {'GHz':>5s} {'tensor%':>7s} {'DRAM%':>6s} {'inst':>13s} {'grid':>6s}")
-    for label, kernel, dur, clk, tensor, dram, inst, grid in rows:
-        print(f"{label[:56]:56s} {kernel[:44]:44s} {fmt(dur, '{:9.1f}')} {fmt(clk, '{:5.2f}')} {fmt(tensor, '{:7.1f}')} "
-              f"{fmt(dram, '{:6.1f}')} {fmt(inst, '{:13,.0f}')} {fmt(grid, '{:6.0f}')}")
+    # (label, kernel) then the figures: width and format of each column
+    cols = [("us", 9, ".1f"), ("GHz", 5, ".2f"), ("tensor%", 7, ".1f"), ("DRAM%", 6, ".1f"), ("inst", 13, ",.0f"),
+            ("grid", 6, ".0f")]
+    print(f"{'shape (who)':56s} {'kernel':44s} " + " ".join(f"{name:>{w}s}" for name, w, _ in cols))
+    for label, kernel, *figures in rows:
+        print(f"{label[:56]:56s} {kernel[:44]:44s} " +
+              " ".join(f"{'-' if v is None else format(v, spec):>{w}s}" for v, (_, w, spec) in zip(figures, cols)))
     return 0 if rows else 1
 
 
