@@ -567,7 +567,17 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
         if (kind && ctas > caps->sm_count && ctas <= INT32_MAX - caps->sm_count &&
             smem <= caps->smem_per_block_optin) {
             plan->kp.persistent = kind;
-            plan->grid_x = (int32_t)min64(caps->sm_count, takers), plan->grid_y = plan->grid_z = 1;
+            /* One block an SM; for a packed decode (every tile the same bytes to read, the call
+             * bound by memory) as few blocks as take its tiles in as many rounds, so that no few
+             * blocks read a last round alone: 136 tiles (17 sequences x 8 KV heads) on 68 blocks
+             * of two tiles, not 4 of 132 blocks reading a second one while 128 SMs idle (1.28x as
+             * fast at 17 x 8k keys, 1.01x at 64 x 4k). A call that appends keeps one block an SM:
+             * its attention after the append read 0.4-0.7% slower on the balanced rounds, in four
+             * A/B passes (docs/performance.md v65). */
+            const int64_t rounds = (takers + caps->sm_count - 1) / caps->sm_count;
+            const int balanced = pack && p->k_new == NULL;
+            plan->grid_x = (int32_t)(balanced ? (takers + rounds - 1) / rounds : min64(caps->sm_count, takers));
+            plan->grid_y = plan->grid_z = 1;
             plan->smem_bytes = (int32_t)smem;
             if (dense_packed) plan->kp.serving = 1, serving_visibility(p, &plan->kp);
         } else if (!as_serving) {

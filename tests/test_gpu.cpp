@@ -488,10 +488,11 @@ TEST_F(GpuSm90, PersistentBlocksTakeTileAfterTile) {
 
 // Dense decode with more tiles (batch x KV heads) than SMs, each tile a KV head's group of query
 // heads on one consumer: FUSED_SM90 runs it on resident blocks as a serving call of full-length
-// sequences (the next tile's Q, K and V loading while the consumer finishes the last). About three
-// tiles a block; head dims 64 (192-key tiles), 96 and 128; no mask with one query; both causal masks
-// with four (speculative decode); a sliding window; softcap with ALiBi; a padded layout without LSE;
-// groups of 4 and 8; both dtypes. Every case must plan resident blocks.
+// sequences (the next tile's Q, K and V loading while the consumer finishes the last). Three SMs'
+// worth of tiles and a few: four rounds, about four tiles a block; head dims 64 (192-key tiles), 96
+// and 128; no mask with one query; both causal masks with four (speculative decode); a sliding
+// window; softcap with ALiBi; a padded layout without LSE; groups of 4 and 8; both dtypes. Every
+// case must plan resident blocks.
 TEST_F(GpuSm90, DenseDecodeOnResidentBlocks) {
     const int sms = sm_count();
     ASSERT_GT(sms, 0);
@@ -515,7 +516,7 @@ TEST_F(GpuSm90, DenseDecodeOnResidentBlocks) {
             ++cases;
             check_fa_rule(h, c, st, FLASHATTN_BACKEND_FUSED_SM90);
         }
-    print_rule("dense decode on resident single-consumer blocks (about three tiles a block)", st,
+    print_rule("dense decode on resident single-consumer blocks (about four tiles a block)", st,
                FLASHATTN_BACKEND_FUSED_SM90);
     EXPECT_EQ(cases, persistent) << "every case must take resident blocks";
 }

@@ -3,11 +3,13 @@
 // planner's decisions for synthetic devices. Runs everywhere, CI included.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <functional>
+#include <numeric>
 #include <string>
 #include <thread>
 #include <vector>
@@ -1073,7 +1075,7 @@ TEST(Planning, Sm90UnmaskedCallsWithManyTilesArePersistent) {
         EXPECT_EQ(1, resident.kp.pack_gqa);
         EXPECT_EQ(1, resident.kp.persistent);
         EXPECT_EQ(1, resident.kp.num_splits);
-        EXPECT_EQ(132, resident.grid_x);
+        EXPECT_EQ(70, resident.grid_x);  // 140 tiles in two rounds: 70 blocks of two
         EXPECT_EQ(1, resident.grid_y);
         EXPECT_EQ(1, resident.grid_z);
         EXPECT_EQ(fa_sm90_smem_bytes(128, 64, resident.cfg.block_n, 1, 1), resident.smem_bytes);
@@ -1112,7 +1114,7 @@ TEST(Planning, Sm90UnmaskedCallsWithManyTilesArePersistent) {
         EXPECT_EQ(nullptr, resident.kp.seqused_k);
         EXPECT_EQ(nullptr, resident.kp.block_table);
         EXPECT_EQ(0, resident.kp.sched_heads);
-        EXPECT_EQ(132, resident.grid_x);
+        EXPECT_EQ(128, resident.grid_x);  // 1024 tiles in 8 rounds: 128 blocks of 8
         EXPECT_EQ(fa_sm90_smem_bytes(128, 64, resident.cfg.block_n, 1, 1), resident.smem_bytes);
         EXPECT_EQ(1024, fa_persistent_works(&resident.kp, fa_persistent_heads(&resident.kp)));
         flashattn_plan_info info;
@@ -1129,6 +1131,44 @@ TEST(Planning, Sm90UnmaskedCallsWithManyTilesArePersistent) {
         EXPECT_EQ(-1, windowed.kp.window_right);
         dec.window_left = -1;
         EXPECT_EQ(2, persistent(dec));
+        // As few blocks as take the tiles in as many rounds as 132 would, each block a round's
+        // tile or none fewer than the rest: 136 tiles (17 x 8 KV heads) on 68 blocks of two, 512
+        // on 128 of four, 528 on 132 of four, 264 on 132 of two.
+        dec.window_left = -1, dec.mask = FLASHATTN_MASK_NONE, dec.seqlen_q = 1;
+        for (const auto &[batch, blocks] : {std::pair{17, 68}, {64, 128}, {66, 132}, {33, 132}, {18, 72}}) {
+            dec.batch = batch;
+            flashattn_fwd_params_set_packed_strides(&dec);
+            const fa_plan r = plan_ok(dec, caps);
+            ASSERT_EQ(1, r.kp.persistent) << batch;
+            EXPECT_EQ(blocks, r.grid_x) << batch;
+            const int32_t heads = fa_persistent_heads(&r.kp), works = fa_persistent_works(&r.kp, heads);
+            const int32_t rounds = (works + 131) / 132;
+            std::vector<int> taken(r.grid_x, 0);
+            for (int32_t b = 0; b < r.grid_x; ++b)
+                for (int32_t w = fa_persistent_first(&r.kp, heads, b, r.grid_x); w < works;
+                     w = fa_persistent_next(&r.kp, heads, w, b, r.grid_x))
+                    ++taken[b];
+            EXPECT_EQ(rounds, *std::max_element(taken.begin(), taken.end())) << batch;
+            EXPECT_GE(*std::min_element(taken.begin(), taken.end()), rounds - 1) << batch;
+            EXPECT_EQ(works, std::accumulate(taken.begin(), taken.end(), 0)) << batch;
+        }
+        {
+            // A call that appends (a cache with device lengths, a new key each) keeps one block an SM.
+            flashattn_fwd_params a = dec;
+            a.batch = 17;
+            flashattn_fwd_params_set_packed_strides(&a);
+            a.seqused_k = (const int32_t *)0x710000;
+            a.k_new = (const void *)0x740000, a.v_new = (const void *)0x750000, a.seqlen_new = 1;
+            a.k_new_head_stride = a.v_new_head_stride = 128, a.k_new_seq_stride = a.v_new_seq_stride = 8 * 128;
+            a.k_new_batch_stride = a.v_new_batch_stride = 8 * 128;
+            const fa_plan r = plan_ok(a, caps);
+            EXPECT_EQ(1, r.kp.persistent);
+            EXPECT_EQ(132, r.grid_x);
+            a.k_new = a.v_new = nullptr, a.seqlen_new = 0;
+            a.k_new_head_stride = a.v_new_head_stride = a.k_new_seq_stride = a.v_new_seq_stride = 0;
+            a.k_new_batch_stride = a.v_new_batch_stride = 0;
+            EXPECT_EQ(68, plan_ok(a, caps).grid_x);  // the same cache read without an append
+        }
         dec.batch = 16, dec.seqlen_q = 1, dec.mask = FLASHATTN_MASK_NONE;  // 128 tiles: a block each
         flashattn_fwd_params_set_packed_strides(&dec);
         const fa_plan few = plan_ok(dec, caps);

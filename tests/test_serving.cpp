@@ -778,7 +778,7 @@ TEST_F(Serving, DecodeOnResidentBlocksTakesTileAfterTile) {
             s.packed_q = kv != kDenseSeqused;
             s.dtype = variant % 2 ? FLASHATTN_DTYPE_BFLOAT16 : FLASHATTN_DTYPE_FLOAT16;
             const int64_t queries = mask == FLASHATTN_MASK_CAUSAL_BOTTOM_RIGHT ? 4 : 1;
-            const int64_t batch = 3 * sms / s.hkv + 5;  // tiles: about three a block
+            const int64_t batch = 3 * sms / s.hkv + 5;  // tiles: three SMs' worth and a few, about four a block
             if (!s.packed_q) s.cap_q = queries;
             for (int64_t b = 0; b < batch; ++b) {
                 s.sq.push_back(s.packed_q && b == 7 ? 0 : queries);
@@ -791,7 +791,7 @@ TEST_F(Serving, DecodeOnResidentBlocksTakesTileAfterTile) {
     g.d = 128, g.kv = kPagedSeqused, g.page_size = 19, g.hq = 16, g.hkv = 4, g.cap_k = 700;
     for (int64_t b = 0; b < sms / g.hkv + 9; ++b) g.sq.push_back(1), g.sk.push_back((97 * b) % 700 + 1);
     run_and_check(h, g, st, FLASHATTN_BACKEND_FUSED_SM90, ":gather&! persistent");
-    print_stats("decode on resident single-consumer blocks (about three tiles a block; head dims 64, 128; no mask, causal, a window, softcap with ALiBi; 1 and 4 queries; cache, pages of 64 and 16, packed K/V)", st);
+    print_stats("decode on resident single-consumer blocks (about four tiles a block; head dims 64, 128; no mask, causal, a window, softcap with ALiBi; 1 and 4 queries; cache, pages of 64 and 16, packed K/V)", st);
 }
 
 TEST_F(Serving, FusedDecodeWarpsWithNoQueryRowComputeNothing) {
