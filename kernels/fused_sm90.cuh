@@ -7,7 +7,7 @@
  * A block owns 64 x C query rows of one (batch, head) (C consumer warpgroups: 2 at head dims 128,
  * 192 and 256, 3 or 2 at 64, 1 for grouped decode at 64 and 128; the table in fa_kernel_params.h),
  * or, as a persistent block (the
- * kPersistent variant: one resident block per SM), such a tile after another (fa_persistent_first /
+ * kPersistent variant: resident blocks, at most one an SM), such a tile after another (fa_persistent_first /
  * fa_persistent_next; the K/V stages and barrier phases run on across tiles, the producer loads the
  * next tile's first K, and its Q into a second buffer as this tile starts (a block with the shared
  * memory for it) or once every consumer warp is done with this one's (a dense block staging O in

@@ -527,8 +527,8 @@ static int fused_grid_plan(const fa_device_caps *caps, const flashattn_fwd_param
         /* More tiles than SMs, every tile with keys to see, and work that is the same for every tile
          * (no mask), or grows linearly with its query position (a causal mask, seqlen_q <= seqlen_k;
          * taken in pairs of equal work), or is bounded by a window (the same for every tile but the
-         * first few, those nearer the sequence's start; in the grid's order): one resident
-         * block per SM takes tile after tile (kp.persistent, fa_persistent_first /
+         * first few, those nearer the sequence's start; in the grid's order): resident blocks, at
+         * most one an SM (below), take tile after tile (kp.persistent, fa_persistent_first /
          * fa_persistent_next). A window under which some row sees no key keeps a block a tile. A
          * serving call is planned on its capacities: its blocks skip the tiles past a sequence's
          * queries, and write the answer of tiles that see no key; pages gathered with cp.async go on

@@ -1131,9 +1131,9 @@ TEST(Planning, Sm90UnmaskedCallsWithManyTilesArePersistent) {
         EXPECT_EQ(-1, windowed.kp.window_right);
         dec.window_left = -1;
         EXPECT_EQ(2, persistent(dec));
-        // As few blocks as take the tiles in as many rounds as 132 would, each block a round's
-        // tile or none fewer than the rest: 136 tiles (17 x 8 KV heads) on 68 blocks of two, 512
-        // on 128 of four, 528 on 132 of four, 264 on 132 of two.
+        // As few blocks as take the tiles in as many rounds as 132 would, every block taking that
+        // many tiles or one fewer: 136 tiles (17 x 8 KV heads) on 68 blocks of two, 512 on 128 of
+        // four, 528 on 132 of four, 264 on 132 of two, 144 on 72 of two.
         dec.window_left = -1, dec.mask = FLASHATTN_MASK_NONE, dec.seqlen_q = 1;
         for (const auto &[batch, blocks] : {std::pair{17, 68}, {64, 128}, {66, 132}, {33, 132}, {18, 72}}) {
             dec.batch = batch;
@@ -1142,7 +1142,7 @@ TEST(Planning, Sm90UnmaskedCallsWithManyTilesArePersistent) {
             ASSERT_EQ(1, r.kp.persistent) << batch;
             EXPECT_EQ(blocks, r.grid_x) << batch;
             const int32_t heads = fa_persistent_heads(&r.kp), works = fa_persistent_works(&r.kp, heads);
-            const int32_t rounds = (works + 131) / 132;
+            const int32_t rounds = (works + caps.sm_count - 1) / caps.sm_count;
             std::vector<int> taken(r.grid_x, 0);
             for (int32_t b = 0; b < r.grid_x; ++b)
                 for (int32_t w = fa_persistent_first(&r.kp, heads, b, r.grid_x); w < works;
