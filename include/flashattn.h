@@ -455,9 +455,9 @@ typedef struct flashattn_plan_info {
                                   "fused_sm90_bf16_d128_m128_n128_w12" */
     char description[192];     /* one line with all of the above, and how the blocks take their
                                   tiles: "gqa_packed" / "gqa_rows" (a KV group's query heads in one
-                                  tile), "persistent" (resident blocks, at most one per SM, taking
-                                  tile after tile: one per SM, or for a decode whose tile packs a
-                                  KV group as few as take its tiles in as many rounds;
+                                  tile), "persistent" (resident blocks taking tile after tile: one
+                                  per SM, or, for a decode whose tile packs a KV group's query
+                                  heads, as few as take its tiles in the same number of rounds;
                                   "persistent=pairs": causal tiles in pairs of equal work),
                                   "heaviest_first=N" (heaviest tiles first across N heads),
                                   "idle_warps=N" (FUSED: N warps a block have no query row and only
