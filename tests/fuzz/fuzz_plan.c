@@ -212,6 +212,12 @@ static void check_plan(const fa_device_caps *caps, const flashattn_fwd_params *p
         const int windowed = full.window_left >= 0 || full.window_right >= 0;
         const int64_t units =
             plan.kp.persistent == 2 ? (int64_t)((plan.kp.num_m_blocks + 1) / 2) * plan.kp.batch * heads : tiles;
+        /* one block an SM (or a unit, when fewer); a packed decode that appends nothing: as few blocks as
+         * take its units in as many rounds */
+        const int64_t rounds = (units + caps->sm_count - 1) / caps->sm_count;
+        const int64_t blocks = plan.kp.pack_gqa && full.k_new == NULL ? (units + rounds - 1) / rounds
+                               : units < caps->sm_count                ? units
+                                                                       : caps->sm_count;
         /* every block has work: its first work number is a tile */
         if (plan.grid_x > 0 && tiles <= INT32_MAX) {
             const int32_t last = fa_persistent_first(&plan.kp, heads, plan.grid_x - 1, plan.grid_x);
@@ -232,7 +238,7 @@ static void check_plan(const fa_device_caps *caps, const flashattn_fwd_params *p
                   plan.kp.key_lo_off <= plan.kp.key_hi_off && plan.kp.key_hi_off >= 0 &&
                   plan.kp.key_lo_off <= full.seqlen_k - full.seqlen_q && plan.grid_y == 1 && plan.grid_z == 1 &&
                   tiles > caps->sm_count && tiles + caps->sm_count <= INT32_MAX &&
-                  plan.grid_x == (units < caps->sm_count ? units : caps->sm_count) &&
+                  plan.grid_x == blocks &&
                   (plan.kp.persistent == 1 ? full.mask == FLASHATTN_MASK_NONE || windowed
                                            : plan.kp.persistent == 2 && full.mask != FLASHATTN_MASK_NONE && !windowed &&
                                                  full.seqlen_q <= full.seqlen_k),
