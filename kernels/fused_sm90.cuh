@@ -1537,6 +1537,15 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
          * persistent block's next tile, or a key tile after this consumer's (n_mine), may load
          * there. Its turn is the consumer's last of the tile unless such key tiles follow. */
         auto last_pv = [&](auto width) {
+            /* A split's merge (a programmatic dependent) may be scheduled once every block has a
+             * thread here or has exited: its launch then overlaps this last P V and the partial
+             * stores; it still waits for the grid's completion before its first load. Triggered at
+             * the kernel's start, a batch-1 split decode read 4-7 us slower after other libraries'
+             * kernels (docs/performance.md v56); after the partial stores, the merge's launch
+             * followed the last block's end (v66: here instead, a batch-1 8k decode over a cache ran
+             * 1.12x as fast in graph replays; after the producer's last loads, pages of 256 0.98x
+             * cold). */
+            if (tl.partial) launch_dependents();
             const int kv = kv0 + n_mine - 1, st = kv & 1;
             mbar_wait(sm.full_v + 8 * st, (kv >> 1) & 1);
             if (gathered) fence_proxy_async_shared();
@@ -1622,10 +1631,8 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
         }
         if (tl.partial) {
             store_split_partial(p, tl, o, inv_r, valid_r, head_r, pos_r, t);
-            /* The merge (a programmatic dependent) may be scheduled once every block has a thread
-             * here (a block's first counts); it still waits for this grid's completion before its
-             * first load. Triggered at the kernel's start instead, a batch-1 split decode read 4-7 us
-             * slower after other libraries' kernels and 0.5 us slower alone (docs/performance.md v56). */
+            /* (a consumer that computed no key tile, and so took no last_pv, triggers here; for the
+             * others this repeats the block's trigger, which has no further effect) */
             launch_dependents();
             return;
         }

@@ -10,15 +10,16 @@
  *
  * One thread per kVec consecutive elements of a row (4, with vector loads, when the head dim and
  * every pointer and stride allow; else 1), so the 32 lanes of a warp cover a row of 128: each part's
- * LSE is one load per thread, the same address across the row's lanes. One pass over the parts,
- * with the running max: a part raising it rescales what is summed so far. Loads of a group of parts
- * are issued together, before their arithmetic (an empty part's O is loaded but never multiplied).
+ * LSE is one load per thread, the same address across the row's lanes. Loads of a group of parts
+ * are issued together, before their arithmetic (an empty part's O is loaded but never used); the
+ * group's largest LSE comes first, then all its weights at once, and a group raising the running
+ * max rescales what is summed so far.
  * Any number of parts and any head dim.
  *
  * After a split FUSED_SM90 call the merge is launched as a programmatic dependent of the attention
- * kernel (its blocks may start once a thread of each attention block has stored its share of the
- * partial results) and waits for it before its first load; after a split FUSED call (sm_80 and
- * newer) it is an ordinary launch.
+ * kernel (its blocks may start once a thread of each attention block has begun its last P V) and
+ * waits for it before its first load, its first row's index arithmetic done before the wait; after
+ * a split FUSED call (sm_80 and newer) it is an ordinary launch.
  */
 #include "fa_common.cuh"
 #include "grid_stride.cuh"
@@ -88,21 +89,41 @@ template <> struct vec_io<FA_DTYPE_BF16, 4> : vec16_io<FA_DTYPE_BF16> {};
 /* Parts whose loads are in flight together: a split decode's 16 parts in one round trip (each
  * group is one L2 round trip on the critical path; 4 made a batch-1 decode's merge four trips). */
 constexpr int kGroup = 16;
+static_assert((kGroup & (kGroup - 1)) == 0, "the group max is a tree of halves");
+
+/* The addresses of item idx (a row's kVec elements from d): pure arithmetic, so a thread works its
+ * first item's out before it waits for the attention kernel (32-bit divisions where the items fit). */
+template <int kVec> struct merge_item {
+    int64_t b, row_s; /* batch entry and position; the output row is worked out after the wait */
+    int h, d;
+    __device__ __forceinline__ merge_item(const fa_merge_args &a, int64_t idx, int chunks, bool narrow) {
+        if (narrow) {
+            const uint32_t i = (uint32_t)idx, ch = (uint32_t)chunks, sl = (uint32_t)a.seqlen, hs = (uint32_t)a.heads;
+            const uint32_t row = i / ch, bh = row / sl;
+            d = (int)(i - row * ch) * kVec, row_s = row - bh * sl;
+            b = bh / hs, h = (int)(bh - (uint32_t)b * hs);
+        } else {
+            const int64_t row = idx / chunks, bh = row / a.seqlen;
+            d = (int)(idx - row * chunks) * kVec, row_s = row - bh * a.seqlen;
+            b = bh / a.heads, h = (int)(bh - b * a.heads);
+        }
+    }
+};
 
 template <int kIn, int kOut, bool kBase2, int kVec>
 __global__ void __launch_bounds__(kMergeThreads) merge_parts(const __grid_constant__ fa_merge_args a) {
     using In = vec_io<kIn, kVec>;
     using Out = vec_io<kOut, kVec>;
-    wait_prerequisites();
     const int chunks = a.head_dim / kVec;
     const int64_t total = (int64_t)a.batch * a.heads * a.seqlen * chunks;
-    for (int64_t idx = (int64_t)blockIdx.x * kMergeThreads + threadIdx.x; idx < total;
-         idx += (int64_t)gridDim.x * kMergeThreads) {
-        const int d = (int)(idx % chunks) * kVec;
-        const int64_t row = idx / chunks;
-        const int s = (int)(row % a.seqlen);
-        const int64_t bh = row / a.seqlen;
-        const int h = (int)(bh % a.heads), b = (int)(bh / a.heads);
+    const bool narrow = total <= INT32_MAX;
+    int64_t idx = (int64_t)blockIdx.x * kMergeThreads + threadIdx.x;
+    merge_item<kVec> it(a, idx < total ? idx : 0, chunks, narrow);
+    wait_prerequisites();
+    for (bool first = true; idx < total; idx += (int64_t)gridDim.x * kMergeThreads, first = false) {
+        if (!first) it = merge_item<kVec>(a, idx, chunks, narrow);
+        const int d = it.d, h = it.h, s = (int)it.row_s;
+        const int64_t b = it.b;
         int64_t out_row = s, out_b = b; /* where the row goes: [b][s], or packed row out_rows[b] + s */
         if (a.out_rows != nullptr) {
             const int64_t r0 = clamp64(a.out_rows[b], 0, a.total_rows);
@@ -118,8 +139,11 @@ __global__ void __launch_bounds__(kMergeThreads) merge_parts(const __grid_consta
                                                  out_row * a.lse_out_seq_stride
                                            : nullptr;
 
-        /* Running max m over the contributing parts so far, sum of their weights and weighted O,
-         * both relative to m. An infinite LSE is an empty part; a NaN one makes the row NaN. */
+        /* Per group of parts: its largest finite LSE first (a tree), then every part's weight
+         * relative to the running max m at once, no weight waiting on the last; the sum of the
+         * weights and the weighted O added in part order. A group raising m rescales what is summed
+         * so far. An infinite LSE is an empty part (its O, loaded, is never used: it may be NaN);
+         * a NaN one makes the row NaN. */
         float m = -INFINITY, sum = 0.0f, acc[kVec];
 #pragma unroll
         for (int v = 0; v < kVec; ++v) acc[v] = 0.0f;
@@ -135,21 +159,32 @@ __global__ void __launch_bounds__(kMergeThreads) merge_parts(const __grid_consta
                     In::load(o_el + i * a.o_part_stride, x[u]);
                 }
             }
+            bool live[kGroup];
+            float gm[kGroup];
 #pragma unroll
             for (int u = 0; u < kGroup; ++u) {
                 nan |= l[u] != l[u];
-                if (l[u] == INFINITY || l[u] == -INFINITY || l[u] != l[u]) continue;
-                if (l[u] > m) { /* a new max: rescale what is summed so far */
-                    const float c = kBase2 ? exp2f(m - l[u]) : expf(m - l[u]);
-                    sum *= c;
+                live[u] = fabsf(l[u]) < INFINITY; /* finite: not empty, not NaN */
+                gm[u] = live[u] ? l[u] : -INFINITY;
+            }
 #pragma unroll
-                    for (int v = 0; v < kVec; ++v) acc[v] *= c;
-                    m = l[u];
-                }
+            for (int w = kGroup / 2; w > 0; w /= 2) /* (kGroup a power of two) */
+#pragma unroll
+                for (int u = 0; u < kGroup / 2; ++u)
+                    if (u < w) gm[u] = fmaxf(gm[u], gm[u + w]);
+            if (gm[0] > m) { /* (from m = -inf: what is summed so far is 0, and so is the factor) */
+                const float c = kBase2 ? exp2f(m - gm[0]) : expf(m - gm[0]);
+                sum *= c;
+#pragma unroll
+                for (int v = 0; v < kVec; ++v) acc[v] *= c;
+                m = gm[0];
+            }
+#pragma unroll
+            for (int u = 0; u < kGroup; ++u) {
                 const float w = kBase2 ? exp2f(l[u] - m) : expf(l[u] - m);
-                sum += w;
+                sum += live[u] ? w : 0.0f;
 #pragma unroll
-                for (int v = 0; v < kVec; ++v) acc[v] += w * x[u][v];
+                for (int v = 0; v < kVec; ++v) acc[v] = live[u] ? fmaf(w, x[u][v], acc[v]) : acc[v];
             }
         }
         float res[kVec];
