@@ -165,6 +165,13 @@ def flex_peer():
     """A builder of FlexAttention calls, or None (said once) where this PyTorch cannot run it."""
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        # Each shape compiles its own kernel (dynamic=False): past the default limit of eight
+        # recompilations, dynamo falls back to the unfused eager form (which materialises the
+        # scores), and the later rows' "flex" cells would time that instead.
+        import torch._dynamo
+        for knob in ("recompile_limit", "cache_size_limit"):
+            if hasattr(torch._dynamo.config, knob):
+                setattr(torch._dynamo.config, knob, max(64, getattr(torch._dynamo.config, knob)))
         compiled = torch.compile(flex_attention, dynamic=False)
     except Exception as e:  # noqa: BLE001 - reported, and the peer left out
         print(f"flex: not available ({type(e).__name__}: {e})", flush=True)
