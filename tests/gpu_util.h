@@ -286,14 +286,18 @@ inline Result run(flashattn_handle *h, const Inputs &in, int backend, bool lowpr
 }
 
 // A non-blocking stream of a test's own, waited for and destroyed when it goes out of scope (a
-// failed assertion included), so that nothing enqueued on it outlives the buffers it uses.
+// failed assertion included), so that nothing enqueued on it outlives the buffers it uses. A wait
+// or a destruction that fails fails the test (a destructor cannot throw).
 struct OwnedStream {
     cudaStream_t s = nullptr;
     OwnedStream() { CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
     OwnedStream(const OwnedStream &) = delete;
     OwnedStream &operator=(const OwnedStream &) = delete;
     ~OwnedStream() {
-        if (s) cudaStreamSynchronize(s), cudaStreamDestroy(s);
+        if (!s) return;
+        const cudaError_t waited = cudaStreamSynchronize(s), destroyed = cudaStreamDestroy(s);
+        if (waited != cudaSuccess) ADD_FAILURE() << "the test's own stream: cudaStreamSynchronize: " << cudaGetErrorString(waited);
+        if (destroyed != cudaSuccess) ADD_FAILURE() << "the test's own stream: cudaStreamDestroy: " << cudaGetErrorString(destroyed);
     }
 };
 
