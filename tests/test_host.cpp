@@ -1154,20 +1154,18 @@ TEST(Planning, Sm90UnmaskedCallsWithManyTilesArePersistent) {
         }
         {
             // A call that appends (a cache with device lengths, a new key each) keeps one block an SM.
-            flashattn_fwd_params a = dec;
-            a.batch = 17;
-            flashattn_fwd_params_set_packed_strides(&a);
-            a.seqused_k = (const int32_t *)0x710000;
+            flashattn_fwd_params cache = dec;
+            cache.batch = 17;
+            flashattn_fwd_params_set_packed_strides(&cache);
+            cache.seqused_k = (const int32_t *)0x710000;
+            flashattn_fwd_params a = cache;
             a.k_new = (const void *)0x740000, a.v_new = (const void *)0x750000, a.seqlen_new = 1;
             a.k_new_head_stride = a.v_new_head_stride = 128, a.k_new_seq_stride = a.v_new_seq_stride = 8 * 128;
             a.k_new_batch_stride = a.v_new_batch_stride = 8 * 128;
             const fa_plan r = plan_ok(a, caps);
             EXPECT_EQ(1, r.kp.persistent);
             EXPECT_EQ(132, r.grid_x);
-            a.k_new = a.v_new = nullptr, a.seqlen_new = 0;
-            a.k_new_head_stride = a.v_new_head_stride = a.k_new_seq_stride = a.v_new_seq_stride = 0;
-            a.k_new_batch_stride = a.v_new_batch_stride = 0;
-            EXPECT_EQ(68, plan_ok(a, caps).grid_x);  // the same cache read without an append
+            EXPECT_EQ(68, plan_ok(cache, caps).grid_x);  // the same cache read without an append
         }
         dec.batch = 16, dec.seqlen_q = 1, dec.mask = FLASHATTN_MASK_NONE;  // 128 tiles: a block each
         flashattn_fwd_params_set_packed_strides(&dec);
