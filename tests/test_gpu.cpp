@@ -1059,3 +1059,101 @@ TEST_F(Gpu, MergeNaNLseGivesNaNAndEmptyCallIsANoOp) {
     CUDA_CHECK(cudaDeviceSynchronize());
     for (float x : out.download()) EXPECT_NE(0.0f, x);  // untouched
 }
+
+// A merge of more than 2^31 items, so that the kernel's items are numbered in 64 bits (below that it
+// divides in 32): head dim 3 (one element an item, 2^31 + 1M of them), every batch entry reading the
+// same parts (batch strides 0). Each entry's merged rows must then be bit-identical to entry 0's,
+// which the fp64 oracle checks; the outputs are poisoned first, so a row written to the wrong place
+// or not at all shows. Needs about 7.2 GB of device memory (skipped with the reason where less is free).
+TEST_F(Gpu, MergePastTwoToThe31Items) {
+    const int64_t S = 3, Sq = 997, H = 5, D = 3, per_entry = Sq * H * D, lse_entry = H * Sq;
+    const int64_t B = ((int64_t)INT32_MAX + (1 << 20)) / per_entry + 1;
+    const int64_t n_out = B * per_entry, n_lse = B * lse_entry;
+    ASSERT_GT(n_out, (int64_t)INT32_MAX);
+    size_t free_bytes = 0, total_bytes = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    const size_t need = (size_t)n_out * 2 + (size_t)n_lse * 4 + ((size_t)256 << 20);
+    if (free_bytes < need)
+        GTEST_SKIP() << "needs " << (need >> 20) << " MiB of device memory; " << (free_bytes >> 20) << " MiB free";
+
+    auto &g = fatest::rng();
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f), ul(-4.0f, 4.0f), coin(0.0f, 1.0f);
+    std::vector<float> o_parts(S * per_entry), lse_parts(S * lse_entry);  // [S][Sq][H][D], [S][H][Sq]
+    for (float &x : o_parts) x = u(g);
+    for (float &l : lse_parts) {
+        const float draw = coin(g);
+        l = draw < 0.1f ? -INFINITY : draw < 0.2f ? INFINITY : ul(g);
+    }
+    fatest::DevBuf<float> d_o(o_parts.size()), d_lse(lse_parts.size()), d_lse_out(n_lse);
+    fatest::DevBuf<uint16_t> d_out(n_out);
+    d_o.upload(o_parts);
+    d_lse.upload(lse_parts);
+    CUDA_CHECK(cudaMemset(d_out.p, 0xff, d_out.n * 2));  // NaN in fp16 and in float32
+    CUDA_CHECK(cudaMemset(d_lse_out.p, 0xff, d_lse_out.n * 4));
+
+    flashattn_merge_params m;
+    flashattn_merge_params_init(&m);
+    m.dtype_parts = FLASHATTN_DTYPE_FLOAT32, m.dtype_out = FLASHATTN_DTYPE_FLOAT16;
+    m.num_parts = S, m.batch = B, m.seqlen = Sq, m.heads = H, m.head_dim = D;
+    m.o_parts = d_o.p, m.o_part_stride = per_entry, m.o_batch_stride = 0, m.o_seq_stride = H * D, m.o_head_stride = D;
+    m.lse_parts = d_lse.p, m.lse_part_stride = lse_entry, m.lse_batch_stride = 0, m.lse_head_stride = Sq;
+    m.lse_seq_stride = 1;
+    m.o = d_out.p, m.out_batch_stride = per_entry, m.out_seq_stride = H * D, m.out_head_stride = D;
+    m.lse = d_lse_out.p, m.lse_out_batch_stride = lse_entry, m.lse_out_head_stride = Sq, m.lse_out_seq_stride = 1;
+    ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_merge(h, &m, nullptr)) << flashattn_last_error();
+    CUDA_CHECK(cudaDeviceSynchronize());
+
+    // Entry 0 against the fp64 oracle.
+    std::vector<uint16_t> out0(per_entry);
+    std::vector<float> lse0(lse_entry);
+    CUDA_CHECK(cudaMemcpy(out0.data(), d_out.p, per_entry * 2, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(lse0.data(), d_lse_out.p, lse_entry * 4, cudaMemcpyDeviceToHost));
+    double max_err = 0, max_lse_err = 0;
+    for (int64_t s = 0; s < Sq; ++s)
+        for (int64_t hh = 0; hh < H; ++hh) {
+            double mx = -INFINITY, sum = 0, acc[D] = {0, 0, 0};
+            for (int64_t p = 0; p < S; ++p) {
+                const double l = lse_parts[p * lse_entry + hh * Sq + s];
+                if (std::isfinite(l)) mx = std::max(mx, l);
+            }
+            for (int64_t p = 0; p < S; ++p) {
+                const double l = lse_parts[p * lse_entry + hh * Sq + s];
+                if (!std::isfinite(l)) continue;
+                const double w = std::exp(l - mx);
+                sum += w;
+                for (int64_t d = 0; d < D; ++d) acc[d] += w * o_parts[p * per_entry + (s * H + hh) * D + d];
+            }
+            for (int64_t d = 0; d < D; ++d) {
+                const float got = fatest::to_f32(FLASHATTN_DTYPE_FLOAT16, out0[(s * H + hh) * D + d]);
+                ASSERT_FALSE(std::isnan(got)) << "entry 0, position " << s << ", head " << hh << ", column " << d;
+                max_err = std::max(max_err, std::fabs(got - (sum > 0 ? acc[d] / sum : 0.0)));
+            }
+            const float got_lse = lse0[hh * Sq + s];
+            if (sum == 0) ASSERT_EQ(-INFINITY, got_lse) << "a row with no contributing part";
+            else max_lse_err = std::max(max_lse_err, std::fabs(got_lse - (mx + std::log(sum))));
+        }
+    EXPECT_LE(max_err, 5e-4);
+    EXPECT_LE(max_lse_err, 1e-5);
+
+    // Every other entry, bit for bit, read back a slice at a time.
+    const int64_t slice = 4096;
+    std::vector<uint16_t> out_s(slice * per_entry);
+    std::vector<float> lse_s(slice * lse_entry);
+    int64_t differing = 0, first_bad = -1;
+    for (int64_t b0 = 0; b0 < B; b0 += slice) {
+        const int64_t nb = std::min(slice, B - b0);
+        CUDA_CHECK(cudaMemcpy(out_s.data(), d_out.p + b0 * per_entry, nb * per_entry * 2, cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(lse_s.data(), d_lse_out.p + b0 * lse_entry, nb * lse_entry * 4, cudaMemcpyDeviceToHost));
+        for (int64_t i = 0; i < nb; ++i)
+            if (std::memcmp(&out_s[i * per_entry], out0.data(), per_entry * 2) != 0 ||
+                std::memcmp(&lse_s[i * lse_entry], lse0.data(), lse_entry * 4) != 0) {
+                ++differing;
+                if (first_bad < 0) first_bad = b0 + i;
+            }
+    }
+    EXPECT_EQ(0, differing) << "batch entries whose merged O or LSE differ from entry 0's; the first is " << first_bad;
+    std::printf("[ merge ] S=%lld B=%lld Sq=%lld H=%lld D=%lld f32->f16: %lld items (past 2^31), max |O err| %.2e, "
+                "max |LSE err| %.2e, %lld of %lld entries differ from entry 0\n",
+                (long long)S, (long long)B, (long long)Sq, (long long)H, (long long)D, (long long)n_out, max_err,
+                max_lse_err, (long long)differing, (long long)B);
+}
