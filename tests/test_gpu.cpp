@@ -918,6 +918,28 @@ uint32_t store_as(int dtype, float x, float *stored) {
     return h;
 }
 
+// The fp64 merge of one row over `parts` parts: lse(p) part p's LSE (an infinite one contributes
+// nothing), o(p, d) its value in column d < D, the LSE's base ln_base (1: natural). out[d] gets the
+// merged value (0 where no part contributes), *mx the largest finite LSE; returns the sum of the
+// weights relative to it (0: no part contributes).
+template <class Lse, class O>
+double oracle_merge_row(int64_t parts, int64_t D, double ln_base, Lse lse, O o, std::vector<double> &out, double *mx) {
+    *mx = -INFINITY;
+    for (int64_t p = 0; p < parts; ++p)
+        if (std::isfinite(lse(p))) *mx = std::max(*mx, lse(p));
+    double sum = 0;
+    out.assign(D, 0.0);
+    for (int64_t p = 0; p < parts; ++p) {
+        if (!std::isfinite(lse(p))) continue;
+        const double w = std::exp((lse(p) - *mx) * ln_base);
+        sum += w;
+        for (int64_t d = 0; d < D; ++d) out[d] += w * o(p, d);
+    }
+    if (sum > 0)
+        for (double &x : out) x /= sum;
+    return sum;
+}
+
 void check_merge(flashattn_handle *h, const MergeCase &c) {
     const int eb_in = c.dtype_parts == FLASHATTN_DTYPE_FLOAT32 ? 4 : 2;
     const int eb_out = c.dtype_out == FLASHATTN_DTYPE_FLOAT32 ? 4 : 2;
@@ -975,20 +997,12 @@ void check_merge(flashattn_handle *h, const MergeCase &c) {
     for (int64_t b = 0; b < c.batch; ++b)
         for (int64_t hh = 0; hh < c.heads; ++hh)
             for (int64_t s = 0; s < c.seqlen; ++s) {
-                double mx = -INFINITY;
-                for (int64_t p = 0; p < c.parts; ++p) {
-                    const double l = lse_host[p * l_p + b * l_b + hh * l_h + s * l_seq];
-                    if (std::isfinite(l)) mx = std::max(mx, l);
-                }
-                double sum = 0;
-                std::vector<double> acc(D, 0.0);
-                for (int64_t p = 0; p < c.parts; ++p) {
-                    const double l = lse_host[p * l_p + b * l_b + hh * l_h + s * l_seq];
-                    if (!std::isfinite(l)) continue;
-                    const double w = std::exp((l - mx) * ln_base);
-                    sum += w;
-                    for (int64_t d = 0; d < D; ++d) acc[d] += w * o_val[p * o_p + b * o_b + s * o_s + hh * o_h + d];
-                }
+                double mx;
+                std::vector<double> want_row;
+                const double sum = oracle_merge_row(
+                    c.parts, D, ln_base, [&](int64_t p) { return (double)lse_host[p * l_p + b * l_b + hh * l_h + s * l_seq]; },
+                    [&](int64_t p, int64_t d) { return (double)o_val[p * o_p + b * o_b + s * o_s + hh * o_h + d]; }, want_row,
+                    &mx);
                 const int64_t orow = ((b * c.seqlen + s) * c.heads + hh) * D;
                 for (int64_t d = 0; d < D; ++d) {
                     float got;
@@ -998,8 +1012,7 @@ void check_merge(flashattn_handle *h, const MergeCase &c) {
                         std::memcpy(&bits, &out[(orow + d) * 2], 2);
                         got = fatest::to_f32(c.dtype_out, bits);
                     }
-                    const double want = sum > 0 ? acc[d] / sum : 0.0;
-                    const double err = std::fabs(got - want);
+                    const double err = std::fabs(got - want_row[d]);
                     ASSERT_FALSE(std::isnan(got)) << "row " << b << "," << hh << "," << s << " d " << d;
                     max_err = std::max(max_err, err);
                 }
@@ -1111,22 +1124,15 @@ TEST_F(Gpu, MergePastTwoToThe31Items) {
     double max_err = 0, max_lse_err = 0;
     for (int64_t s = 0; s < Sq; ++s)
         for (int64_t hh = 0; hh < H; ++hh) {
-            double mx = -INFINITY, sum = 0, acc[D] = {0, 0, 0};
-            for (int64_t p = 0; p < S; ++p) {
-                const double l = lse_parts[p * lse_entry + hh * Sq + s];
-                if (std::isfinite(l)) mx = std::max(mx, l);
-            }
-            for (int64_t p = 0; p < S; ++p) {
-                const double l = lse_parts[p * lse_entry + hh * Sq + s];
-                if (!std::isfinite(l)) continue;
-                const double w = std::exp(l - mx);
-                sum += w;
-                for (int64_t d = 0; d < D; ++d) acc[d] += w * o_parts[p * per_entry + (s * H + hh) * D + d];
-            }
+            double mx;
+            std::vector<double> want_row;
+            const double sum = oracle_merge_row(
+                S, D, 1.0, [&](int64_t p) { return (double)lse_parts[p * lse_entry + hh * Sq + s]; },
+                [&](int64_t p, int64_t d) { return (double)o_parts[p * per_entry + (s * H + hh) * D + d]; }, want_row, &mx);
             for (int64_t d = 0; d < D; ++d) {
                 const float got = fatest::to_f32(FLASHATTN_DTYPE_FLOAT16, out0[(s * H + hh) * D + d]);
                 ASSERT_FALSE(std::isnan(got)) << "entry 0, position " << s << ", head " << hh << ", column " << d;
-                max_err = std::max(max_err, std::fabs(got - (sum > 0 ? acc[d] / sum : 0.0)));
+                max_err = std::max(max_err, std::fabs(got - want_row[d]));
             }
             const float got_lse = lse0[hh * Sq + s];
             if (sum == 0) ASSERT_EQ(-INFINITY, got_lse) << "a row with no contributing part";
