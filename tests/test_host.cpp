@@ -1425,6 +1425,18 @@ TEST(Planning, FusedDecodeRunsAGroupsQueryHeadsAsTheRowsOfOneTile) {
     EXPECT_EQ(0, plan.kp.q_group_rows);  // the dense re-read needs none of it
     r.seqlen_q = 2;  // a sequence may have two queries: one head per block
     EXPECT_EQ(0, plan_ok(r, a100_caps()).gqa_rows);
+    // An empty packed Q (no rows) may have any strides, since none is used; one whose head stride
+    // times the group overflows int64 is not re-read (the fuzzer's input: the product overflowed).
+    for (int64_t huge : {INT64_MAX - 151, INT64_MAX / 4 + 1}) {
+        flashattn_fwd_params e = p;
+        e.cu_seqlens_q = (const int32_t *)0x700000, e.total_q = 0;
+        e.q_batch_stride = e.o_batch_stride = 0, e.q_head_stride = huge;
+        EXPECT_EQ(0, plan_ok(e, a100_caps()).gqa_rows) << huge;
+        e.q_head_stride = 128, e.o_head_stride = huge;
+        EXPECT_EQ(0, plan_ok(e, a100_caps()).gqa_rows) << huge;
+        e.o_head_stride = 128;  // the same call with strides that fit is re-read
+        EXPECT_EQ(1, plan_ok(e, a100_caps()).gqa_rows);
+    }
 }
 
 TEST(Planning, FusedBlocksWithRowlessWarpsTakeTheIdleWarpKernel) {
