@@ -285,7 +285,8 @@ static flashattn_status check_serving(const flashattn_fwd_params *p) {
                        "block_table_batch_stride is %lld; it must be >= pages_per_seq (%lld)",
                        (ll)p->block_table_batch_stride, (ll)p->pages_per_seq);
     int64_t last = 0;
-    if (!add_mul_ok(p->batch - 1, p->block_table_batch_stride, p->pages_per_seq - 1, &last) || last > INT64_MAX / 4)
+    /* (the last entry's index below INT64_MAX / 4, so that its end, (last + 1) x 4 bytes, fits) */
+    if (!add_mul_ok(p->batch - 1, p->block_table_batch_stride, p->pages_per_seq - 1, &last) || last >= INT64_MAX / 4)
         return fa_fail(FLASHATTN_STATUS_INDEX_OVERFLOW,
                        "block_table: (batch - 1) x block_table_batch_stride + pages_per_seq (%lld x %lld + %lld) "
                        "int32 elements overflow int64 bytes",
@@ -391,11 +392,12 @@ flashattn_status fa_validate_load(const flashattn_fwd_params *caller, flashattn_
         return fa_fail(FLASHATTN_STATUS_BAD_STRIDE,
                        "alibi_batch_stride is %lld; it must be 0 or >= heads_q (%lld)",
                        (ll)p->alibi_batch_stride, (ll)p->heads_q);
-    /* The last slope, (batch - 1) * alibi_batch_stride + heads_q - 1, in float32 bytes. */
+    /* The last slope, (batch - 1) * alibi_batch_stride + heads_q - 1: its end, (last + 1) x 4
+     * bytes, must fit in int64. */
     int64_t alibi_last = 0;
     if (p->alibi_slopes != NULL &&
         (!add_mul_ok(p->batch - 1, p->alibi_batch_stride, p->heads_q - 1, &alibi_last) ||
-         alibi_last > INT64_MAX / 4))
+         alibi_last >= INT64_MAX / 4))
         return fa_fail(FLASHATTN_STATUS_INDEX_OVERFLOW,
                        "alibi_slopes: (batch - 1) x alibi_batch_stride + heads_q (%lld x %lld + %lld) "
                        "float32 elements overflow int64 bytes",

@@ -552,6 +552,26 @@ TEST(Validation, EveryBadInputHasItsStatusAndMessage) {
     }
 }
 
+TEST(Validation, SlopesAndBlockTableEndAtTheInt64Edge) {
+    // The last element's end, (index + 1) x 4 bytes, must fit in int64: an index of INT64_MAX / 4
+    // (2^61 - 1) ends at byte 2^63 and is refused; one below it is taken (the fuzzer's input had
+    // found the first accepted).
+    flashattn_fwd_params p = valid_params();  // batch 2, heads_q 8: last slope = stride + 7
+    p.alibi_slopes = (const float *)0x600000;
+    p.alibi_batch_stride = INT64_MAX / 4 - 7;
+    EXPECT_EQ(FLASHATTN_STATUS_INDEX_OVERFLOW, fa_validate(&p));
+    EXPECT_NE(std::string(flashattn_last_error()).find("alibi_slopes"), std::string::npos) << flashattn_last_error();
+    p.alibi_batch_stride = INT64_MAX / 4 - 8;
+    EXPECT_EQ(FLASHATTN_STATUS_SUCCESS, fa_validate(&p)) << flashattn_last_error();
+    p = valid_varlen_paged();  // batch 3: last entry = 2 x stride + pages_per_seq - 1
+    p.pages_per_seq = 14;
+    p.block_table_batch_stride = (INT64_MAX / 4 - 13) / 2;
+    EXPECT_EQ(FLASHATTN_STATUS_INDEX_OVERFLOW, fa_validate(&p));
+    EXPECT_NE(std::string(flashattn_last_error()).find("block_table"), std::string::npos) << flashattn_last_error();
+    p.block_table_batch_stride -= 1;
+    EXPECT_EQ(FLASHATTN_STATUS_SUCCESS, fa_validate(&p)) << flashattn_last_error();
+}
+
 TEST(Validation, NullParamsAndHandle) {
     EXPECT_EQ(FLASHATTN_STATUS_NULL_POINTER, fa_validate(nullptr));
     flashattn_fwd_params p = valid_params();
