@@ -601,9 +601,9 @@ static int fused_gqa_rows(const flashattn_fwd_params *p, flashattn_fwd_params *r
     if (p->seqlen_q != 1 || group < 2 || p->mask == FLASHATTN_MASK_CAUSAL_TOP_LEFT ||
         p->window_left >= 0 || p->alibi_slopes != NULL || p->rotary_cos != NULL)
         return 0;
-    /* The group's head strides as the new heads' (strides are non-negative). A tensor validation
-     * has bounded cannot overflow them; an empty one (a packed Q of no rows) can have any strides,
-     * which nothing reads: it is not re-read. */
+    /* The group's head strides become the new heads' (strides are non-negative). Where validation
+     * bounded the tensor's extents they fit; an empty tensor (a packed Q of no rows) may have any
+     * strides, none of them read, and such a call is not re-read. */
     if (p->q_head_stride > INT64_MAX / group || p->o_head_stride > INT64_MAX / group) return 0;
     *rows = *p;
     rows->seqlen_q = group, rows->heads_q = p->heads_kv, rows->mask = FLASHATTN_MASK_NONE;
