@@ -8,9 +8,12 @@
  *   - an accepted call has a launchable plan: grid within CUDA's limits, shared memory within the
  *     device's, workspace sane, every tensor extent (in bytes) and every folded scale finite;
  *   - flashattn_fwd_params_set_packed_strides and the _init_size functions never overflow and
- *     never write past the size they are given.
+ *     never write past the size they are given;
+ *   - an accepted call with a reserved field set (within its struct_size) is refused as
+ *     BAD_STRUCT_SIZE, naming the field, its outputs untouched.
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -444,5 +447,42 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     else
         CHECK(buf[0] == 0xA5, "init wrote on failure");
     for (size_t i = want; i < sizeof buf; ++i) CHECK(buf[i] == 0xA5, "init wrote byte %zu of %zu", i, want);
+    /* ... flashattn_merge_params_init_size and flashattn_plan_info_init_size alike. */
+    const size_t want_m = (size_t)take(&in, 2) % sizeof buf;
+    memset(buf, 0xA5, sizeof buf);
+    if (flashattn_merge_params_init_size((flashattn_merge_params *)buf, want_m) == FLASHATTN_STATUS_SUCCESS)
+        CHECK(want_m == FLASHATTN_MERGE_PARAMS_SIZE_0_2 || want_m == sizeof(flashattn_merge_params), "merge init size %zu",
+              want_m);
+    else
+        CHECK(buf[0] == 0xA5, "merge init wrote on failure");
+    for (size_t i = want_m; i < sizeof buf; ++i) CHECK(buf[i] == 0xA5, "merge init wrote byte %zu of %zu", i, want_m);
+    const size_t want_i = (size_t)take(&in, 2) % sizeof buf;
+    memset(buf, 0xA5, sizeof buf);
+    if (flashattn_plan_info_init_size((flashattn_plan_info *)buf, want_i) == FLASHATTN_STATUS_SUCCESS)
+        CHECK(want_i == FLASHATTN_PLAN_INFO_SIZE_0_1 || want_i == sizeof(flashattn_plan_info), "plan info init size %zu",
+              want_i);
+    else
+        CHECK(buf[0] == 0xA5, "plan info init wrote on failure");
+    for (size_t i = want_i; i < sizeof buf; ++i) CHECK(buf[i] == 0xA5, "plan info init wrote byte %zu of %zu", i, want_i);
+
+    /* A reserved field set on a call that was accepted: refused as BAD_STRUCT_SIZE where the
+     * caller's struct_size covers the field (and ignored where it does not), the outputs untouched. */
+    const int32_t junk = (int32_t)take(&in, 4) | 1;
+    if (st == FLASHATTN_STATUS_SUCCESS) {
+        const size_t size = p.struct_size;
+        const int covered = size >= offsetof(flashattn_fwd_params, reserved1) + sizeof p.reserved1;
+        p.reserved1 = junk;
+        bytes = 12345;
+        const flashattn_status st_r = flashattn_fwd_workspace_size(&h, &p, &bytes);
+        CHECK(st_r == (covered ? FLASHATTN_STATUS_BAD_STRUCT_SIZE : FLASHATTN_STATUS_SUCCESS),
+              "reserved1 = %d with struct_size %zu: %s", (int)junk, size, flashattn_status_name(st_r));
+        if (covered) CHECK(bytes == 12345 && strstr(flashattn_last_error(), "reserved1") != NULL, "reserved1 refusal");
+    }
+    if (mst == FLASHATTN_STATUS_SUCCESS) {
+        mp.reserved0 = junk;
+        CHECK(fa_merge_check(&mp) == FLASHATTN_STATUS_BAD_STRUCT_SIZE &&
+                  strstr(flashattn_last_error(), "reserved0") != NULL,
+              "merge reserved0 = %d: %s", (int)junk, flashattn_last_error());
+    }
     return 0;
 }
