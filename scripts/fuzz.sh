@@ -2,12 +2,17 @@
 # Builds tests/fuzz/fuzz_plan.c (libFuzzer, AddressSanitizer, UndefinedBehaviorSanitizer) over the
 # host-side sources and runs it for a bounded time. Needs clang with libFuzzer (installed through
 # apt when missing and running as root); without it, says so and stops.
+# The run starts from tests/fuzz/seeds.b64 (one input a line, base64): the minimised corpus of longer
+# runs, so that a short run (CI's minute) mutates inputs that already reach every branch they found.
+# FUZZ_SAVE_SEEDS=1 rewrites that file from this run's corpus, minimised (libFuzzer's -merge=1).
 # Usage: scripts/fuzz.sh [build-dir (for the generated headers; default build)] [seconds (default 60)]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
 seconds=${2:-60}
 [ -f "$build/generated/fa_instances.h" ] || { echo "fuzz: configure $build first (scripts/test.sh $build)" >&2; exit 1; }
+# fa_build_info.h is written at build time; a build directory that was only configured lacks it.
+cmake --build "$build" --target flashattn_build_info > /dev/null
 cc=${CLANG:-clang}
 probe() { echo 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { (void)d; (void)n; return 0; }' |
           "$cc" -x c -fsanitize=fuzzer - -o /tmp/fa_fuzz_probe.$$ 2>/dev/null; }
@@ -34,11 +39,23 @@ mkdir -p "$out/corpus"
 echo "fuzz: replaying $(ls tests/fuzz/regressions | wc -l) saved inputs from tests/fuzz/regressions"
 "$out/fuzz_plan" tests/fuzz/regressions/* 2> "$out/regressions.log" || {
   tail -40 "$out/regressions.log"; echo "fuzz: FAILED on a saved input (log: $out/regressions.log)"; exit 1; }
-echo "fuzz: running fuzz_plan for ${seconds} s"
+seeds=0
+while IFS= read -r line; do
+  [ -n "$line" ] || continue
+  printf '%s' "$line" | base64 -d > "$out/corpus/seed-$seeds"
+  seeds=$((seeds + 1))
+done < <(cat tests/fuzz/seeds.b64 2>/dev/null || true)
+echo "fuzz: running fuzz_plan for ${seconds} s from $seeds seed inputs (tests/fuzz/seeds.b64)"
 # A failing input is written under $out (never into the source tree); keep it in tests/fuzz/regressions
 # once the failure is fixed.
 "$out/fuzz_plan" -artifact_prefix="$out/" -max_total_time="$seconds" -print_final_stats=1 "$out/corpus" \
   2> "$out/fuzz.log" || {
   tail -40 "$out/fuzz.log"; echo "fuzz: FAILED (log: $out/fuzz.log)"; exit 1; }
 grep -E "^stat::number_of_executed_units|^statuses:" "$out/fuzz.log" || true
+if [ "${FUZZ_SAVE_SEEDS:-0}" = 1 ]; then
+  rm -rf "$out/min" && mkdir -p "$out/min"
+  "$out/fuzz_plan" -merge=1 "$out/min" "$out/corpus" 2> "$out/merge.log"
+  for f in "$out/min"/*; do base64 -w0 "$f"; echo; done | LC_ALL=C sort > tests/fuzz/seeds.b64
+  echo "fuzz: tests/fuzz/seeds.b64 rewritten ($(wc -l < tests/fuzz/seeds.b64) inputs)"
+fi
 echo "fuzz: passed"
