@@ -120,6 +120,20 @@ static __int128 extent_bytes(int64_t b, int64_t s, int64_t h, int64_t d, int64_t
     return ((__int128)(b - 1) * bs + (__int128)(s - 1) * ss + (__int128)(h - 1) * hs + d) * elem;
 }
 
+/* An _init_size call on buf (n bytes, all 0xA5 before it) with size `want`: accepted only for a
+ * size in `sizes` (0-terminated), nothing written on a refusal, nothing past `want` ever. */
+static void check_init_size(const char *what, flashattn_status st, const unsigned char *buf, size_t n, size_t want,
+                            const size_t *sizes) {
+    if (st == FLASHATTN_STATUS_SUCCESS) {
+        int known = 0;
+        for (const size_t *z = sizes; *z; ++z) known |= *z == want;
+        CHECK(known, "%s accepted size %zu", what, want);
+    } else {
+        CHECK(buf[0] == 0xA5, "%s wrote on failure", what);
+    }
+    for (size_t i = want; i < n; ++i) CHECK(buf[i] == 0xA5, "%s wrote byte %zu of %zu", what, i, want);
+}
+
 static void check_plan(const fa_device_caps *caps, const flashattn_fwd_params *p) {
     fa_plan plan;
     flashattn_fwd_params full;
@@ -438,32 +452,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
     /* The _init_size functions write exactly the size they are given, or nothing. */
     unsigned char buf[2 * sizeof(flashattn_fwd_params) + 64];
-    const size_t want = (size_t)take(&in, 2) % sizeof buf;
+    const size_t fwd_sizes[] = {FLASHATTN_FWD_PARAMS_SIZE_0_1, FLASHATTN_FWD_PARAMS_SIZE_0_3, sizeof(flashattn_fwd_params), 0};
+    const size_t merge_sizes[] = {FLASHATTN_MERGE_PARAMS_SIZE_0_2, sizeof(flashattn_merge_params), 0};
+    const size_t info_sizes[] = {FLASHATTN_PLAN_INFO_SIZE_0_1, sizeof(flashattn_plan_info), 0};
+    size_t want = (size_t)take(&in, 2) % sizeof buf;
     memset(buf, 0xA5, sizeof buf);
-    if (flashattn_fwd_params_init_size((flashattn_fwd_params *)buf, want) == FLASHATTN_STATUS_SUCCESS)
-        CHECK(want == FLASHATTN_FWD_PARAMS_SIZE_0_1 || want == FLASHATTN_FWD_PARAMS_SIZE_0_3 ||
-                  want == sizeof(flashattn_fwd_params),
-              "init size %zu", want);
-    else
-        CHECK(buf[0] == 0xA5, "init wrote on failure");
-    for (size_t i = want; i < sizeof buf; ++i) CHECK(buf[i] == 0xA5, "init wrote byte %zu of %zu", i, want);
-    /* ... flashattn_merge_params_init_size and flashattn_plan_info_init_size alike. */
-    const size_t want_m = (size_t)take(&in, 2) % sizeof buf;
+    check_init_size("flashattn_fwd_params_init_size", flashattn_fwd_params_init_size((flashattn_fwd_params *)buf, want),
+                    buf, sizeof buf, want, fwd_sizes);
+    want = (size_t)take(&in, 2) % sizeof buf;
     memset(buf, 0xA5, sizeof buf);
-    if (flashattn_merge_params_init_size((flashattn_merge_params *)buf, want_m) == FLASHATTN_STATUS_SUCCESS)
-        CHECK(want_m == FLASHATTN_MERGE_PARAMS_SIZE_0_2 || want_m == sizeof(flashattn_merge_params), "merge init size %zu",
-              want_m);
-    else
-        CHECK(buf[0] == 0xA5, "merge init wrote on failure");
-    for (size_t i = want_m; i < sizeof buf; ++i) CHECK(buf[i] == 0xA5, "merge init wrote byte %zu of %zu", i, want_m);
-    const size_t want_i = (size_t)take(&in, 2) % sizeof buf;
+    check_init_size("flashattn_merge_params_init_size",
+                    flashattn_merge_params_init_size((flashattn_merge_params *)buf, want), buf, sizeof buf, want,
+                    merge_sizes);
+    want = (size_t)take(&in, 2) % sizeof buf;
     memset(buf, 0xA5, sizeof buf);
-    if (flashattn_plan_info_init_size((flashattn_plan_info *)buf, want_i) == FLASHATTN_STATUS_SUCCESS)
-        CHECK(want_i == FLASHATTN_PLAN_INFO_SIZE_0_1 || want_i == sizeof(flashattn_plan_info), "plan info init size %zu",
-              want_i);
-    else
-        CHECK(buf[0] == 0xA5, "plan info init wrote on failure");
-    for (size_t i = want_i; i < sizeof buf; ++i) CHECK(buf[i] == 0xA5, "plan info init wrote byte %zu of %zu", i, want_i);
+    check_init_size("flashattn_plan_info_init_size", flashattn_plan_info_init_size((flashattn_plan_info *)buf, want),
+                    buf, sizeof buf, want, info_sizes);
 
     /* A reserved field set on a call that was accepted: refused as BAD_STRUCT_SIZE where the
      * caller's struct_size covers the field (and ignored where it does not), the outputs untouched. */
