@@ -260,6 +260,39 @@ def lib():
     return _LIB if _LIB is not None else load_library()
 
 
+_CUDART = None
+
+
+def cudart():
+    """The CUDA runtime libflashattn was linked against (already in the process once the library is
+    loaded: found through /proc/self/maps, else by its usual names), with cudaMallocAsync and
+    cudaFreeAsync declared; None where it cannot be found. For the workspace of a call whose arrays
+    come through a protocol only (no library to allocate with)."""
+    global _CUDART
+    if _CUDART is not None:
+        return _CUDART
+    lib()
+    cands = []
+    try:
+        with open("/proc/self/maps") as f:
+            cands = sorted({line.split()[-1] for line in f if "/libcudart.so" in line})
+    except OSError:
+        pass
+    for cand in cands + ["libcudart.so", "libcudart.so.13", "libcudart.so.12"]:
+        try:
+            l = ctypes.CDLL(cand)
+            malloc_async, free_async = l.cudaMallocAsync, l.cudaFreeAsync
+        except (OSError, AttributeError):
+            continue
+        malloc_async.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_void_p]
+        free_async.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        malloc_async.restype = free_async.restype = ctypes.c_int
+        l.cudaGetErrorString.argtypes, l.cudaGetErrorString.restype = [ctypes.c_int], ctypes.c_char_p
+        _CUDART = l
+        return l
+    return None
+
+
 def _check(status, call=""):
     if status != Status.SUCCESS:
         l = lib()

@@ -8,6 +8,7 @@ import sys
 import threading
 import warnings
 
+from . import _lib
 from ._lib import Backend, Dtype, FlashAttnError, FwdParams, LseBase, Mask, MergeParams, PlanInfo, _check, lib
 
 __all__ = ["Handle", "get_handle", "workspace_size", "supported", "plan", "fwd", "flash_attn_func",
@@ -459,8 +460,27 @@ def _run(qa, p, stream):
     with qa.lib.device_scope(qa):
         handle = get_handle(qa.device if qa.device is not None else -1)
         nbytes = workspace_size(handle, p)
-        ws = _empty(qa, (nbytes,), "u8") if nbytes else None
         s = qa.lib.current_stream(qa) if stream is None else int(stream)
+        if nbytes and qa.lib in (_CudaArrayInterface, _DLPack):
+            # Arrays known only through a protocol: no library to allocate with, so the workspace is
+            # taken from the CUDA runtime, ordered on the call's stream (cudaMallocAsync, then
+            # cudaFreeAsync after the enqueue: the memory is reused only by work ordered after ours).
+            rt = _lib.cudart()
+            if rt is None:
+                raise RuntimeError(f"this call needs a {nbytes}-byte workspace and its arrays "
+                                   f"({type(qa.obj).__name__}) come with no allocator, nor was the CUDA "
+                                   f"runtime found to take one from: pass torch or CuPy arrays")
+            ptr = ctypes.c_void_p()
+            err = rt.cudaMallocAsync(ctypes.byref(ptr), nbytes, s)
+            if err != 0:
+                raise RuntimeError(f"cudaMallocAsync of the call's {nbytes}-byte workspace failed: "
+                                   f"{rt.cudaGetErrorString(err).decode()}")
+            try:
+                fwd(handle, p, ptr.value, nbytes, s)
+            finally:
+                rt.cudaFreeAsync(ptr, s)
+            return
+        ws = _empty(qa, (nbytes,), "u8") if nbytes else None
         fwd(handle, p, _ptr(ws) if ws is not None else 0, nbytes, s)
 
 

@@ -151,6 +151,18 @@ def test_dlpack_inputs_with_out():
     assert torch.equal(out, flashattn.flash_attn_func(q, k, v))
 
 
+def test_dlpack_inputs_with_a_workspace():
+    # A batch-1 decode over 8k keys splits its keys (a workspace for the partial results, in a full
+    # build; a build without the kernels falls back to the reference, which needs one too): arrays
+    # known only through DLPack get it from the CUDA runtime on the call's stream.
+    q, k, v = rand(1, 1, 32, 128), rand(1, 8192, 8, 128), rand(1, 8192, 8, 128)
+    out = torch.full_like(q, float("nan"))
+    flashattn.flash_attn_func(OnlyDlpack(q), OnlyDlpack(k), OnlyDlpack(v), out=OnlyDlpack(out))
+    torch.cuda.synchronize()
+    assert flashattn._lib._CUDART is not None  # the workspace path ran
+    assert torch.equal(out, flashattn.flash_attn_func(q, k, v))
+
+
 def test_errors_name_the_argument():
     q, k, v = rand(1, 64, 4, 64), rand(1, 64, 3, 64), rand(1, 64, 3, 64)
     with pytest.raises(flashattn.FlashAttnError) as e:
