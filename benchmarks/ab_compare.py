@@ -13,7 +13,8 @@ def rates(paths):
     for path in paths:
         for r in json.load(open(path))["rows"]:
             window = tuple(r["window"]) if r.get("window") else None
-            key = (r["kind"], r["dtype"], r["b"], r["hq"], r["hkv"], r["sq"], r["sk"], r["d"], r["causal"], window)
+            key = (r["kind"], r["dtype"], r["b"], r["hq"], r["hkv"], r["sq"], r["sk"], r["d"], r["causal"], window,
+                   r.get("kv", "dense"))  # (builds before the kv field: dense)
             rate = r.get("tflops") or r.get("gbps")
             if rate is not None:
                 best[key] = max(best.get(key, 0.0), rate)
@@ -28,9 +29,9 @@ def main():
     for key in a:
         if key not in b:
             continue
-        kind, dtype, bb, hq, hkv, sq, sk, d, causal, window = key
+        kind, dtype, bb, hq, hkv, sq, sk, d, causal, window, kv = key
         label = (f"{kind} {dtype} {bb}x{hq}/{hkv} sq={sq} sk={sk} d={d}{' causal' if causal else ''}"
-                 f"{f' window={window[0]},{window[1]}' if window else ''}")
+                 f"{f' window={window[0]},{window[1]}' if window else ''}{'' if kv == 'dense' else ' ' + kv}")
         ratios.append(b[key] / a[key])
         print(f"{label:52} {a[key]:9.1f} {b[key]:9.1f} {ratios[-1]:6.3f}")
     geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))

@@ -53,7 +53,7 @@ def main():
     ap.add_argument("--a", required=True, help="the A build's flashattn_bench")
     ap.add_argument("--b", required=True, help="the B build's flashattn_bench")
     ap.add_argument("--c", help="a third build's flashattn_bench (optional)")
-    ap.add_argument("--shape", action="append", required=True, help="kind:dtype:b:hq:hkv:sq:sk:d:mask (repeat)")
+    ap.add_argument("--shape", action="append", required=True, help="kind:dtype:b:hq:hkv:sq:sk:d:mask[:kv] (repeat)")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=1, help="A B B A rounds per shape (the median ratio counts)")

@@ -5,16 +5,21 @@
  *                                         peer table (16k tokens per prefill, hidden 2048)
  *   flashattn_bench --suite quick         a few shapes, for a smoke test
  *   flashattn_bench --shape prefill:bf16:4:16:16:4096:4096:128:causal     one shape (repeatable)
- *                   (kind:dtype:batch:heads_q:heads_kv:seqlen_q:seqlen_k:head_dim:mask, kind prefill,
- *                    prefill-gqa or decode, dtype fp16 or bf16, mask none, causal, window=L,R or
- *                    causal,window=L,R: a sliding window of L keys left and R right of the
- *                    bottom-right diagonal, -1 unbounded; prefill kinds only)
+ *                   (kind:dtype:batch:heads_q:heads_kv:seqlen_q:seqlen_k:head_dim:mask[:kv], kind
+ *                    prefill, prefill-gqa or decode, dtype fp16 or bf16, mask none, causal,
+ *                    window=L,R or causal,window=L,R: a sliding window of L keys left and R right
+ *                    of the bottom-right diagonal, -1 unbounded; prefill kinds only; kv, how K and
+ *                    V are laid out: dense (the default), cache (dense, with every sequence's key
+ *                    count in a device array, seqused_k, as a serving call passes it) or pages=P
+ *                    (a pool of pages of P keys in a shuffled order, a block table and seqused_k))
  *   --backend auto|fused|fused_sm90|reference   --iters N (30)   --warmup N (5)   --seed S (1)
  *   --json FILE   --csv FILE   --no-check   --help        (--opt VALUE and --opt=VALUE both work)
  *
  * Each shape is first checked against the REFERENCE backend (max |O - O_ref|); then it is timed
  * with CUDA events around each call, the L2 cache flushed before every timed call, and reported as
- * median and p99 milliseconds. FLOPs = 4*B*Hq*Sq*Sk*D, halved for causal when Sq == Sk (with a
+ * median and p99 milliseconds. Rows whose K and V are a cache or pages are followed, after the
+ * table, by their rate over the rate of the same shape's dense row of the same run, where there is
+ * one (the default suite has the decode shapes in pages of 1, 16 and 256 keys). FLOPs = 4*B*Hq*Sq*Sk*D, halved for causal when Sq == Sk (with a
  * window: 4*B*Hq*D times the (query, key) pairs the mask and window leave visible); decode rows
  * report K+V bytes read per second. "% peak" is against a cuBLAS bf16 GEMM (8192^3) and a
  * device-to-device copy, both measured at start-up in the same process. Inputs are drawn from the
@@ -47,7 +52,10 @@ typedef struct shape {
     int causal;
     int window;     /* 1: window_left wl, window_right wr (-1: unbounded); 0: none */
     int64_t wl, wr;
+    int64_t kv;     /* K/V layout: KV_DENSE, KV_CACHE, or >= 1: pages of that many keys */
 } shape;
+
+enum { KV_DENSE = 0, KV_CACHE = -1 };
 
 enum { UNCHECKED = 0, CHECK_OK = 1, CHECK_FAILED = 2 };
 enum { EXIT_CHECK_FAILED = 1, EXIT_USAGE = 2, EXIT_NO_DEVICE = 3 };
@@ -103,6 +111,14 @@ static const char *mask_text(const shape *s, char *buf, size_t n) {
     return buf;
 }
 
+/* The kv field as --shape spells it. */
+static const char *kv_text(const shape *s, char *buf, size_t n) {
+    if (s->kv == KV_DENSE) return "dense";
+    if (s->kv == KV_CACHE) return "cache";
+    snprintf(buf, n, "pages=%lld", (long long)s->kv);
+    return buf;
+}
+
 static double kv_bytes_of(const shape *s) { return 2.0 * s->b * s->hkv * (double)s->sk * s->d * 2; }
 
 static int is_decode(const shape *s) { return strcmp(s->kind, "decode") == 0; }
@@ -112,7 +128,8 @@ static int default_suite(shape *out, int quick) {
     int n = 0;
     if (quick) {
         const shape q[] = {{"prefill", 1, 4, 16, 16, 1024, 1024, 128, 0}, {"prefill", 1, 4, 16, 16, 1024, 1024, 128, 1},
-                           {"prefill", 0, 8, 32, 32, 512, 512, 64, 1}, {"decode", 1, 16, 32, 8, 1, 8192, 128, 0}};
+                           {"prefill", 0, 8, 32, 32, 512, 512, 64, 1}, {"decode", 1, 16, 32, 8, 1, 8192, 128, 0},
+                           {"decode", 1, 16, 32, 8, 1, 8192, 128, 0, 0, 0, 0, 16}};
         memcpy(out, q, sizeof q);
         return (int)(sizeof q / sizeof q[0]);
     }
@@ -129,6 +146,13 @@ static int default_suite(shape *out, int quick) {
     out[n++] = (shape){"prefill-gqa", 1, 2, 32, 8, 8192, 8192, 128, 1};
     const int64_t dec[][2] = {{1, 8192}, {16, 8192}, {64, 4096}, {128, 2048}, {8, 32768}, {1, 131072}};
     for (int i = 0; i < 6; ++i) out[n++] = (shape){"decode", 1, dec[i][0], 32, 8, 1, dec[i][1], 128, 0};
+    /* the same decodes over a paged cache (vLLM's 16 keys a page, SGLang's 1, a large page) */
+    const int64_t pages[] = {1, 16, 256};
+    for (int i = 0; i < 6; ++i)
+        for (int j = 0; j < 3; ++j) {
+            out[n] = (shape){"decode", 1, dec[i][0], 32, 8, 1, dec[i][1], 128, 0};
+            out[n++].kv = pages[j];
+        }
     return n;
 }
 
@@ -265,13 +289,32 @@ done:
     return ok;
 }
 
+/* A page order drawn from the seed: a permutation of 0..n-1 (splitmix64, Fisher-Yates). */
+static void shuffled_pages(int32_t *order, int64_t n, uint64_t seed) {
+    uint64_t x = seed ^ 0x5851f42d4c957f2dULL;
+    for (int64_t i = 0; i < n; ++i) order[i] = (int32_t)i;
+    for (int64_t i = n - 1; i > 0; --i) {
+        uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+        z ^= z >> 31;
+        const int64_t j = (int64_t)(z % (uint64_t)(i + 1));
+        const int32_t tmp = order[i];
+        order[i] = order[j], order[j] = tmp;
+    }
+}
+
 static int bench_shape(flashattn_handle *h, const shape *s, int backend, int iters, int warmup, uint64_t seed, int check,
                        void *l2_flush, size_t l2_bytes, double gemm_peak, double copy_peak, row *out) {
     memset(out, 0, sizeof *out);
     out->s = *s;
     out->max_err = NAN;
-    const int64_t nq = s->b * s->sq * s->hq * s->d, nk = s->b * s->sk * s->hkv * s->d;
+    /* K and V: [b, sk, hkv, d], or with pages pools [b * pages_per_seq, page, hkv, d] */
+    const int64_t pages_per_seq = s->kv > 0 ? (s->sk + s->kv - 1) / s->kv : 0, num_pages = s->b * pages_per_seq;
+    const int64_t nq = s->b * s->sq * s->hq * s->d;
+    const int64_t nk = s->kv > 0 ? num_pages * s->kv * s->hkv * s->d : s->b * s->sk * s->hkv * s->d;
     void *q = NULL, *k = NULL, *v = NULL, *o = NULL, *ws = NULL;
+    int32_t *lens = NULL, *table = NULL, *host = NULL;
     double *t = NULL;
     cudaEvent_t ev0 = NULL, ev1 = NULL;
     int ok = 0;
@@ -285,6 +328,28 @@ static int bench_shape(flashattn_handle *h, const shape *s, int backend, int ite
 
     flashattn_fwd_params p;
     fill_params(&p, s, q, k, v, o, backend);
+    if (s->kv != KV_DENSE) {
+        /* every sequence's cache full: seqused_k[b] = sk; pages listed in a shuffled order */
+        const int64_t n_host = s->b > num_pages ? s->b : num_pages;
+        host = malloc(sizeof(int32_t) * (size_t)n_host);
+        if (host == NULL) {
+            fprintf(stderr, "out of host memory for the block table\n");
+            goto done;
+        }
+        for (int64_t i = 0; i < s->b; ++i) host[i] = (int32_t)s->sk;
+        CHECK_CUDA(cudaMalloc((void **)&lens, sizeof(int32_t) * s->b));
+        CHECK_CUDA(cudaMemcpy(lens, host, sizeof(int32_t) * s->b, cudaMemcpyHostToDevice));
+        p.seqused_k = lens;
+        if (s->kv > 0) {
+            shuffled_pages(host, num_pages, seed);
+            CHECK_CUDA(cudaMalloc((void **)&table, sizeof(int32_t) * num_pages));
+            CHECK_CUDA(cudaMemcpy(table, host, sizeof(int32_t) * num_pages, cudaMemcpyHostToDevice));
+            p.block_table = table;
+            p.block_table_batch_stride = p.pages_per_seq = pages_per_seq;
+            p.page_size = s->kv, p.num_pages = num_pages;
+            p.k_batch_stride = p.v_batch_stride = s->kv * s->hkv * s->d; /* the page stride */
+        }
+    }
     flashattn_plan_info info;
     flashattn_plan_info_init(&info);
     size_t ws_bytes = 0;
@@ -297,7 +362,7 @@ static int bench_shape(flashattn_handle *h, const shape *s, int backend, int ite
     snprintf(out->backend, sizeof out->backend, "%s", backend_name(info.backend));
     snprintf(out->kernel, sizeof out->kernel, "%s", info.kernel_name);
     if (ws_bytes) CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
-    out->mem_bytes = (nq * 2 + nk * 2) * 2 + (int64_t)ws_bytes;
+    out->mem_bytes = (nq * 2 + nk * 2) * 2 + (int64_t)ws_bytes + (s->kv != KV_DENSE ? 4 * (s->b + num_pages) : 0);
 
     /* Check against the reference backend before timing. */
     if (check && !check_shape(h, s, &p, ws, ws_bytes, out)) goto done;
@@ -338,7 +403,8 @@ done:
     free(t);
     if (ev0) cudaEventDestroy(ev0);
     if (ev1) cudaEventDestroy(ev1);
-    cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(o), cudaFree(ws);
+    cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(o), cudaFree(ws), cudaFree(lens), cudaFree(table);
+    free(host);
     return ok;
 }
 
@@ -346,11 +412,13 @@ done:
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: flashattn_bench [--suite default|quick] [--shape kind:dtype:b:hq:hkv:sq:sk:d:mask]...\n"
+            "usage: flashattn_bench [--suite default|quick] [--shape kind:dtype:b:hq:hkv:sq:sk:d:mask[:kv]]...\n"
             "                       [--backend auto|fused|fused_sm90|reference] [--iters N] [--warmup N] [--seed S]\n"
             "                       [--json FILE] [--csv FILE] [--no-check] [--help]\n"
             "  kind prefill|prefill-gqa|decode, dtype fp16|bf16, mask none|causal|window=L,R|causal,window=L,R\n"
             "  (windows: prefill kinds, L and R >= -1, -1 unbounded); b, hq, hkv, sq, sk, d >= 1\n"
+            "  kv dense (default)|cache|pages=P: K/V dense, a cache with per-sequence counts (seqused_k),\n"
+            "  or a pool of pages of P keys in a shuffled order with a block table\n"
             "  exit status: 0 all shapes ran and passed, 1 a check or call failed, 2 bad arguments, 3 no usable GPU\n");
 }
 
@@ -373,15 +441,15 @@ static int parse_int64(const char *text, int64_t lo, int64_t hi, int64_t *out) {
 /* NULL when text is a valid shape (written to *s), else which part is wrong (in buf). */
 static const char *parse_shape(const char *text, shape *s, char *why, size_t n) {
     static const char *const names[9] = {"kind", "dtype", "b", "hq", "hkv", "sq", "sk", "d", "mask"};
-    char buf[256], *fields[9], *save = NULL;
+    char buf[256], *fields[10], *save = NULL;
     int count = 0;
     snprintf(buf, sizeof buf, "%s", text);
     for (char *f = strtok_r(buf, ":", &save); f != NULL; f = strtok_r(NULL, ":", &save)) {
-        if (count < 9) fields[count] = f;
+        if (count < 10) fields[count] = f;
         ++count;
     }
-    if (strlen(text) >= sizeof buf || count != 9) {
-        snprintf(why, n, "9 fields kind:dtype:b:hq:hkv:sq:sk:d:mask (got %d)", count);
+    if (strlen(text) >= sizeof buf || (count != 9 && count != 10)) {
+        snprintf(why, n, "9 or 10 fields kind:dtype:b:hq:hkv:sq:sk:d:mask[:kv] (got %d)", count);
         return why;
     }
     memset(s, 0, sizeof *s);
@@ -424,6 +492,14 @@ static const char *parse_shape(const char *text, shape *s, char *why, size_t n) 
     } else if (strcmp(fields[8], "none")) {
         snprintf(why, n, "mask none, causal, window=L,R or causal,window=L,R (got '%s')", fields[8]);
         return why;
+    }
+    if (count == 10 && strcmp(fields[9], "dense")) {
+        if (!strcmp(fields[9], "cache")) {
+            s->kv = KV_CACHE;
+        } else if (strncmp(fields[9], "pages=", 6) || !parse_int64(fields[9] + 6, 1, (int64_t)1 << 31, &s->kv)) {
+            snprintf(why, n, "kv dense, cache or pages=P with P an integer in 1..2^31 (got '%s')", fields[9]);
+            return why;
+        }
     }
     return NULL;
 }
@@ -468,15 +544,15 @@ static void write_json(FILE *f, const struct cudaDeviceProp *prop, int driver, i
     fputs(", \"rows\": [\n", f);
     for (int i = 0; i < n; ++i) {
         const row *r = &rows[i];
-        char window[64] = "null"; /* [left, right], or null */
+        char window[64] = "null", kv[32]; /* [left, right], or null */
         if (r->s.window) snprintf(window, sizeof window, "[%lld, %lld]", (long long)r->s.wl, (long long)r->s.wr);
         fputs("  {\"kind\": ", f);
         json_string(f, r->s.kind);
         fprintf(f, ", \"dtype\": \"%s\", \"b\": %lld, \"hq\": %lld, \"hkv\": %lld, \"sq\": %lld, \"sk\": %lld, \"d\": %lld, "
-                   "\"causal\": %s, \"window\": %s, \"seed\": %llu, \"backend\": ",
+                   "\"causal\": %s, \"window\": %s, \"kv\": \"%s\", \"seed\": %llu, \"backend\": ",
                 r->s.dtype ? "bfloat16" : "float16", (long long)r->s.b, (long long)r->s.hq, (long long)r->s.hkv,
                 (long long)r->s.sq, (long long)r->s.sk, (long long)r->s.d, r->s.causal ? "true" : "false", window,
-                (unsigned long long)(seed + i));
+                kv_text(&r->s, kv, sizeof kv), (unsigned long long)(seed + i));
         json_string(f, r->backend);
         fputs(", \"kernel\": ", f);
         json_string(f, r->kernel);
@@ -500,15 +576,41 @@ static void write_json(FILE *f, const struct cudaDeviceProp *prop, int driver, i
 
 static void write_csv(FILE *f, const struct cudaDeviceProp *prop, uint64_t seed, const row *rows, int n) {
     fprintf(f, "kind,dtype,b,hq,hkv,sq,sk,d,causal,backend,kernel,median_ms,p99_ms,rate,rate_unit,pct_peak,max_err,mem_bytes,check,gpu,"
-               "commit,seed,window_left,window_right\n");
+               "commit,seed,window_left,window_right,kv\n");
     for (int i = 0; i < n; ++i) {
         const row *r = &rows[i];
-        fprintf(f, "%s,%s,%lld,%lld,%lld,%lld,%lld,%lld,%d,%s,%s,%.5f,%.5f,%.2f,%s,%.2f,%.3e,%lld,%s,\"%s\",%s,%llu,%lld,%lld\n", r->s.kind,
+        char kv[32];
+        fprintf(f, "%s,%s,%lld,%lld,%lld,%lld,%lld,%lld,%d,%s,%s,%.5f,%.5f,%.2f,%s,%.2f,%.3e,%lld,%s,\"%s\",%s,%llu,%lld,%lld,%s\n", r->s.kind,
                 r->s.dtype ? "bfloat16" : "float16", (long long)r->s.b, (long long)r->s.hq, (long long)r->s.hkv,
                 (long long)r->s.sq, (long long)r->s.sk, (long long)r->s.d, r->s.causal, r->backend, r->kernel, r->median_ms,
                 r->p99_ms, r->rate, is_decode(&r->s) ? "GB/s" : "TFLOP/s", r->pct_peak, r->max_err, (long long)r->mem_bytes,
                 check_word(r->check), prop->name, FA_BUILD_GIT_COMMIT, (unsigned long long)(seed + i),
-                (long long)(r->s.window ? r->s.wl : -1), (long long)(r->s.window ? r->s.wr : -1));
+                (long long)(r->s.window ? r->s.wl : -1), (long long)(r->s.window ? r->s.wr : -1), kv_text(&r->s, kv, sizeof kv));
+    }
+}
+
+/* Each cache or paged row's rate over the rate of the dense row of the same shape in this run
+ * (same kind, dtype, sizes and mask), where both ran: what the serving layouts cost. */
+static void print_kv_ratios(const row *rows, int n) {
+    int header = 0;
+    for (int i = 0; i < n; ++i) {
+        const row *r = &rows[i];
+        if (r->s.kv == KV_DENSE || !(r->rate > 0)) continue;
+        for (int j = 0; j < n; ++j) {
+            const shape *a = &rows[j].s, *b = &r->s;
+            if (a->kv != KV_DENSE || !(rows[j].rate > 0) || strcmp(a->kind, b->kind) || a->dtype != b->dtype ||
+                a->b != b->b || a->hq != b->hq || a->hkv != b->hkv || a->sq != b->sq || a->sk != b->sk || a->d != b->d ||
+                a->causal != b->causal || a->window != b->window || a->wl != b->wl || a->wr != b->wr)
+                continue;
+            char bh[32], mask[64], kv[32];
+            if (!header) printf("rate over the dense row of the same shape (this run):\n");
+            header = 1;
+            snprintf(bh, sizeof bh, "%lldx%lld/%lld", (long long)r->s.b, (long long)r->s.hq, (long long)r->s.hkv);
+            printf("  %-11s %-5s %-9s sq=%lld sk=%lld d=%lld %s %-9s %.3f\n", r->s.kind, r->s.dtype ? "bf16" : "fp16", bh,
+                   (long long)r->s.sq, (long long)r->s.sk, (long long)r->s.d, mask_text(&r->s, mask, sizeof mask),
+                   kv_text(&r->s, kv, sizeof kv), r->rate / rows[j].rate);
+            break;
+        }
     }
 }
 
@@ -619,28 +721,29 @@ int main(int argc, char **argv) {
     int failures = 0;
     for (int i = 0; i < n; ++i) {
         const shape *s = &shapes[i];
-        char mask[64];
-        fprintf(stderr, "[%d/%d] %s %s %lldx%lld/%lld sq=%lld sk=%lld d=%lld %s\n", i + 1, n, s->kind, s->dtype ? "bf16" : "fp16",
+        char mask[64], kv[32];
+        fprintf(stderr, "[%d/%d] %s %s %lldx%lld/%lld sq=%lld sk=%lld d=%lld %s %s\n", i + 1, n, s->kind, s->dtype ? "bf16" : "fp16",
                 (long long)s->b, (long long)s->hq, (long long)s->hkv, (long long)s->sq, (long long)s->sk, (long long)s->d,
-                mask_text(s, mask, sizeof mask));
+                mask_text(s, mask, sizeof mask), kv_text(s, kv, sizeof kv));
         if (!bench_shape(h, s, backend, (int)iters, (int)warmup, seed + i, check, l2, l2_bytes, gemm_peak, copy_peak,
                          &rows[i]) ||
             rows[i].check == CHECK_FAILED)
             ++failures;
     }
 
-    printf("%-11s %-5s %-9s %6s %6s %3s %-7s %-10s %9s %9s %12s %7s %9s %9s %s\n", "kind", "dtype", "b x hq/hkv", "sq", "sk", "d",
-           "mask", "backend", "median_ms", "p99_ms", "rate", "%peak", "max_err", "mem_MiB", "check");
+    printf("%-11s %-5s %-9s %6s %6s %3s %-7s %-9s %-10s %9s %9s %12s %7s %9s %9s %s\n", "kind", "dtype", "b x hq/hkv", "sq", "sk",
+           "d", "mask", "kv", "backend", "median_ms", "p99_ms", "rate", "%peak", "max_err", "mem_MiB", "check");
     for (int i = 0; i < n; ++i) {
         const row *r = &rows[i];
-        char bh[32], rate[32], mask[64];
+        char bh[32], rate[32], mask[64], kv[32];
         snprintf(bh, sizeof bh, "%lldx%lld/%lld", (long long)r->s.b, (long long)r->s.hq, (long long)r->s.hkv);
         snprintf(rate, sizeof rate, is_decode(&r->s) ? "%.0f GB/s" : "%.1f TFLOP/s", r->rate);
-        printf("%-11s %-5s %-9s %6lld %6lld %3lld %-7s %-10s %9.4f %9.4f %12s %6.1f%% %9.2e %9.1f %s\n", r->s.kind,
+        printf("%-11s %-5s %-9s %6lld %6lld %3lld %-7s %-9s %-10s %9.4f %9.4f %12s %6.1f%% %9.2e %9.1f %s\n", r->s.kind,
                r->s.dtype ? "bf16" : "fp16", bh, (long long)r->s.sq, (long long)r->s.sk, (long long)r->s.d,
-               mask_text(&r->s, mask, sizeof mask), r->backend, r->median_ms, r->p99_ms, rate, r->pct_peak, r->max_err,
-               r->mem_bytes / 1048576.0, check_word(r->check));
+               mask_text(&r->s, mask, sizeof mask), kv_text(&r->s, kv, sizeof kv), r->backend, r->median_ms, r->p99_ms, rate,
+               r->pct_peak, r->max_err, r->mem_bytes / 1048576.0, check_word(r->check));
     }
+    print_kv_ratios(rows, n);
     printf("%d shapes, %d failed\n", n, failures);
 
     int rc = failures ? EXIT_CHECK_FAILED : 0;
