@@ -197,7 +197,7 @@ if [[ " $steps " == *" fusedpeers "* ]]; then
 fi
 [ -f "$OUT/correctness.txt" ] && cat "$OUT/correctness.txt"
 [ -f "$OUT/pytest.log" ] && grep -E "FAILED|Error|assert" "$OUT/pytest.log" | head -20
-[ -f "$OUT/bench.log" ] && grep -vE '^#|^\[' "$OUT/bench.log" | cut -c1-150
+[ -f "$OUT/bench.log" ] && grep -vE '^#|^\[' "$OUT/bench.log" | cut -c1-170
 [ -f "$OUT/peers.log" ] && tail -70 "$OUT/peers.log"
 [ -f "$OUT/hostcost.log" ] && cat "$OUT/hostcost.log"
 [ -f "$OUT/launchcost.log" ] && cat "$OUT/launchcost.log"
