@@ -19,7 +19,8 @@
  * with CUDA events around each call, the L2 cache flushed before every timed call, and reported as
  * median and p99 milliseconds. Rows whose K and V are a cache or pages are followed, after the
  * table, by their rate over the rate of the same shape's dense row of the same run, where there is
- * one (the default suite has the decode shapes in pages of 1, 16 and 256 keys). FLOPs = 4*B*Hq*Sq*Sk*D, halved for causal when Sq == Sk (with a
+ * one (the default suite has the decode shapes in pages of 1, 16 and 256 keys).
+ * FLOPs = 4*B*Hq*Sq*Sk*D, halved for causal when Sq == Sk (with a
  * window: 4*B*Hq*D times the (query, key) pairs the mask and window leave visible); decode rows
  * report K+V bytes read per second. "% peak" is against a cuBLAS bf16 GEMM (8192^3) and a
  * device-to-device copy, both measured at start-up in the same process. Inputs are drawn from the
