@@ -141,6 +141,12 @@ class _ArrayLibrary:
         return contextlib.nullcontext()
 
     @staticmethod
+    def contiguous(a):
+        """A copy of `a` whose last dimension is contiguous, made on the current stream."""
+        raise ValueError(f"{a.name} must be contiguous in its last dimension (stride {a.strides[-1]}): a "
+                         f"{type(a.obj).__name__} cannot be copied here; pass one that is")
+
+    @staticmethod
     def copy_head_dims(dst, src):
         """dst[...] = src[..., :dst's head dim], on the current stream (a padded cache written back)."""
         raise NotImplementedError
@@ -183,6 +189,10 @@ class _Torch(_ArrayLibrary):
     def copy_head_dims(dst, src):
         dst.copy_(src[..., :dst.shape[-1]])
 
+    @staticmethod
+    def contiguous(a):
+        return a.obj.contiguous()
+
 
 class _CuPy(_ArrayLibrary):
     @staticmethod
@@ -220,6 +230,12 @@ class _CuPy(_ArrayLibrary):
     @staticmethod
     def copy_head_dims(dst, src):
         dst[...] = src[..., :dst.shape[-1]]
+
+    @staticmethod
+    def contiguous(a):
+        import cupy
+        with cupy.cuda.Device(a.device):
+            return cupy.ascontiguousarray(a.obj)
 
 
 class _CudaArrayInterface(_ArrayLibrary):
@@ -272,12 +288,25 @@ class _Array:
     and the _ArrayLibrary that owns it (to allocate outputs and find the current stream)."""
 
     def __init__(self, obj, name):
-        self.obj, self.name, self.keepalive = obj, name, None
+        self.obj, self.name, self.keepalive, self.copied = obj, name, None, False
         self.lib = _library_of(obj)
         if self.lib is None:
             raise TypeError(f"{name}: {type(obj).__name__} is not a CUDA array (torch, cupy, "
                             f"__cuda_array_interface__ or __dlpack__)")
         self.lib.describe(self, obj, name)
+
+
+def _last_contiguous(a):
+    """`a`, or an _Array of a copy of it made on the current stream where its last stride is not 1:
+    FlashAttention-2 copies such q, k and v (its maybe_contiguous) rather than refusing them. The copy
+    lives as long as the _Array; the allocator reuses its memory only for work ordered after the call."""
+    if a.strides[-1] == 1:
+        return a
+    c = _Array(a.lib.contiguous(a), a.name)
+    if c.strides[-1] != 1:
+        raise ValueError(f"{a.name} must be contiguous in its last dimension (stride {a.strides[-1]})")
+    c.copied = True
+    return c
 
 
 def _empty(like, shape, dtype):
@@ -569,7 +598,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     """FlashAttention-2's flash_attn_func on libflashattn.
 
     q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim), fp16/bf16,
-    on one CUDA device, last dimension contiguous, any other strides. nheads % nheads_k == 0.
+    on one CUDA device, any strides (one whose last dimension is not contiguous is copied first, on
+    the call's stream, as FlashAttention-2 copies it; arrays known only through a protocol are refused
+    then). nheads % nheads_k == 0.
     causal: bottom-right aligned (FlashAttention >= 2.1). window_size: (left, right), -1 unbounded.
     softcap: 0 disables. alibi_slopes: fp32 (nheads,) or (batch, nheads). deterministic: always true.
     Returns out (batch, seqlen_q, nheads, headdim); with return_attn_probs, (out, softmax_lse
@@ -621,9 +652,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     if padded != D:
         q, k, v = (a.lib.pad_head_dim(a, padded) for a in (qa, ka, va))
         qa, ka, va = _Array(q, "q"), _Array(k, "k"), _Array(v, "v")
-    for a in (qa, ka, va):
-        if a.strides[-1] != 1:
-            raise ValueError(f"{a.name} must be contiguous in its last dimension (stride {a.strides[-1]})")
+    qa, ka, va = (_last_contiguous(a) for a in (qa, ka, va))
 
     write_into = None
     if out is not None and padded == D:
@@ -704,12 +733,15 @@ class _ServingCall:
     for as long as they are used. `write_back`: (cache, padded copy) pairs of a call that appends to a
     cache whose head dim was padded: the copy is what the library wrote, and goes back into the
     cache after the call."""
-    __slots__ = ("p", "qa", "out_shape", "lse_shape", "D", "keep", "owned", "write_back")
+    __slots__ = ("p", "qa", "out_shape", "lse_shape", "D", "keep", "owned", "write_back", "copied")
 
     def __init__(self, p, qa, out_shape, lse_shape, D, keep, owned=()):
         self.p, self.qa, self.out_shape, self.lse_shape, self.D, self.keep = p, qa, out_shape, lse_shape, D, keep
         self.owned = tuple(owned)
         self.write_back = ()
+        # Whether the params point to a copy of an argument (a last dimension made contiguous): such a
+        # call is not kept by _serving_fast, whose hits pass the arguments' own addresses.
+        self.copied = any(getattr(x, "copied", False) for x in keep)
 
 
 def _serving_fields(qa, p, out_shape, lse_shape, D, softmax_scale, causal, window_size, softcap, alibi_slopes, keep,
@@ -806,9 +838,9 @@ def _serving_fast(kind, fields, tensors, options, build, return_lse):
     if e is None:
         sc = build()
         out, lse = _serving_run(sc, return_lse, None)
-        # Padded copies of q/k/v are never reused, nor what a capture built (an int cache_seqlens'
-        # tensor would be filled only when the graph replays).
-        if sc.p.head_dim == sc.D and not state[5]():
+        # Padded or contiguous copies of arguments are never reused, nor what a capture built (an int
+        # cache_seqlens' tensor would be filled only when the graph replays).
+        if sc.p.head_dim == sc.D and not sc.copied and not state[5]():
             e = _ServingEntry()
             e.params, e.addr, e.out_shape, e.lse_shape, e.owned = sc.p, ctypes.addressof(sc.p), sc.out_shape, \
                 sc.lse_shape, sc.owned
@@ -833,30 +865,33 @@ def _serving_fast(kind, fields, tensors, options, build, return_lse):
     return out, lse
 
 
-def _padded_arrays(arrays, ndim):
-    """_Arrays of q, k, v checked for rank, dtype and a contiguous last dimension, padded to a head
-    dim that is a multiple of 8 when needed. Returns (q, k, v _Arrays, real head dim, padded)."""
-    qa, ka, va = (_Array(x, n) for x, n in zip(arrays, ("q", "k", "v")))
+def _padded_arrays(arrays, ndim, names=("q", "k", "v"), caches=False):
+    """_Arrays of q, k, v checked for rank and dtype, padded to a head dim that is a multiple of 8
+    when needed, and copied where their last dimension is not contiguous (FlashAttention-2 copies
+    them). With `caches`, k and v are KV caches the call may write: one whose last dimension is not
+    contiguous is refused, as FlashAttention-2 refuses it (a copy would not receive the appended
+    rows). Returns (q, k, v _Arrays, real head dim, padded)."""
+    qa, ka, va = (_Array(x, n) for x, n in zip(arrays, names))
     for a, nd in zip((qa, ka, va), ndim):
         if len(a.shape) != nd:
             raise ValueError(f"{a.name} has shape {a.shape}; expected {nd} dimensions")
         if a.dtype not in (Dtype.FLOAT16, Dtype.BFLOAT16):
             raise TypeError(f"{a.name} must be float16 or bfloat16")
+        if caches and a is not qa and a.strides[-1] != 1:
+            raise ValueError(f"{a.name} must have a contiguous last dimension (stride {a.strides[-1]})")
     if not (qa.dtype == ka.dtype == va.dtype):
         raise TypeError("q, k and v must have the same dtype")
     if ka.shape != va.shape:
-        raise ValueError(f"k has shape {ka.shape} but v has shape {va.shape}")
+        raise ValueError(f"{ka.name} has shape {ka.shape} but {va.name} has shape {va.shape}")
     D = qa.shape[-1]
     if ka.shape[-1] != D:
-        raise ValueError(f"k has head dim {ka.shape[-1]} but q has {D}")
+        raise ValueError(f"{ka.name} has head dim {ka.shape[-1]} but q has {D}")
     if len({a.device for a in (qa, ka, va) if a.device is not None}) > 1:
         raise ValueError("q, k and v are on different devices")
     padded = (D + 7) // 8 * 8
     if padded != D:
         qa, ka, va = (_Array(a.lib.pad_head_dim(a, padded), a.name) for a in (qa, ka, va))
-    for a in (qa, ka, va):
-        if a.strides[-1] != 1:
-            raise ValueError(f"{a.name} must be contiguous in its last dimension (stride {a.strides[-1]})")
+    qa, ka, va = (_last_contiguous(a) for a in (qa, ka, va))
     return qa, ka, va, D, padded
 
 
@@ -883,7 +918,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     (batch + 1,) offsets (with block_table, cu_seqlens_k gives the key counts only); seqused_k: int32
     (batch,) keys used per sequence, overriding cu_seqlens_k's counts. max_seqlen_q/k: host ints, the
     longest sequence (capacities: a captured CUDA graph stays correct for any lengths within them).
-    block_table: int32 (batch, max_pages), contiguous rows (a column slice is fine).
+    block_table: int32 (batch, max_pages), contiguous rows (a column slice is fine). q, k or v whose
+    last dimension is not contiguous is copied first, as flash_attn_func says.
     causal is bottom-right within each sequence. Returns out (total_q, nheads, headdim); with
     return_attn_probs, (out, softmax_lse (nheads, total_q) fp32, None). Rows past cu_seqlens_q[-1]
     are not written (out is torch.empty-like there). Nothing on this path reads device memory on
@@ -965,9 +1001,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
 
     q: (batch, seqlen_q, nheads, headdim); k_cache, v_cache: (batch_cache, seqlen_cache, nheads_k,
     headdim), or with block_table the page pools (num_blocks, page_block_size, nheads_k, headdim)
-    (any page size). cache_seqlens: int, or int32 CUDA (batch,): keys in use per sequence (default: the
-    whole cache). cache_batch_idx: int32 CUDA (batch,), which cache row each sequence reads (dense
-    cache only). causal is bottom-right. num_splits is accepted and ignored (the library decides).
+    (any page size); the caches' last dimension must be contiguous. cache_seqlens: int, or int32 CUDA
+    (batch,): keys in use per sequence (default: the whole cache). cache_batch_idx: int32 CUDA (batch,),
+    which cache row each sequence reads (dense cache only). As in FlashAttention-2, q, k and v whose
+    last dimension is not contiguous are copied first, and so are torch block_table and
+    cache_batch_idx whose last stride is not 1 (device copies on the call's stream, captured by a
+    CUDA graph like the call). causal is bottom-right. num_splits is accepted and ignored (the
+    library decides).
     k, v: (batch, seqlen_new, nheads_k, headdim), appended to the cache at cache_seqlens (which is then
     required) before attending; the cache tensors are written (with a head dim that is not a multiple
     of 8, the call works on padded copies of the caches and copies them back whole afterwards, as
@@ -1016,12 +1056,24 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     return (out, lse) if return_softmax_lse else out
 
 
+def _contiguous_rows(obj):
+    """(obj, False), or for a torch tensor whose last stride is not 1 (a column slice of a block
+    table, every other entry of an index), (a contiguous copy, True): flash_attn_with_kvcache copies
+    its block_table and cache_batch_idx so, as FlashAttention-2 does. The copy is a device copy on
+    the current stream, which a CUDA graph captures (a replay copies the current contents)."""
+    if obj is not None and type(obj).__module__.split(".")[0] == "torch" and obj.dim() > 0 and obj.stride(-1) != 1:
+        return obj.contiguous(), True
+    return obj, False
+
+
 def _kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
                   block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, backend):
     """flash_attn_with_kvcache's checks and parameters: a _ServingCall (an int cache_seqlens becomes a
     tensor of that value, kept with it)."""
+    block_table, table_copied = _contiguous_rows(block_table)
+    cache_batch_idx, index_copied = _contiguous_rows(cache_batch_idx)
     paged = block_table is not None
-    qa, ka, va, D, padded = _padded_arrays((q, k_cache, v_cache), (4, 4, 4))
+    qa, ka, va, D, padded = _padded_arrays((q, k_cache, v_cache), (4, 4, 4), ("q", "k_cache", "v_cache"), True)
     dev = qa.device
     keep = [qa, ka, va]
     B, Sq, Hq, _ = qa.shape
@@ -1044,6 +1096,7 @@ def _kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
         p.k_batch_stride, p.v_batch_stride = ka.strides[0], va.strides[0]
         if cache_batch_idx is not None:
             p.kv_batch_idx, p.kv_batch = _per_sequence(cache_batch_idx, "cache_batch_idx", B, dev), ka.shape[0]
+            keep.append(cache_batch_idx)
         elif ka.shape[0] != B:
             raise ValueError(f"k_cache has batch {ka.shape[0]} but q has {B} (pass cache_batch_idx to index it)")
         if cache_leftpad is not None:
@@ -1070,9 +1123,7 @@ def _kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
             raise ValueError(f"k has shape {na.shape} but v has shape {nv.shape}")
         if padded != D:
             na, nv = (_Array(a.lib.pad_head_dim(a, padded), a.name) for a in (na, nv))
-        for a in (na, nv):
-            if a.strides[-1] != 1:
-                raise ValueError(f"{a.name} must be contiguous in its last dimension (stride {a.strides[-1]})")
+        na, nv = _last_contiguous(na), _last_contiguous(nv)
         keep += [na, nv]
         p.k_new, (p.k_new_batch_stride, p.k_new_seq_stride, p.k_new_head_stride) = na.ptr, na.strides[:3]
         p.v_new, (p.v_new_batch_stride, p.v_new_seq_stride, p.v_new_head_stride) = nv.ptr, nv.strides[:3]
@@ -1093,6 +1144,7 @@ def _kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
         p.rotary_q_at_cache_len = 0 if (causal or tuple(window_size) != (-1, -1)) else 1
     sc = _serving_fields(qa, p, (B, Sq, Hq, D), (B, Hq, Sq), D, softmax_scale, causal, window_size, softcap,
                          alibi_slopes, keep, owned)
+    sc.copied = sc.copied or table_copied or index_copied
     if k is not None and padded != D:
         # The library appended to padded copies of the caches: they go back after the call, whole, as
         # FlashAttention-2 copies its padded caches back (the rows written are known only on the device).

@@ -96,6 +96,52 @@ def test_non_contiguous_inputs_and_mqa():
     check(q, k, v, causal=True)
 
 
+def _last_dim_strided(x):
+    """x's values in storage whose last dimension is not contiguous (its last two swapped)."""
+    return x.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+
+def test_a_strided_last_dimension_is_copied_as_flashattention2_copies_it():
+    """FlashAttention-2 makes q, k and v contiguous where their last stride is not 1; so do these
+    functions, with results equal to the contiguous call's. flash_attn_with_kvcache also copies such
+    a block_table and cache_batch_idx; a cache so laid out is refused. A serving call that copied is
+    not kept by the per-structure cache, so a second call with new data is computed afresh."""
+    q, k, v = rand(2, 70, 4, 64), rand(2, 90, 2, 64), rand(2, 90, 2, 64)
+    qs, vs = _last_dim_strided(q), _last_dim_strided(v)
+    assert qs.stride(-1) != 1 and torch.equal(qs, q)
+    assert torch.equal(flashattn.flash_attn_func(qs, k, vs, causal=True), flashattn.flash_attn_func(q, k, v, causal=True))
+
+    cu = torch.tensor([0, 30, 70], dtype=torch.int32, device="cuda")
+    cuk = torch.tensor([0, 50, 90], dtype=torch.int32, device="cuda")
+    qv, kv_, vv = q[0], k[0], v[0]
+    want = flashattn.flash_attn_varlen_func(qv, kv_, vv, cu, cuk, 40, 50, causal=True)
+    for _ in range(2):  # the second call would hit a kept entry, were the first kept
+        assert torch.equal(flashattn.flash_attn_varlen_func(_last_dim_strided(qv), _last_dim_strided(kv_), vv, cu, cuk,
+                                                            40, 50, causal=True), want)
+
+    B, Hkv, D = 3, 2, 64
+    ks, vs_ = [rand(n, Hkv, D) for n in (40, 17, 33)], [rand(n, Hkv, D) for n in (40, 17, 33)]
+    kc, vc, table = page_pool(ks, vs_, 16)
+    qd = rand(B, 1, 4, D)
+    seqlens = torch.tensor([40, 17, 33], dtype=torch.int32, device="cuda")
+    want = flashattn.flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=seqlens, block_table=table)
+    strided_table = table.t().contiguous().t()
+    assert strided_table.stride(-1) != 1 and torch.equal(strided_table, table)
+    for _ in range(2):
+        got = flashattn.flash_attn_with_kvcache(_last_dim_strided(qd), kc, vc, cache_seqlens=seqlens,
+                                                block_table=strided_table)
+        assert torch.equal(got, want)
+    dense_k, dense_v = rand(4, 64, Hkv, D), rand(4, 64, Hkv, D)
+    idx = torch.tensor([3, 9, 0, 9, 1, 9], dtype=torch.int32, device="cuda")[::2]
+    assert idx.stride(-1) != 1
+    want = flashattn.flash_attn_with_kvcache(qd, dense_k, dense_v, cache_seqlens=seqlens,
+                                             cache_batch_idx=idx.contiguous())
+    assert torch.equal(flashattn.flash_attn_with_kvcache(qd, dense_k, dense_v, cache_seqlens=seqlens,
+                                                         cache_batch_idx=idx), want)
+    with pytest.raises(ValueError, match="k_cache must have a contiguous last dimension"):
+        flashattn.flash_attn_with_kvcache(qd, _last_dim_strided(dense_k), dense_v, cache_seqlens=seqlens)
+
+
 def test_out_and_non_default_stream():
     q, k, v = rand(1, 300, 4, 64), rand(1, 300, 4, 64), rand(1, 300, 4, 64)
     expected = flashattn.flash_attn_func(q, k, v)

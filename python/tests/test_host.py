@@ -164,9 +164,9 @@ class FakeCuda:
     """An array known only through __cuda_array_interface__: the argument checks below refuse it
     before anything is dereferenced or any device is needed."""
 
-    def __init__(self, shape, typestr="<f2", ptr=0x100000):
+    def __init__(self, shape, typestr="<f2", ptr=0x100000, strides=None):
         self.__cuda_array_interface__ = {"shape": tuple(shape), "typestr": typestr, "data": (ptr, False),
-                                         "strides": None, "version": 3}
+                                         "strides": strides, "version": 3}
 
 
 def _varlen_args(**over):
@@ -211,6 +211,84 @@ def test_kvcache_arguments_are_checked_before_any_device_work(kw, exc, match):
     q, kc, vc = FakeCuda((2, 1, 4, 64)), FakeCuda((2, 100, 2, 64)), FakeCuda((2, 100, 2, 64))
     with pytest.raises(exc, match=match):
         flashattn.flash_attn_with_kvcache(q, kc, vc, **kw)
+
+
+def _transposed(shape, ptr=0x100000):
+    """A FakeCuda of `shape` whose last two dimensions are stored swapped (last stride != 1)."""
+    *lead, a, b = shape
+    strides = [0] * len(shape)
+    strides[-2], strides[-1], acc = 2, 2 * a, 2 * a * b
+    for i in reversed(range(len(lead))):
+        strides[i], acc = acc, acc * lead[i]
+    return FakeCuda(shape, ptr=ptr, strides=tuple(strides))
+
+
+@pytest.fixture
+def copying_arrays(monkeypatch):
+    """FakeCuda arrays owned by a library that can allocate and copy (as torch and CuPy can), and the
+    FwdParams of every flashattn_fwd the functions would have run (nothing reaches a device)."""
+    from flashattn import api
+    made, runs = [], []
+
+    class Lib(api._CudaArrayInterface):
+        @staticmethod
+        def contiguous(a):
+            c = FakeCuda(a.shape, ptr=0x900000 + 0x10000 * len(made))
+            made.append((a.obj, c))
+            return c
+
+        @staticmethod
+        def empty(a, shape, dtype):
+            return FakeCuda(shape, "<f4" if dtype == "f32" else a.obj.__cuda_array_interface__["typestr"],
+                            ptr=0x500000 + 0x10000 * len(runs))
+
+    monkeypatch.setattr(api, "_library_of", lambda obj: Lib if isinstance(obj, FakeCuda) else None)
+    monkeypatch.setattr(api, "_ptr", lambda x: x.__cuda_array_interface__["data"][0])
+    monkeypatch.setattr(api, "_run", lambda qa, p, stream: runs.append(
+        {f: getattr(p, f) for f in ("q", "q_seq_stride", "q_head_stride", "k", "k_seq_stride", "k_head_stride",
+                                    "v", "v_seq_stride", "k_new", "k_new_seq_stride", "k_new_head_stride")}))
+    return made, runs
+
+
+def test_q_k_v_with_a_strided_last_dimension_are_copied_as_flashattention2_copies_them(copying_arrays):
+    """FlashAttention-2 makes q, k and v contiguous where their last stride is not 1 (its
+    maybe_contiguous); so do these functions, passing the copies' addresses and strides to the library.
+    A KV cache so laid out is refused (FlashAttention-2 asserts), and so is any such array of a library
+    that cannot copy (an array known only through __cuda_array_interface__)."""
+    made, runs = copying_arrays
+    q, k, v = _transposed((1, 16, 4, 64)), FakeCuda((1, 16, 2, 64), ptr=0x200000), _transposed((1, 16, 2, 64), 0x300000)
+    flashattn.flash_attn_func(q, k, v)
+    assert [m[0] for m in made] == [q, v]
+    assert runs[-1]["q"] == made[0][1].__cuda_array_interface__["data"][0]
+    assert (runs[-1]["q_seq_stride"], runs[-1]["q_head_stride"]) == (4 * 64, 64)   # the copy's, in elements
+    assert runs[-1]["k"] == 0x200000 and runs[-1]["v"] == made[1][1].__cuda_array_interface__["data"][0]
+
+    made.clear()
+    flashattn.flash_attn_varlen_func(_transposed((10, 4, 64)), _transposed((12, 2, 64), 0x300000),
+                                     FakeCuda((12, 2, 64), ptr=0x400000), FakeCuda((3,), "<i4"),
+                                     FakeCuda((3,), "<i4"), 8, 8)
+    assert len(made) == 2 and runs[-1]["k"] == made[1][1].__cuda_array_interface__["data"][0]
+    assert (runs[-1]["k_seq_stride"], runs[-1]["k_head_stride"]) == (2 * 64, 64)
+
+    made.clear()
+    kc, vc = FakeCuda((2, 100, 2, 64), ptr=0x600000), FakeCuda((2, 100, 2, 64), ptr=0x700000)
+    flashattn.flash_attn_with_kvcache(FakeCuda((2, 1, 4, 64)), kc, vc, k=_transposed((2, 1, 2, 64), 0x800000),
+                                      v=FakeCuda((2, 1, 2, 64), ptr=0x810000), cache_seqlens=FakeCuda((2,), "<i4"))
+    assert len(made) == 1 and runs[-1]["k_new"] == made[0][1].__cuda_array_interface__["data"][0]
+    assert runs[-1]["k"] == 0x600000 and runs[-1]["k_new_head_stride"] == 64
+    for name in ("k_cache", "v_cache"):
+        caches = {"k_cache": kc, "v_cache": vc, name: _transposed((2, 100, 2, 64))}
+        with pytest.raises(ValueError, match=f"{name} must have a contiguous last dimension"):
+            flashattn.flash_attn_with_kvcache(FakeCuda((2, 1, 4, 64)), caches["k_cache"], caches["v_cache"])
+
+
+def test_a_strided_last_dimension_that_cannot_be_copied_is_refused_by_name():
+    k, v = FakeCuda((1, 16, 2, 64)), FakeCuda((1, 16, 2, 64))
+    with pytest.raises(ValueError, match="q must be contiguous in its last dimension .*cannot be copied here"):
+        flashattn.flash_attn_func(_transposed((1, 16, 4, 64)), k, v)
+    with pytest.raises(ValueError, match="v must be contiguous in its last dimension .*cannot be copied here"):
+        flashattn.flash_attn_varlen_func(FakeCuda((10, 4, 64)), FakeCuda((12, 2, 64)), _transposed((12, 2, 64)),
+                                         FakeCuda((3,), "<i4"), FakeCuda((3,), "<i4"), 8, 8)
 
 
 # FlashAttention-2's (2.6+) forward functions: every parameter, in order, with its default. The
