@@ -151,6 +151,12 @@ class _ArrayLibrary:
         """dst[...] = src[..., :dst's head dim], on the current stream (a padded cache written back)."""
         raise NotImplementedError
 
+    @staticmethod
+    def negated(a):
+        """-a, a new array made on the current stream (a negative softmax_scale's q)."""
+        raise ValueError(f"a negative softmax_scale is computed as attention of -q at the scale's magnitude, "
+                         f"and a {type(a.obj).__name__} cannot be negated here: pass torch or CuPy arrays")
+
 
 class _Torch(_ArrayLibrary):
     @staticmethod
@@ -192,6 +198,10 @@ class _Torch(_ArrayLibrary):
     @staticmethod
     def contiguous(a):
         return a.obj.contiguous()
+
+    @staticmethod
+    def negated(a):
+        return -a.obj
 
 
 class _CuPy(_ArrayLibrary):
@@ -236,6 +246,12 @@ class _CuPy(_ArrayLibrary):
         import cupy
         with cupy.cuda.Device(a.device):
             return cupy.ascontiguousarray(a.obj)
+
+    @staticmethod
+    def negated(a):
+        import cupy
+        with cupy.cuda.Device(a.device):
+            return -a.obj
 
 
 class _CudaArrayInterface(_ArrayLibrary):
@@ -309,6 +325,39 @@ def _last_contiguous(a):
     return c
 
 
+# FlashAttention-2 takes softmax_scale as any float, 0 and negative ones included (its "default"
+# is None alone), while the library's field reads 0 as "the default" and takes positive scales. So
+# a scale of 0 is passed as this one: every scaled score is then below 1e-26 in magnitude, exp of
+# each score difference rounds to exactly 1 in fp32, and out and LSE equal those of scale 0 (the
+# keys' plain average, with ALiBi's bias where given). A negative scale is computed as attention of
+# -q at the scale's magnitude (s = scale q.k = |scale| (-q).k; rotary, being linear, commutes).
+_ZERO_SCALE = 1e-30
+
+
+def _scale_field(softmax_scale, D, padded):
+    """FwdParams.softmax_scale for FlashAttention-2's softmax_scale argument, at real head dim D."""
+    if softmax_scale is None:
+        return 0.0 if padded == D else 1.0 / math.sqrt(D)  # the real head dim's scale, not the padded one's
+    scale = abs(float(softmax_scale))
+    return _ZERO_SCALE if scale == 0.0 else scale
+
+
+def _signed_q(qa, softmax_scale):
+    """q's _Array, or for a negative softmax_scale an _Array of -q (see _ZERO_SCALE)."""
+    if softmax_scale is None or not softmax_scale < 0:
+        return qa
+    c = _Array(qa.lib.negated(qa), qa.name)
+    c.copied = True
+    return c
+
+
+def _softcap_field(softcap):
+    """FwdParams.softcap for FlashAttention-2's softcap argument: anything > 0 activates it, any
+    other value (0, negative) disables it."""
+    softcap = float(softcap)
+    return softcap if softcap > 0.0 else 0.0
+
+
 def _empty(like, shape, dtype):
     """A new array from the same library and device as `like`. dtype: 'same', 'f32' or 'u8'."""
     return like.lib.empty(like, shape, dtype)
@@ -330,10 +379,8 @@ def _set_params(p, qa, ka, va, o_ptr, o_strides, lse_ptr, D, padded, softmax_sca
     p.v, (p.v_batch_stride, p.v_seq_stride, p.v_head_stride) = va.ptr, va.strides[:3]
     p.o, (p.o_batch_stride, p.o_seq_stride, p.o_head_stride) = o_ptr, o_strides[:3]
     p.lse = lse_ptr
-    p.softmax_scale = 0.0 if softmax_scale is None else float(softmax_scale)
-    if softmax_scale is None and padded != D:
-        p.softmax_scale = 1.0 / math.sqrt(D)  # the scale of the real head dim, not the padded one
-    p.softcap = float(softcap)
+    p.softmax_scale = _scale_field(softmax_scale, D, padded)
+    p.softcap = _softcap_field(softcap)
     p.mask = Mask.CAUSAL_BOTTOM_RIGHT if causal else Mask.NONE
     p.window_left, p.window_right = _window(window_size)
     if slopes is not None:
@@ -393,7 +440,8 @@ def _fast_entry(q, k, v, softmax_scale, causal, window_size, softcap, return_lse
     """A _FastEntry for these torch tensors, or None when the general path must run (head dim padding)."""
     qa, ka, va = _check_qkv(q, k, v)
     B, Sq, Hq, D = qa.shape
-    if D % 8 != 0 or any(a.strides[-1] != 1 for a in (qa, ka, va)):
+    if D % 8 != 0 or any(a.strides[-1] != 1 for a in (qa, ka, va)) or (softmax_scale is not None and
+                                                                         softmax_scale < 0):
         return None
     e = _FastEntry()
     e.out_shape, e.lse_shape = (B, Sq, Hq, D), (B, Hq, Sq)
@@ -519,13 +567,16 @@ def _window(window_size):
     """window_size as a tuple of two ints. FlashAttention-2 indexes it, so a list or a tensor of two
     (its own tests pass torch.randint(0, seqlen_k, (2,))) works there; the entry points turn anything
     but a tuple into one, so that it can key the per-shape caches (a tensor, hashed by identity,
-    would keep a stale value if changed in place), and the planning paths check a tuple's values."""
+    would keep a stale value if changed in place), and the planning paths check a tuple's values.
+    Any negative side is unbounded, as in FlashAttention-2 (the library's field takes -1 for it)."""
     if type(window_size) is tuple and len(window_size) == 2 and type(window_size[0]) is int and \
             type(window_size[1]) is int:
-        return window_size
+        if window_size[0] >= -1 and window_size[1] >= -1:
+            return window_size
+        return max(window_size[0], -1), max(window_size[1], -1)
     if len(window_size) != 2:
         raise ValueError(f"window_size must be (left, right); got {len(window_size)} values")
-    return int(window_size[0]), int(window_size[1])
+    return max(int(window_size[0]), -1), max(int(window_size[1]), -1)
 
 
 def _stream_scope(obj, stream):
@@ -601,8 +652,11 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     on one CUDA device, any strides (one whose last dimension is not contiguous is copied first, on
     the call's stream, as FlashAttention-2 copies it; arrays known only through a protocol are refused
     then). nheads % nheads_k == 0.
-    causal: bottom-right aligned (FlashAttention >= 2.1). window_size: (left, right), -1 unbounded.
-    softcap: 0 disables. alibi_slopes: fp32 (nheads,) or (batch, nheads). deterministic: always true.
+    causal: bottom-right aligned (FlashAttention >= 2.1). window_size: (left, right), a negative side
+    unbounded. softmax_scale: None is 1/sqrt(headdim); any other float is taken as FlashAttention-2
+    takes it, 0 and negative ones included (a negative one computes -q's attention at its magnitude,
+    so -q is made first: torch and CuPy arrays). softcap: > 0 activates it, anything else disables it.
+    alibi_slopes: fp32 (nheads,) or (batch, nheads). deterministic: always true.
     Returns out (batch, seqlen_q, nheads, headdim); with return_attn_probs, (out, softmax_lse
     (batch, nheads, seqlen_q) fp32, None): the probabilities are never materialised.
     Extensions: out= writes into a given array; stream= an int cudaStream_t (default: the input
@@ -653,6 +707,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
         q, k, v = (a.lib.pad_head_dim(a, padded) for a in (qa, ka, va))
         qa, ka, va = _Array(q, "q"), _Array(k, "k"), _Array(v, "v")
     qa, ka, va = (_last_contiguous(a) for a in (qa, ka, va))
+    qa = _signed_q(qa, softmax_scale)
 
     write_into = None
     if out is not None and padded == D:
@@ -749,11 +804,9 @@ def _serving_fields(qa, p, out_shape, lse_shape, D, softmax_scale, causal, windo
     """Sets the fields every serving call shares (p already has the shapes, strides and serving
     fields); returns the _ServingCall."""
     padded = p.head_dim
-    if padded != D and softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(D)  # the real head dim's scale, not the padded one's
     p.dtype = qa.dtype
-    p.softmax_scale = 0.0 if softmax_scale is None else float(softmax_scale)
-    p.softcap = float(softcap)
+    p.softmax_scale = _scale_field(softmax_scale, D, padded)
+    p.softcap = _softcap_field(softcap)
     p.mask = Mask.CAUSAL_BOTTOM_RIGHT if causal else Mask.NONE
     p.window_left, p.window_right = _window(window_size)
     if alibi_slopes is not None:
@@ -963,6 +1016,7 @@ def _varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     """flash_attn_varlen_func's checks and parameters: a _ServingCall."""
     paged = block_table is not None
     qa, ka, va, D, padded = _padded_arrays((q, k, v), (3, 4 if paged else 3, 4 if paged else 3))
+    qa = _signed_q(qa, softmax_scale)
     dev = qa.device
     keep = [qa, ka, va]
     cq, cq_shape, _ = _int32_array(cu_seqlens_q, "cu_seqlens_q", 1, dev)
@@ -1074,6 +1128,7 @@ def _kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
     cache_batch_idx, index_copied = _contiguous_rows(cache_batch_idx)
     paged = block_table is not None
     qa, ka, va, D, padded = _padded_arrays((q, k_cache, v_cache), (4, 4, 4), ("q", "k_cache", "v_cache"), True)
+    qa = _signed_q(qa, softmax_scale)
     dev = qa.device
     keep = [qa, ka, va]
     B, Sq, Hq, _ = qa.shape

@@ -78,7 +78,11 @@ def test_matches_fp32_attention(dtype, d, causal, sq, sk):
 
 @pytest.mark.parametrize("kw", [
     dict(window_size=(32, 8)), dict(window_size=(16, 0), causal=True), dict(softcap=3.0),
-    dict(softmax_scale=0.3), dict(alibi_slopes="heads"), dict(alibi_slopes="batch", causal=True)])
+    dict(softmax_scale=0.3), dict(alibi_slopes="heads"), dict(alibi_slopes="batch", causal=True),
+    # FlashAttention-2 takes these too: a scale of 0 (uniform weights) or below 0, a softcap <= 0
+    # (disabled), any negative window side (unbounded).
+    dict(softmax_scale=0.0), dict(softmax_scale=0.0, alibi_slopes="heads"), dict(softmax_scale=-0.3, causal=True),
+    dict(softcap=-1.0), dict(window_size=(-7, 20))])
 def test_every_argument(kw):
     q, k, v = rand(2, 200, 8, 64), rand(2, 250, 2, 64), rand(2, 250, 2, 64)
     if kw.get("alibi_slopes") == "heads":
@@ -94,6 +98,19 @@ def test_non_contiguous_inputs_and_mqa():
     q, k, v = qh.transpose(1, 2), kh.transpose(1, 2), vh.transpose(1, 2)
     assert not q.is_contiguous()
     check(q, k, v, causal=True)
+
+
+def test_a_negative_scale_is_the_attention_of_minus_q_on_every_path():
+    q, k, v = rand(2, 50, 4, 64), rand(2, 90, 2, 64), rand(2, 90, 2, 64)
+    cu = torch.tensor([0, 20, 50], dtype=torch.int32, device="cuda")
+    cuk = torch.tensor([0, 40, 90], dtype=torch.int32, device="cuda")
+    for _ in range(2):  # the second varlen call would hit a kept entry, were the first kept
+        got = flashattn.flash_attn_varlen_func(q[0], k[0], v[0], cu, cuk, 30, 50, softmax_scale=-0.2, causal=True)
+        assert torch.equal(got, flashattn.flash_attn_varlen_func(-q[0], k[0], v[0], cu, cuk, 30, 50,
+                                                                 softmax_scale=0.2, causal=True))
+    lens = torch.tensor([70, 13], dtype=torch.int32, device="cuda")
+    got = flashattn.flash_attn_with_kvcache(q[:, :3], k, v, cache_seqlens=lens, softmax_scale=-0.2)
+    assert torch.equal(got, flashattn.flash_attn_with_kvcache(-q[:, :3], k, v, cache_seqlens=lens, softmax_scale=0.2))
 
 
 def _last_dim_strided(x):

@@ -242,12 +242,53 @@ def copying_arrays(monkeypatch):
             return FakeCuda(shape, "<f4" if dtype == "f32" else a.obj.__cuda_array_interface__["typestr"],
                             ptr=0x500000 + 0x10000 * len(runs))
 
+        @staticmethod
+        def negated(a):
+            c = FakeCuda(a.shape, ptr=0xa00000 + 0x10000 * len(made))
+            made.append((a.obj, c))
+            return c
+
     monkeypatch.setattr(api, "_library_of", lambda obj: Lib if isinstance(obj, FakeCuda) else None)
     monkeypatch.setattr(api, "_ptr", lambda x: x.__cuda_array_interface__["data"][0])
     monkeypatch.setattr(api, "_run", lambda qa, p, stream: runs.append(
         {f: getattr(p, f) for f in ("q", "q_seq_stride", "q_head_stride", "k", "k_seq_stride", "k_head_stride",
-                                    "v", "v_seq_stride", "k_new", "k_new_seq_stride", "k_new_head_stride")}))
+                                    "v", "v_seq_stride", "k_new", "k_new_seq_stride", "k_new_head_stride",
+                                    "softmax_scale", "softcap", "window_left", "window_right")}))
     return made, runs
+
+
+def test_scale_softcap_and_window_are_taken_as_flashattention2_takes_them(copying_arrays):
+    """FlashAttention-2's softmax_scale is any float (None alone is the default), its softcap is active
+    only when > 0, and a negative window side is unbounded. The library's fields read 0 as the default
+    scale, take only positive scales and refuse softcaps below 0 and windows below -1, so the Python
+    layer maps them: 0 to a scale whose scores all round away, a negative scale to -q at its
+    magnitude, softcap <= 0 to 0, window sides below -1 to -1."""
+    from flashattn import api
+    made, runs = copying_arrays
+    shapes = ((1, 16, 4, 64), (1, 16, 2, 64), (1, 16, 2, 64))
+    q, k, v = (FakeCuda(s, ptr=0x100000 * (i + 1)) for i, s in enumerate(shapes))
+    flashattn.flash_attn_func(q, k, v, softmax_scale=0.0, softcap=-2.0, window_size=(-5, 3))
+    assert runs[-1]["softmax_scale"] == pytest.approx(api._ZERO_SCALE) and runs[-1]["softcap"] == 0.0
+    assert (runs[-1]["window_left"], runs[-1]["window_right"]) == (-1, 3) and not made
+    flashattn.flash_attn_func(q, k, v, softmax_scale=-0.25, window_size=[2, -9])
+    assert made[-1][0] is q and runs[-1]["q"] == made[-1][1].__cuda_array_interface__["data"][0]
+    assert runs[-1]["softmax_scale"] == 0.25 and (runs[-1]["window_left"], runs[-1]["window_right"]) == (2, -1)
+    flashattn.flash_attn_func(q, k, v)
+    assert runs[-1]["softmax_scale"] == 0.0 and runs[-1]["q"] == 0x100000  # the library's default
+    flashattn.flash_attn_varlen_func(FakeCuda((10, 4, 64)), FakeCuda((12, 2, 64)), FakeCuda((12, 2, 64)),
+                                     FakeCuda((3,), "<i4"), FakeCuda((3,), "<i4"), 8, 8, softmax_scale=-2.0,
+                                     softcap=0.0)
+    assert runs[-1]["softmax_scale"] == 2.0 and runs[-1]["q"] == made[-1][1].__cuda_array_interface__["data"][0]
+    flashattn.flash_attn_with_kvcache(FakeCuda((2, 1, 4, 64)), FakeCuda((2, 9, 2, 64)), FakeCuda((2, 9, 2, 64)),
+                                      softmax_scale=0.0, window_size=(-3, -3))
+    assert runs[-1]["softmax_scale"] == pytest.approx(api._ZERO_SCALE)
+    assert (runs[-1]["window_left"], runs[-1]["window_right"]) == (-1, -1)
+
+
+def test_a_negative_scale_needs_an_array_library_that_can_negate_q():
+    q, k, v = FakeCuda((1, 16, 4, 64)), FakeCuda((1, 16, 2, 64)), FakeCuda((1, 16, 2, 64))
+    with pytest.raises(ValueError, match="negative softmax_scale .* cannot be negated here"):
+        flashattn.flash_attn_func(q, k, v, softmax_scale=-1.0)
 
 
 def test_q_k_v_with_a_strided_last_dimension_are_copied_as_flashattention2_copies_them(copying_arrays):
