@@ -1057,7 +1057,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     headdim), or with block_table the page pools (num_blocks, page_block_size, nheads_k, headdim)
     (any page size); the caches' last dimension must be contiguous. cache_seqlens: int, or int32 CUDA
     (batch,): keys in use per sequence (default: the whole cache). cache_batch_idx: int32 CUDA (batch,),
-    which cache row each sequence reads (dense cache only). As in FlashAttention-2, q, k and v whose
+    which cache row each sequence reads (dense cache only; without it sequence b reads row b, and the
+    cache may have more rows than q has sequences, as in FlashAttention-2). As in FlashAttention-2, q, k and v whose
     last dimension is not contiguous are copied first, and so are torch block_table and
     cache_batch_idx whose last stride is not 1 (device copies on the call's stream, captured by a
     CUDA graph like the call). causal is bottom-right. num_splits is accepted and ignored (the
@@ -1152,7 +1153,8 @@ def _kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
         if cache_batch_idx is not None:
             p.kv_batch_idx, p.kv_batch = _per_sequence(cache_batch_idx, "cache_batch_idx", B, dev), ka.shape[0]
             keep.append(cache_batch_idx)
-        elif ka.shape[0] != B:
+        elif ka.shape[0] < B:
+            # (A larger cache is fine: sequence b reads its row b, as in FlashAttention-2.)
             raise ValueError(f"k_cache has batch {ka.shape[0]} but q has {B} (pass cache_batch_idx to index it)")
         if cache_leftpad is not None:
             p.cache_leftpad = _per_sequence(cache_leftpad, "cache_leftpad", B, dev)

@@ -159,6 +159,14 @@ def test_a_strided_last_dimension_is_copied_as_flashattention2_copies_it():
         flashattn.flash_attn_with_kvcache(qd, _last_dim_strided(dense_k), dense_v, cache_seqlens=seqlens)
 
 
+def test_a_dense_cache_with_more_rows_than_sequences():
+    """Without cache_batch_idx, sequence b reads row b, and the cache may be taller (FlashAttention-2)."""
+    q, kc, vc = rand(2, 1, 4, 64), rand(5, 80, 2, 64), rand(5, 80, 2, 64)
+    lens = torch.tensor([80, 31], dtype=torch.int32, device="cuda")
+    got = flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens)
+    assert torch.equal(got, flashattn.flash_attn_with_kvcache(q, kc[:2].clone(), vc[:2].clone(), cache_seqlens=lens))
+
+
 def test_out_and_non_default_stream():
     q, k, v = rand(1, 300, 4, 64), rand(1, 300, 4, 64), rand(1, 300, 4, 64)
     expected = flashattn.flash_attn_func(q, k, v)

@@ -285,6 +285,17 @@ def test_scale_softcap_and_window_are_taken_as_flashattention2_takes_them(copyin
     assert (runs[-1]["window_left"], runs[-1]["window_right"]) == (-1, -1)
 
 
+def test_a_dense_cache_may_have_more_rows_than_sequences(copying_arrays):
+    """FlashAttention-2 checks a dense cache's shape against its own batch only: without
+    cache_batch_idx, sequence b reads row b of a cache that may have more rows (fewer is refused)."""
+    _, runs = copying_arrays
+    q = FakeCuda((2, 1, 4, 64))
+    flashattn.flash_attn_with_kvcache(q, FakeCuda((5, 9, 2, 64), ptr=0x600000), FakeCuda((5, 9, 2, 64), ptr=0x700000))
+    assert runs[-1]["k"] == 0x600000
+    with pytest.raises(ValueError, match="k_cache has batch 1 but q has 2"):
+        flashattn.flash_attn_with_kvcache(q, FakeCuda((1, 9, 2, 64)), FakeCuda((1, 9, 2, 64)))
+
+
 def test_a_negative_scale_needs_an_array_library_that_can_negate_q():
     q, k, v = FakeCuda((1, 16, 4, 64)), FakeCuda((1, 16, 2, 64)), FakeCuda((1, 16, 2, 64))
     with pytest.raises(ValueError, match="negative softmax_scale .* cannot be negated here"):
