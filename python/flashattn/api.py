@@ -1067,7 +1067,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     required) before attending; the cache tensors are written (with a head dim that is not a multiple
     of 8, the call works on padded copies of the caches and copies them back whole afterwards, as
     FlashAttention-2 does: pad the caches to a multiple of 8 to avoid it). rotary_cos, rotary_sin: (seqlen_ro,
-    rotary_dim / 2) in q's dtype, applied to k and to q (with causal or a window, query row i at
+    rotary_dim / 2) in q's dtype, seqlen_ro at least the cache's capacity in keys (k_cache's seqlen, or
+    the block table's pages x page size: FlashAttention-2's check), applied to k and to q (with causal or a window, query row i at
     cache_seqlens + i; otherwise every row at cache_seqlens), GPT-J interleaved pairs when
     rotary_interleaved (the default), GPT-NeoX halves otherwise; q itself is not modified.
     cache_leftpad: int32 CUDA (batch,): the first cache row of each sequence (the rows before it are
@@ -1193,6 +1194,9 @@ def _kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
                                  f"(got shape {a.shape}, strides {a.strides})")
         if ca.shape != sa.shape:
             raise ValueError(f"rotary_cos has shape {ca.shape} but rotary_sin has shape {sa.shape}")
+        if ca.shape[0] < p.seqlen_k:  # (FlashAttention-2's check: a row for every position the cache holds)
+            raise ValueError(f"rotary_cos has {ca.shape[0]} rows; it needs one for each of the cache's "
+                             f"{p.seqlen_k} positions (seqlen_ro >= seqlen_k, as in FlashAttention-2)")
         keep += [ca, sa]
         p.rotary_cos, p.rotary_sin = ca.ptr, sa.ptr
         p.seqlen_ro, p.rotary_dim = ca.shape[0], 2 * ca.shape[1]
