@@ -1058,19 +1058,20 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     (any page size); the caches' last dimension must be contiguous. cache_seqlens: int, or int32 CUDA
     (batch,): keys in use per sequence (default: the whole cache). cache_batch_idx: int32 CUDA (batch,),
     which cache row each sequence reads (dense cache only; without it sequence b reads row b, and the
-    cache may have more rows than q has sequences, as in FlashAttention-2). As in FlashAttention-2, q, k and v whose
-    last dimension is not contiguous are copied first, and so are torch block_table and
-    cache_batch_idx whose last stride is not 1 (device copies on the call's stream, captured by a
-    CUDA graph like the call). causal is bottom-right. num_splits is accepted and ignored (the
+    cache may have more rows than q has sequences, as in FlashAttention-2). As in FlashAttention-2,
+    q, k and v whose last dimension is not contiguous are copied first, and so are torch block_table
+    and cache_batch_idx whose last stride is not 1 (device copies on the call's stream, captured by
+    a CUDA graph like the call). causal is bottom-right. num_splits is accepted and ignored (the
     library decides).
     k, v: (batch, seqlen_new, nheads_k, headdim), appended to the cache at cache_seqlens (which is then
     required) before attending; the cache tensors are written (with a head dim that is not a multiple
     of 8, the call works on padded copies of the caches and copies them back whole afterwards, as
-    FlashAttention-2 does: pad the caches to a multiple of 8 to avoid it). rotary_cos, rotary_sin: (seqlen_ro,
-    rotary_dim / 2) in q's dtype, seqlen_ro at least the cache's capacity in keys (k_cache's seqlen, or
-    the block table's pages x page size: FlashAttention-2's check), applied to k and to q (with causal or a window, query row i at
-    cache_seqlens + i; otherwise every row at cache_seqlens), GPT-J interleaved pairs when
-    rotary_interleaved (the default), GPT-NeoX halves otherwise; q itself is not modified.
+    FlashAttention-2 does: pad the caches to a multiple of 8 to avoid it). rotary_cos, rotary_sin:
+    (seqlen_ro, rotary_dim / 2) in q's dtype, seqlen_ro at least the cache's capacity in keys
+    (k_cache's seqlen, or the block table's pages x page size: FlashAttention-2's check), applied to
+    k and to q (with causal or a window, query row i at cache_seqlens + i; otherwise every row at
+    cache_seqlens), GPT-J interleaved pairs when rotary_interleaved (the default), GPT-NeoX halves
+    otherwise; q itself is not modified.
     cache_leftpad: int32 CUDA (batch,): the first cache row of each sequence (the rows before it are
     padding and not attended to; dense cache only, as in FlashAttention-2). Positions (where k goes,
     the rotary rows) still count from row 0.
