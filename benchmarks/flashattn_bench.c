@@ -112,6 +112,19 @@ static const char *mask_text(const shape *s, char *buf, size_t n) {
     return buf;
 }
 
+/* "b x hq/hkv" as the table prints it. */
+static const char *heads_text(const shape *s, char *buf, size_t n) {
+    snprintf(buf, n, "%lldx%lld/%lld", (long long)s->b, (long long)s->hq, (long long)s->hkv);
+    return buf;
+}
+
+/* Whether two shapes differ only in how K and V are laid out (kind, dtype, sizes and mask alike). */
+static int same_but_kv(const shape *a, const shape *b) {
+    return !strcmp(a->kind, b->kind) && a->dtype == b->dtype && a->b == b->b && a->hq == b->hq && a->hkv == b->hkv &&
+           a->sq == b->sq && a->sk == b->sk && a->d == b->d && a->causal == b->causal && a->window == b->window &&
+           a->wl == b->wl && a->wr == b->wr;
+}
+
 /* The kv field as --shape spells it. */
 static const char *kv_text(const shape *s, char *buf, size_t n) {
     if (s->kv == KV_DENSE) return "dense";
@@ -130,7 +143,7 @@ static int default_suite(shape *out, int quick) {
     if (quick) {
         const shape q[] = {{"prefill", 1, 4, 16, 16, 1024, 1024, 128, 0}, {"prefill", 1, 4, 16, 16, 1024, 1024, 128, 1},
                            {"prefill", 0, 8, 32, 32, 512, 512, 64, 1}, {"decode", 1, 16, 32, 8, 1, 8192, 128, 0},
-                           {"decode", 1, 16, 32, 8, 1, 8192, 128, 0, 0, 0, 0, 16}};
+                           {"decode", 1, 16, 32, 8, 1, 8192, 128, 0, .kv = 16}};
         memcpy(out, q, sizeof q);
         return (int)(sizeof q / sizeof q[0]);
     }
@@ -150,10 +163,7 @@ static int default_suite(shape *out, int quick) {
     /* the same decodes over a paged cache (vLLM's 16 keys a page, SGLang's 1, a large page) */
     const int64_t pages[] = {1, 16, 256};
     for (int i = 0; i < 6; ++i)
-        for (int j = 0; j < 3; ++j) {
-            out[n] = (shape){"decode", 1, dec[i][0], 32, 8, 1, dec[i][1], 128, 0};
-            out[n++].kv = pages[j];
-        }
+        for (int j = 0; j < 3; ++j) out[n++] = (shape){"decode", 1, dec[i][0], 32, 8, 1, dec[i][1], 128, 0, .kv = pages[j]};
     return n;
 }
 
@@ -598,16 +608,12 @@ static void print_kv_ratios(const row *rows, int n) {
         const row *r = &rows[i];
         if (r->s.kv == KV_DENSE || !(r->rate > 0)) continue;
         for (int j = 0; j < n; ++j) {
-            const shape *a = &rows[j].s, *b = &r->s;
-            if (a->kv != KV_DENSE || !(rows[j].rate > 0) || strcmp(a->kind, b->kind) || a->dtype != b->dtype ||
-                a->b != b->b || a->hq != b->hq || a->hkv != b->hkv || a->sq != b->sq || a->sk != b->sk || a->d != b->d ||
-                a->causal != b->causal || a->window != b->window || a->wl != b->wl || a->wr != b->wr)
-                continue;
+            if (rows[j].s.kv != KV_DENSE || !(rows[j].rate > 0) || !same_but_kv(&rows[j].s, &r->s)) continue;
             char bh[32], mask[64], kv[32];
             if (!header) printf("rate over the dense row of the same shape (this run):\n");
             header = 1;
-            snprintf(bh, sizeof bh, "%lldx%lld/%lld", (long long)r->s.b, (long long)r->s.hq, (long long)r->s.hkv);
-            printf("  %-11s %-5s %-9s sq=%lld sk=%lld d=%lld %s %-9s %.3f\n", r->s.kind, r->s.dtype ? "bf16" : "fp16", bh,
+            printf("  %-11s %-5s %-9s sq=%lld sk=%lld d=%lld %s %-9s %.3f\n", r->s.kind, r->s.dtype ? "bf16" : "fp16",
+                   heads_text(&r->s, bh, sizeof bh),
                    (long long)r->s.sq, (long long)r->s.sk, (long long)r->s.d, mask_text(&r->s, mask, sizeof mask),
                    kv_text(&r->s, kv, sizeof kv), r->rate / rows[j].rate);
             break;
@@ -722,9 +728,9 @@ int main(int argc, char **argv) {
     int failures = 0;
     for (int i = 0; i < n; ++i) {
         const shape *s = &shapes[i];
-        char mask[64], kv[32];
-        fprintf(stderr, "[%d/%d] %s %s %lldx%lld/%lld sq=%lld sk=%lld d=%lld %s %s\n", i + 1, n, s->kind, s->dtype ? "bf16" : "fp16",
-                (long long)s->b, (long long)s->hq, (long long)s->hkv, (long long)s->sq, (long long)s->sk, (long long)s->d,
+        char bh[32], mask[64], kv[32];
+        fprintf(stderr, "[%d/%d] %s %s %s sq=%lld sk=%lld d=%lld %s %s\n", i + 1, n, s->kind, s->dtype ? "bf16" : "fp16",
+                heads_text(s, bh, sizeof bh), (long long)s->sq, (long long)s->sk, (long long)s->d,
                 mask_text(s, mask, sizeof mask), kv_text(s, kv, sizeof kv));
         if (!bench_shape(h, s, backend, (int)iters, (int)warmup, seed + i, check, l2, l2_bytes, gemm_peak, copy_peak,
                          &rows[i]) ||
@@ -737,7 +743,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n; ++i) {
         const row *r = &rows[i];
         char bh[32], rate[32], mask[64], kv[32];
-        snprintf(bh, sizeof bh, "%lldx%lld/%lld", (long long)r->s.b, (long long)r->s.hq, (long long)r->s.hkv);
+        heads_text(&r->s, bh, sizeof bh);
         snprintf(rate, sizeof rate, is_decode(&r->s) ? "%.0f GB/s" : "%.1f TFLOP/s", r->rate);
         printf("%-11s %-5s %-9s %6lld %6lld %3lld %-7s %-9s %-10s %9.4f %9.4f %12s %6.1f%% %9.2e %9.1f %s\n", r->s.kind,
                r->s.dtype ? "bf16" : "fp16", bh, (long long)r->s.sq, (long long)r->s.sk, (long long)r->s.d,

@@ -312,16 +312,22 @@ class _Array:
         self.lib.describe(self, obj, name)
 
 
+def _copy(a, obj):
+    """An _Array of `obj`, a copy of `a` made on the current stream, marked as such. It lives as long
+    as the _Array; the allocator reuses its memory only for work ordered after the call."""
+    c = _Array(obj, a.name)
+    c.copied = True
+    return c
+
+
 def _last_contiguous(a):
-    """`a`, or an _Array of a copy of it made on the current stream where its last stride is not 1:
-    FlashAttention-2 copies such q, k and v (its maybe_contiguous) rather than refusing them. The copy
-    lives as long as the _Array; the allocator reuses its memory only for work ordered after the call."""
+    """`a`, or a copy of it where its last stride is not 1: FlashAttention-2 copies such q, k and v
+    (its maybe_contiguous) rather than refusing them."""
     if a.strides[-1] == 1:
         return a
-    c = _Array(a.lib.contiguous(a), a.name)
+    c = _copy(a, a.lib.contiguous(a))
     if c.strides[-1] != 1:
         raise ValueError(f"{a.name} must be contiguous in its last dimension (stride {a.strides[-1]})")
-    c.copied = True
     return c
 
 
@@ -346,9 +352,7 @@ def _signed_q(qa, softmax_scale):
     """q's _Array, or for a negative softmax_scale an _Array of -q (see _ZERO_SCALE)."""
     if softmax_scale is None or not softmax_scale < 0:
         return qa
-    c = _Array(qa.lib.negated(qa), qa.name)
-    c.copied = True
-    return c
+    return _copy(qa, qa.lib.negated(qa))
 
 
 def _softcap_field(softcap):
