@@ -30,6 +30,7 @@ def build_info():
 
 
 __all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_func",
-           "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func", "flash_attn_with_kvcache", "merge_attn_states", "Handle", "get_handle", "FwdParams", "PlanInfo", "workspace_size", "supported",
+           "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func", "flash_attn_with_kvcache",
+           "merge_attn_states", "Handle", "get_handle", "FwdParams", "PlanInfo", "workspace_size", "supported",
            "plan", "fwd", "FlashAttnError", "Status", "Dtype", "LseBase", "Mask", "Backend", "MergeParams", "load_library",
            "library_version", "library_path", "build_info", "__version__"]

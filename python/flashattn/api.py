@@ -12,7 +12,9 @@ from . import _lib
 from ._lib import Backend, Dtype, FlashAttnError, FwdParams, LseBase, Mask, MergeParams, PlanInfo, _check, lib
 
 __all__ = ["Handle", "get_handle", "workspace_size", "supported", "plan", "fwd", "flash_attn_func",
-           "flash_attn_varlen_func", "flash_attn_with_kvcache", "merge_attn_states"]
+           "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_func",
+           "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func", "flash_attn_with_kvcache",
+           "merge_attn_states"]
 
 
 class Handle:

@@ -392,6 +392,16 @@ def test_flashattention2_signatures(name):
                if p.name in ("out", "stream", "backend"))
 
 
+def test_star_imports_bring_every_flashattention2_function():
+    """`from flashattn import *` (and from flashattn.api) gives every FlashAttention-2 function, and
+    each name an __all__ lists exists."""
+    from flashattn import api
+    for module in (flashattn, api):
+        assert set(_FA2) <= set(module.__all__), sorted(set(_FA2) - set(module.__all__))
+        assert "merge_attn_states" in module.__all__
+        assert [n for n in module.__all__ if not hasattr(module, n)] == []
+
+
 @pytest.mark.parametrize("call,exc,match", [
     (lambda: flashattn.flash_attn_qkvpacked_func(FakeCuda((2, 8, 2, 4, 64))), ValueError,
      r"qkv has shape \(2, 8, 2, 4, 64\); expected \(batch, seqlen, 3, nheads, headdim\)"),
