@@ -256,7 +256,8 @@ def copying_arrays(monkeypatch):
     monkeypatch.setattr(api, "_run", lambda qa, p, stream: runs.append(
         {f: getattr(p, f) for f in ("q", "q_seq_stride", "q_head_stride", "k", "k_seq_stride", "k_head_stride",
                                     "v", "v_seq_stride", "k_new", "k_new_seq_stride", "k_new_head_stride",
-                                    "softmax_scale", "softcap", "window_left", "window_right")}))
+                                    "softmax_scale", "softcap", "window_left", "window_right",
+                                    "rotary_q_at_cache_len")}))
     return made, runs
 
 
@@ -286,6 +287,23 @@ def test_scale_softcap_and_window_are_taken_as_flashattention2_takes_them(copyin
                                       softmax_scale=0.0, window_size=(-3, -3))
     assert runs[-1]["softmax_scale"] == pytest.approx(api._ZERO_SCALE)
     assert (runs[-1]["window_left"], runs[-1]["window_right"]) == (-1, -1)
+
+
+@pytest.mark.parametrize("causal,window,rowwise", [
+    (False, (-1, -1), False), (True, (-1, -1), True), (False, (15, -1), True), (False, (-1, 0), True),
+    (False, (100, 2), True), (False, (0, 0), True),
+    # unbounded sides: negative ones, and ones of at least the cache's capacity (16), which FA2 sets to -1
+    (False, (-5, -3), False), (False, (16, 16), False), (False, (-2, 40), False), (True, (16, 99), True)])
+def test_rotary_q_positions_follow_flashattention2s_causal_or_local_rule(copying_arrays, causal, window, rowwise):
+    """flash_attn_with_kvcache rotates query row i at cache_seqlens + i when the call is causal or
+    local, else every row at cache_seqlens; local as FlashAttention-2's kernel decides it, after it
+    has made every side that bounds nothing (negative, or at least the cache's capacity) -1."""
+    _, runs = copying_arrays
+    q, new = FakeCuda((2, 3, 4, 64)), FakeCuda((2, 3, 2, 64))
+    flashattn.flash_attn_with_kvcache(q, FakeCuda((2, 16, 2, 64)), FakeCuda((2, 16, 2, 64)), k=new, v=new,
+                                      rotary_cos=FakeCuda((16, 16)), rotary_sin=FakeCuda((16, 16)),
+                                      cache_seqlens=FakeCuda((2,), "<i4"), causal=causal, window_size=window)
+    assert runs[-1]["rotary_q_at_cache_len"] == (0 if rowwise else 1)
 
 
 def test_a_dense_cache_may_have_more_rows_than_sequences(copying_arrays):
