@@ -1077,8 +1077,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     (k_cache's seqlen, or the block table's pages x page size: FlashAttention-2's check), applied to
     k and to q (with causal or a window, query row i at cache_seqlens + i; otherwise every row at
     cache_seqlens; a window as FlashAttention-2's kernel reads it: one with a side from 0 to below
-    the cache's capacity, the others bounding nothing), GPT-J interleaved pairs when rotary_interleaved (the default), GPT-NeoX halves
-    otherwise; q itself is not modified.
+    the cache's capacity, the others bounding nothing), GPT-J interleaved pairs when
+    rotary_interleaved (the default), GPT-NeoX halves otherwise; q itself is not modified.
     cache_leftpad: int32 CUDA (batch,): the first cache row of each sequence (the rows before it are
     padding and not attended to; dense cache only, as in FlashAttention-2). Positions (where k goes,
     the rotary rows) still count from row 0.
