@@ -729,6 +729,27 @@ def test_kvcache_append_with_rotary(interleaved, causal, paged):
         check_sequence(out[b], lse[b], qr, got_k, got_v, causal)
 
 
+@pytest.mark.parametrize("window", [(-5, -3), (300, 307), (-2, 300)])
+def test_kvcache_rotary_with_a_window_that_bounds_nothing_rotates_q_at_the_cache_length(window):
+    # FlashAttention-2's kernel turns window sides that are negative, or at least the cache's capacity
+    # (300 here), into -1 before it decides whether a call is local: such a call rotates every query
+    # row at cache_seqlens, as an unwindowed one does.
+    B, Sq, Hq, Hkv, D, cap, rd = 2, 3, 8, 2, 128, 300, 128
+    lens = [17, 280]
+    q, k_new, v_new = rand(B, Sq, Hq, D), rand(B, Sq, Hkv, D), rand(B, Sq, Hkv, D)
+    kc, vc = rand(B, cap, Hkv, D), rand(B, cap, Hkv, D)
+    pos = torch.arange(cap, device="cuda", dtype=torch.float32)
+    inv = 10000.0 ** (-torch.arange(0, rd, 2, device="cuda", dtype=torch.float32) / rd)
+    cos, sin = torch.cos(pos[:, None] * inv).to(q.dtype), torch.sin(pos[:, None] * inv).to(q.dtype)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    out, lse = flashattn.flash_attn_with_kvcache(q, kc, vc, k=k_new, v=v_new, rotary_cos=cos, rotary_sin=sin,
+                                                 cache_seqlens=seqlens, window_size=window, return_softmax_lse=True)
+    for b in range(B):
+        L = lens[b]
+        qr = apply_rotary(q[b], cos, sin, torch.full((Sq,), L, device="cuda"), True)
+        check_sequence(out[b], lse[b], qr, kc[b, :L + Sq], vc[b, :L + Sq], False)
+
+
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("indexed", [False, True])
 def test_kvcache_leftpad_skips_the_padding_rows(causal, indexed):
