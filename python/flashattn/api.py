@@ -1076,9 +1076,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     (seqlen_ro, rotary_dim / 2) in q's dtype, seqlen_ro at least the cache's capacity in keys
     (k_cache's seqlen, or the block table's pages x page size: FlashAttention-2's check), applied to
     k and to q (with causal or a window, query row i at cache_seqlens + i; otherwise every row at
-    cache_seqlens; a window as FlashAttention-2's kernel reads it: one with a side from 0 to below
-    the cache's capacity, the others bounding nothing), GPT-J interleaved pairs when
-    rotary_interleaved (the default), GPT-NeoX halves otherwise; q itself is not modified.
+    cache_seqlens; a window being a window_size other than (-1, -1) once any negative side is read
+    as -1), GPT-J interleaved pairs when rotary_interleaved (the default), GPT-NeoX halves
+    otherwise; q itself is not modified.
     cache_leftpad: int32 CUDA (batch,): the first cache row of each sequence (the rows before it are
     padding and not attended to; dense cache only, as in FlashAttention-2). Positions (where k goes,
     the rotary rows) still count from row 0.
@@ -1209,12 +1209,9 @@ def _kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
         p.rotary_cos, p.rotary_sin = ca.ptr, sa.ptr
         p.seqlen_ro, p.rotary_dim = ca.shape[0], 2 * ca.shape[1]
         p.rotary_interleaved = 1 if rotary_interleaved else 0
-        # FlashAttention-2's rule: causal or local, query row i at cache_seqlens + i; else all rows there.
-        # Local as its kernel takes it: a window side that bounds anything, i.e. from 0 to below the
-        # cache's capacity (it turns the others, negative or >= seqlen_k, into -1 first).
-        left, right = _window(window_size)
-        local = 0 <= left < p.seqlen_k or 0 <= right < p.seqlen_k
-        p.rotary_q_at_cache_len = 0 if (causal or local) else 1
+        # FlashAttention-2's documented rule: causal or local (window_size != (-1, -1)), query row i at
+        # cache_seqlens + i; else all rows there. A negative side is -1 here as everywhere (unbounded).
+        p.rotary_q_at_cache_len = 0 if (causal or _window(window_size) != (-1, -1)) else 1
     sc = _serving_fields(qa, p, (B, Sq, Hq, D), (B, Hq, Sq), D, softmax_scale, causal, window_size, softcap,
                          alibi_slopes, keep, owned)
     sc.copied = sc.copied or table_copied or index_copied

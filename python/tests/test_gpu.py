@@ -729,11 +729,12 @@ def test_kvcache_append_with_rotary(interleaved, causal, paged):
         check_sequence(out[b], lse[b], qr, got_k, got_v, causal)
 
 
-@pytest.mark.parametrize("window", [(-5, -3), (300, 307), (-2, 300)])
-def test_kvcache_rotary_with_a_window_that_bounds_nothing_rotates_q_at_the_cache_length(window):
-    # FlashAttention-2's kernel turns window sides that are negative, or at least the cache's capacity
-    # (300 here), into -1 before it decides whether a call is local: such a call rotates every query
-    # row at cache_seqlens, as an unwindowed one does.
+@pytest.mark.parametrize("window,rowwise", [((-5, -3), False), ((-2, -7), False), ((300, 307), True),
+                                            ((-4, 300), True)])
+def test_kvcache_rotary_q_positions_with_windows_that_bound_nothing(window, rowwise):
+    # FlashAttention-2's documented rule: causal or local (window_size != (-1, -1)) rotates query row i
+    # at cache_seqlens + i, else every row at cache_seqlens; negative sides are -1 (no window). None of
+    # these windows excludes a key (three queries, right sides of 300 or unbounded).
     B, Sq, Hq, Hkv, D, cap, rd = 2, 3, 8, 2, 128, 300, 128
     lens = [17, 280]
     q, k_new, v_new = rand(B, Sq, Hq, D), rand(B, Sq, Hkv, D), rand(B, Sq, Hkv, D)
@@ -746,7 +747,8 @@ def test_kvcache_rotary_with_a_window_that_bounds_nothing_rotates_q_at_the_cache
                                                  cache_seqlens=seqlens, window_size=window, return_softmax_lse=True)
     for b in range(B):
         L = lens[b]
-        qr = apply_rotary(q[b], cos, sin, torch.full((Sq,), L, device="cuda"), True)
+        qpos = torch.arange(L, L + Sq, device="cuda") if rowwise else torch.full((Sq,), L, device="cuda")
+        qr = apply_rotary(q[b], cos, sin, qpos, True)
         check_sequence(out[b], lse[b], qr, kc[b, :L + Sq], vc[b, :L + Sq], False)
 
 

@@ -291,13 +291,13 @@ def test_scale_softcap_and_window_are_taken_as_flashattention2_takes_them(copyin
 
 @pytest.mark.parametrize("causal,window,rowwise", [
     (False, (-1, -1), False), (True, (-1, -1), True), (False, (15, -1), True), (False, (-1, 0), True),
-    (False, (100, 2), True), (False, (0, 0), True),
-    # unbounded sides: negative ones, and ones of at least the cache's capacity (16), which FA2 sets to -1
-    (False, (-5, -3), False), (False, (16, 16), False), (False, (-2, 40), False), (True, (16, 99), True)])
+    (False, (100, 2), True), (False, (0, 0), True), (False, (16, 16), True), (True, (16, 99), True),
+    # negative sides are -1 (unbounded), here as for the attention itself
+    (False, (-5, -3), False), (False, (-2, -1), False), (False, (-2, 40), True), (True, (-7, -7), True)])
 def test_rotary_q_positions_follow_flashattention2s_causal_or_local_rule(copying_arrays, causal, window, rowwise):
     """flash_attn_with_kvcache rotates query row i at cache_seqlens + i when the call is causal or
-    local, else every row at cache_seqlens; local as FlashAttention-2's kernel decides it, after it
-    has made every side that bounds nothing (negative, or at least the cache's capacity) -1."""
+    local (window_size != (-1, -1), FlashAttention-2's documented rule), else every row at
+    cache_seqlens; a window whose sides are all negative is no window, as for the attention."""
     _, runs = copying_arrays
     q, new = FakeCuda((2, 3, 4, 64)), FakeCuda((2, 3, 2, 64))
     flashattn.flash_attn_with_kvcache(q, FakeCuda((2, 16, 2, 64)), FakeCuda((2, 16, 2, 64)), k=new, v=new,
