@@ -1209,11 +1209,13 @@ def _kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
         p.rotary_cos, p.rotary_sin = ca.ptr, sa.ptr
         p.seqlen_ro, p.rotary_dim = ca.shape[0], 2 * ca.shape[1]
         p.rotary_interleaved = 1 if rotary_interleaved else 0
-        # FlashAttention-2's documented rule: causal or local (window_size != (-1, -1)), query row i at
-        # cache_seqlens + i; else all rows there. A negative side is -1 here as everywhere (unbounded).
-        p.rotary_q_at_cache_len = 0 if (causal or _window(window_size) != (-1, -1)) else 1
     sc = _serving_fields(qa, p, (B, Sq, Hq, D), (B, Hq, Sq), D, softmax_scale, causal, window_size, softcap,
                          alibi_slopes, keep, owned)
+    if rotary_cos is not None:
+        # FlashAttention-2's documented rule: causal or local (window_size != (-1, -1)), query row i at
+        # cache_seqlens + i; else all rows there. The window as the call's fields hold it (a negative
+        # side -1, unbounded).
+        p.rotary_q_at_cache_len = 0 if (causal or (p.window_left, p.window_right) != (-1, -1)) else 1
     sc.copied = sc.copied or table_copied or index_copied
     if k is not None and padded != D:
         # The library appended to padded copies of the caches: they go back after the call, whole, as

@@ -16,3 +16,10 @@ def apply_rotary(x, cos, sin, pos, interleaved):
         x0, x1 = xr[..., :rd // 2], xr[..., rd // 2:]
         out = torch.cat([x0 * c - x1 * s, x0 * s + x1 * c], dim=-1)
     return torch.cat([out.to(x.dtype), rest], dim=-1)
+
+
+def rotary_tables(rows, rd, dtype):
+    """cos, sin [rows, rd / 2] in dtype for positions 0 .. rows - 1 at base 10000 (the usual RoPE)."""
+    pos = torch.arange(rows, device="cuda", dtype=torch.float32)
+    inv = 10000.0 ** (-torch.arange(0, rd, 2, device="cuda", dtype=torch.float32) / rd)
+    return torch.cos(pos[:, None] * inv).to(dtype), torch.sin(pos[:, None] * inv).to(dtype)

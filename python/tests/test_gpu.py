@@ -11,7 +11,7 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device on this machine", allow_module_level=True)
 
 import flashattn  # noqa: E402
-from rotary import apply_rotary  # noqa: E402
+from rotary import apply_rotary, rotary_tables  # noqa: E402
 
 
 def reference(q, k, v, causal=False, window=(-1, -1), softcap=0.0, alibi=None, scale=None, upcast=True):
@@ -696,9 +696,7 @@ def test_kvcache_append_with_rotary(interleaved, causal, paged):
     lens = [10, 0, 250]
     q, k_new, v_new = rand(B, Sq, Hq, D), rand(B, Sq, Hkv, D), rand(B, Sq, Hkv, D)
     ks, vs = [rand(cap, Hkv, D) for _ in range(B)], [rand(cap, Hkv, D) for _ in range(B)]
-    pos = torch.arange(cap + 8, device="cuda", dtype=torch.float32)
-    inv = 10000.0 ** (-torch.arange(0, rd, 2, device="cuda", dtype=torch.float32) / rd)
-    cos, sin = torch.cos(pos[:, None] * inv).to(q.dtype), torch.sin(pos[:, None] * inv).to(q.dtype)
+    cos, sin = rotary_tables(cap + 8, rd, q.dtype)
     seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
     kw = {}
     if paged:
@@ -739,9 +737,7 @@ def test_kvcache_rotary_q_positions_with_windows_that_bound_nothing(window, roww
     lens = [17, 280]
     q, k_new, v_new = rand(B, Sq, Hq, D), rand(B, Sq, Hkv, D), rand(B, Sq, Hkv, D)
     kc, vc = rand(B, cap, Hkv, D), rand(B, cap, Hkv, D)
-    pos = torch.arange(cap, device="cuda", dtype=torch.float32)
-    inv = 10000.0 ** (-torch.arange(0, rd, 2, device="cuda", dtype=torch.float32) / rd)
-    cos, sin = torch.cos(pos[:, None] * inv).to(q.dtype), torch.sin(pos[:, None] * inv).to(q.dtype)
+    cos, sin = rotary_tables(cap, rd, q.dtype)
     seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
     out, lse = flashattn.flash_attn_with_kvcache(q, kc, vc, k=k_new, v=v_new, rotary_cos=cos, rotary_sin=sin,
                                                  cache_seqlens=seqlens, window_size=window, return_softmax_lse=True)
@@ -761,9 +757,7 @@ def test_kvcache_leftpad_skips_the_padding_rows(causal, indexed):
     lens, pads = [40, 5, 250], [7, 5, 0]  # the second: nothing but padding before its new keys
     q, k_new, v_new = rand(B, Sq, Hq, D), rand(B, Sq, Hkv, D), rand(B, Sq, Hkv, D)
     ks, vs = [rand(cap, Hkv, D) for _ in range(B)], [rand(cap, Hkv, D) for _ in range(B)]
-    pos = torch.arange(cap + 8, device="cuda", dtype=torch.float32)
-    inv = 10000.0 ** (-torch.arange(0, rd, 2, device="cuda", dtype=torch.float32) / rd)
-    cos, sin = torch.cos(pos[:, None] * inv).to(q.dtype), torch.sin(pos[:, None] * inv).to(q.dtype)
+    cos, sin = rotary_tables(cap + 8, rd, q.dtype)
     kw = {}
     rows = list(range(B))
     if indexed:
