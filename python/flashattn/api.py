@@ -369,6 +369,16 @@ def _empty(like, shape, dtype):
     return like.lib.empty(like, shape, dtype)
 
 
+def _no_probs(out):
+    """The third element of a return_attn_probs result: FlashAttention-2 returns an empty (0,) tensor of
+    the output's dtype and device for S_dmask when dropout_p is 0 (the only dropout taken here)."""
+    if hasattr(out, "new_empty"):
+        return out.new_empty(0)
+    import cupy
+    with cupy.cuda.Device(out.device.id):
+        return cupy.empty((0,), dtype=out.dtype)
+
+
 def _ptr(x):
     """Device address of an array this module allocated (torch or CuPy)."""
     return x.data_ptr() if hasattr(x, "data_ptr") else x.data.ptr
@@ -494,7 +504,7 @@ def _fast_call(state, q, k, v, softmax_scale, causal, window_size, softcap, retu
         lse = q.new_empty(e.lse_shape, dtype=state[0].float32)
         p.lse = lse.data_ptr()
     _enqueue(state, q, dev, e)
-    return (o, lse, None) if return_lse else o
+    return (o, lse, o.new_empty(0)) if return_lse else o
 
 
 def _enqueue(state, q, dev, e):
@@ -646,7 +656,7 @@ def _without_backward(state, name, run, q, k, v, return_lse):
 
         _forward_only_fn = ForwardOnly
     r = _forward_only_fn.apply(name, run, return_lse, q, k, v)
-    return (r[0], r[1], None) if return_lse else r
+    return (r[0], r[1], r[0].new_empty(0)) if return_lse else r
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
@@ -664,7 +674,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     so -q is made first: torch and CuPy arrays). softcap: > 0 activates it, anything else disables it.
     alibi_slopes: fp32 (nheads,) or (batch, nheads). deterministic: always true.
     Returns out (batch, seqlen_q, nheads, headdim); with return_attn_probs, (out, softmax_lse
-    (batch, nheads, seqlen_q) fp32, None): the probabilities are never materialised.
+    (batch, nheads, seqlen_q) fp32, S_dmask): the probabilities are never materialised, and S_dmask
+    is an empty (0,) array of out's dtype and device, as FlashAttention-2 returns it without dropout.
     Extensions: out= writes into a given array; stream= an int cudaStream_t (default: the input
     library's current stream; for torch and CuPy inputs the call runs as if it were the current
     one, so that outputs and padded copies are made on it); backend= a flashattn.Backend value.
@@ -746,7 +757,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
         if write_into is not None:
             write_into[...] = result
             result = write_into
-    return (result, lse, None) if return_attn_probs else result
+    return (result, lse, _no_probs(result)) if return_attn_probs else result
 
 
 # ---- serving calls: ragged batches, paged and indexed KV caches ---------------------------------------
@@ -980,7 +991,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     block_table: int32 (batch, max_pages), contiguous rows (a column slice is fine). q, k or v whose
     last dimension is not contiguous is copied first, as flash_attn_func says.
     causal is bottom-right within each sequence. Returns out (total_q, nheads, headdim); with
-    return_attn_probs, (out, softmax_lse (nheads, total_q) fp32, None). Rows past cu_seqlens_q[-1]
+    return_attn_probs, (out, softmax_lse (nheads, total_q) fp32, an empty (0,) array as flash_attn_func's). Rows past cu_seqlens_q[-1]
     are not written (out is torch.empty-like there). Nothing on this path reads device memory on
     the host or synchronises: it can be captured in a CUDA graph. PyTorch calls without stream=
     reuse per-structure state (a thread-local cache), as flash_attn_func's do. Autograd: the forward
@@ -1014,7 +1025,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                           (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_size, softcap, backend), build,
                           return_attn_probs)
     out, lse = r if r is not None else _serving_run(build(), return_attn_probs, stream)
-    return (out, lse, None) if return_attn_probs else out
+    return (out, lse, _no_probs(out)) if return_attn_probs else out
 
 
 def _varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_size,
@@ -1265,7 +1276,7 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
     """FlashAttention-2's flash_attn_varlen_qkvpacked_func: flash_attn_varlen_func on qkv (total, 3,
     nheads, headdim) with the same offsets for queries and keys (cu_seqlens int32 CUDA (batch + 1,),
     max_seqlen a host int). Returns out (total, nheads, headdim); with return_attn_probs, (out,
-    softmax_lse (nheads, total) fp32, None)."""
+    softmax_lse (nheads, total) fp32, an empty (0,) array as flash_attn_func's)."""
     q, k, v = _unpack(qkv, "qkv", 1, 3, 4, "(total, 3, nheads, headdim)")
     return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p,
                                   softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,

@@ -202,6 +202,36 @@ def test_cupy_inputs():
     assert torch.equal(torch.as_tensor(got, device="cuda"), want)
 
 
+def test_return_attn_probs_gives_flashattention2s_empty_probability_tensor():
+    """With return_attn_probs and no dropout, FlashAttention-2 returns (out, softmax_lse, S_dmask) with
+    S_dmask an empty (0,) tensor of q's dtype on q's device: so does every path here (the cached torch
+    call, the general one, a padded head dim, varlen, the packed forms, CuPy)."""
+    q, k, v = rand(2, 33, 4, 64), rand(2, 40, 2, 64), rand(2, 40, 2, 64)
+    slopes = torch.rand(4, device="cuda")
+    q40, k40, v40 = (x[..., :40].contiguous() for x in (q, k, v))
+    cu = torch.tensor([0, 33, 66], dtype=torch.int32, device="cuda")
+    cuk = torch.tensor([0, 40, 80], dtype=torch.int32, device="cuda")
+    calls = {
+        "cached": lambda: flashattn.flash_attn_func(q, k, v, causal=True, return_attn_probs=True),
+        "alibi": lambda: flashattn.flash_attn_func(q, k, v, alibi_slopes=slopes, return_attn_probs=True),
+        "padded": lambda: flashattn.flash_attn_func(q40, k40, v40, return_attn_probs=True),
+        "varlen": lambda: flashattn.flash_attn_varlen_func(q.reshape(66, 4, 64), k.reshape(80, 2, 64),
+                                                           v.reshape(80, 2, 64), cu, cuk, 33, 40, causal=True,
+                                                           return_attn_probs=True),
+        "qkvpacked": lambda: flashattn.flash_attn_qkvpacked_func(torch.stack([q, q, q], 2), return_attn_probs=True),
+    }
+    for name, call in calls.items():
+        r = call()
+        assert isinstance(r, tuple) and len(r) == 3, name
+        assert torch.is_tensor(r[2]) and r[2].shape == (0,) and r[2].dtype == q.dtype, name
+        assert r[2].device == q.device and r[1].dtype == torch.float32, name
+    cupy = pytest.importorskip("cupy")
+    cq, ck, cv = (cupy.asarray(x.to(torch.float16)) for x in (q, k, v))
+    _, lse, probs = flashattn.flash_attn_func(cq, ck, cv, return_attn_probs=True)
+    assert isinstance(probs, cupy.ndarray) and probs.shape == (0,) and probs.dtype == cupy.float16
+    assert probs.device.id == cq.device.id and lse.dtype == cupy.float32
+
+
 class OnlyDlpack:
     """An array that only speaks DLPack (bf16 has no __cuda_array_interface__ typestr)."""
 
@@ -573,7 +603,7 @@ def test_recorded_calls_get_a_backward_that_raises():
     assert not want.requires_grad
     qg = q.clone().requires_grad_()
     out, lse, probs = flashattn.flash_attn_func(qg, k, v, causal=True, return_attn_probs=True)
-    assert probs is None
+    assert probs.shape == (0,) and probs.dtype == q.dtype and not probs.requires_grad
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
     assert out.requires_grad and out.grad_fn is not None and not lse.requires_grad
     with pytest.raises(NotImplementedError, match="flash_attn_func: libflashattn computes the forward pass only"):
