@@ -504,7 +504,7 @@ def _fast_call(state, q, k, v, softmax_scale, causal, window_size, softcap, retu
         lse = q.new_empty(e.lse_shape, dtype=state[0].float32)
         p.lse = lse.data_ptr()
     _enqueue(state, q, dev, e)
-    return (o, lse, o.new_empty(0)) if return_lse else o
+    return (o, lse, _no_probs(o)) if return_lse else o
 
 
 def _enqueue(state, q, dev, e):
@@ -656,7 +656,7 @@ def _without_backward(state, name, run, q, k, v, return_lse):
 
         _forward_only_fn = ForwardOnly
     r = _forward_only_fn.apply(name, run, return_lse, q, k, v)
-    return (r[0], r[1], r[0].new_empty(0)) if return_lse else r
+    return (r[0], r[1], _no_probs(r[0])) if return_lse else r
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
@@ -991,9 +991,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     block_table: int32 (batch, max_pages), contiguous rows (a column slice is fine). q, k or v whose
     last dimension is not contiguous is copied first, as flash_attn_func says.
     causal is bottom-right within each sequence. Returns out (total_q, nheads, headdim); with
-    return_attn_probs, (out, softmax_lse (nheads, total_q) fp32, an empty (0,) array as flash_attn_func's). Rows past cu_seqlens_q[-1]
-    are not written (out is torch.empty-like there). Nothing on this path reads device memory on
-    the host or synchronises: it can be captured in a CUDA graph. PyTorch calls without stream=
+    return_attn_probs, (out, softmax_lse (nheads, total_q) fp32, an empty (0,) array as
+    flash_attn_func's). Rows past cu_seqlens_q[-1] are not written (out is torch.empty-like there).
+    Nothing on this path reads device memory on the host or synchronises: it can be captured in a CUDA graph. PyTorch calls without stream=
     reuse per-structure state (a thread-local cache), as flash_attn_func's do. Autograd: the forward
     pass only, as flash_attn_func says (a recorded call's out has a backward that raises).
     """

@@ -205,7 +205,7 @@ def test_cupy_inputs():
 def test_return_attn_probs_gives_flashattention2s_empty_probability_tensor():
     """With return_attn_probs and no dropout, FlashAttention-2 returns (out, softmax_lse, S_dmask) with
     S_dmask an empty (0,) tensor of q's dtype on q's device: so does every path here (the cached torch
-    call, the general one, a padded head dim, varlen, the packed forms, CuPy)."""
+    call, the general one, a padded head dim, varlen, the packed forms; CuPy in the next test)."""
     q, k, v = rand(2, 33, 4, 64), rand(2, 40, 2, 64), rand(2, 40, 2, 64)
     slopes = torch.rand(4, device="cuda")
     q40, k40, v40 = (x[..., :40].contiguous() for x in (q, k, v))
@@ -225,7 +225,11 @@ def test_return_attn_probs_gives_flashattention2s_empty_probability_tensor():
         assert isinstance(r, tuple) and len(r) == 3, name
         assert torch.is_tensor(r[2]) and r[2].shape == (0,) and r[2].dtype == q.dtype, name
         assert r[2].device == q.device and r[1].dtype == torch.float32, name
+
+
+def test_return_attn_probs_with_cupy_inputs_gives_an_empty_cupy_array():
     cupy = pytest.importorskip("cupy")
+    q, k, v = rand(2, 33, 4, 64), rand(2, 40, 2, 64), rand(2, 40, 2, 64)
     cq, ck, cv = (cupy.asarray(x.to(torch.float16)) for x in (q, k, v))
     _, lse, probs = flashattn.flash_attn_func(cq, ck, cv, return_attn_probs=True)
     assert isinstance(probs, cupy.ndarray) and probs.shape == (0,) and probs.dtype == cupy.float16
