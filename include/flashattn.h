@@ -380,9 +380,10 @@ typedef struct flashattn_fwd_params {
  *    dims up to 128, or 176 there for calls with no mask or window over 4096 keys or more (not
  *    over gathered pages), 112 up to 192, 80 above), and gathers rows with cp.async otherwise (in
  *    decode 0.89-0.95x the dense call's speed on the H200; in prefill slower, 0.76-0.85x at head
- *    dim 128 and 0.73x at head dim 64 causal). A decode call gathers pages of 8 keys too, and of
- *    16 when it splits its keys (blocks of a few key tiles each): small boxes cost TMA more than
- *    the copies (the description says e.g. paged=16:gather). A box holds all of its keys' columns
+ *    dim 128 and 0.73x at head dim 64 causal). A decode call gathers pages of 8 keys too, and
+ *    pages of any size when it splits its keys (blocks of a few key tiles each): small boxes cost
+ *    TMA more than the copies, and a split's first key tile arrives sooner gathered (the
+ *    description says e.g. paged=256:gather). A box holds all of its keys' columns
  *    (one copy, not one per 64 columns; the description says paged=16:tma_full, else
  *    paged=16:tma) when head_dim is 128, 192 or 256 and K and V have the same strides with a page
  *    stride that is a multiple of 8 row strides (pools [num_pages, page_size, heads_kv, head_dim],

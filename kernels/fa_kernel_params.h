@@ -324,14 +324,14 @@ static inline FA_HOST_DEVICE int fa_sm90_page_box(int page_size, int block_n) {
 /* Whether FUSED_SM90 gathers a call's K/V pages (a block table set) with cp.async rather than read
  * them by TMA (the planner's kp.gather_pages): the page sizes TMA cannot tile, and, in a decode
  * (single-consumer tiles, block_m 64), pages of boxes of 8 keys (16 boxes a 128-key tile for K and
- * again for V), or of 16 keys when the keys are split (blocks of a few key tiles each), which TMA
- * reads at about its per-box cost while the producer warpgroup's 128 threads copy them at once
- * (docs/performance.md v26). */
+ * again for V), which TMA reads at about its per-box cost while the producer warpgroup's 128
+ * threads copy them at once (docs/performance.md v26), and every page size when the keys are split
+ * (blocks of a few key tiles each, whose first tile's latency the gather shortens: v70). */
 static inline FA_HOST_DEVICE int fa_sm90_gathers_pages(int paged, int page_size, int block_n, int block_m,
                                                        int splits) {
     if (!paged) return 0;
     if (!FA_SM90_TMA_PAGES(page_size, block_n)) return 1;
-    return block_m == 64 && fa_sm90_page_box(page_size, block_n) <= (splits > 1 ? 16 : 8);
+    return block_m == 64 && (splits > 1 || fa_sm90_page_box(page_size, block_n) <= 8);
 }
 
 /* Full-width page boxes (kp.kv_page_groups): a TMA box over a page's keys can hold every column of

@@ -823,18 +823,18 @@ TEST(Planning, Sm90SplitDecodeLoadsKeysAndValuesEvictFirst) {
     }
 }
 
-// A plan description too long for its 192 bytes (a split decode over pages of 256 that appends
-// with rotary) leaves out threads=, smem= and workspace= (fields of their own) and keeps its last
-// words; one that fits keeps them.
+// A plan description too long for its 192 bytes (a split decode over pages of 1024, gathered, with
+// 16 query heads a KV head, that appends with rotary) leaves out threads=, smem= and workspace=
+// (fields of their own) and keeps its last words; one that fits keeps them.
 TEST(Planning, LongDescriptionsKeepTheirLastWords) {
     if (!fa_sm90_compiled(FLASHATTN_DTYPE_BFLOAT16, 128)) GTEST_SKIP() << "no FUSED_SM90 d128 in this build";
     const fa_device_caps caps = h200_caps();
     flashattn_fwd_params p = valid_params();
-    p.batch = 1, p.seqlen_q = 1, p.seqlen_k = 8192, p.heads_q = 32, p.heads_kv = 8, p.head_dim = 128;
+    p.batch = 1, p.seqlen_q = 1, p.seqlen_k = 8192, p.heads_q = 128, p.heads_kv = 8, p.head_dim = 128;
     flashattn_fwd_params_set_packed_strides(&p);
     p.seqused_k = (const int32_t *)0x710000;
-    p.block_table = (const int32_t *)0x720000, p.page_size = 256, p.pages_per_seq = 32;
-    p.block_table_batch_stride = 32, p.num_pages = 32, p.k_batch_stride = p.v_batch_stride = 256 * p.k_seq_stride;
+    p.block_table = (const int32_t *)0x720000, p.page_size = 1024, p.pages_per_seq = 8;
+    p.block_table_batch_stride = 8, p.num_pages = 8, p.k_batch_stride = p.v_batch_stride = 1024 * p.k_seq_stride;
     p.k_new = (const void *)0x740000, p.v_new = (const void *)0x750000, p.seqlen_new = 1;
     p.k_new_head_stride = p.v_new_head_stride = 128, p.k_new_seq_stride = p.v_new_seq_stride = 8 * 128;
     p.k_new_batch_stride = p.v_new_batch_stride = 8 * 128;
@@ -850,7 +850,7 @@ TEST(Planning, LongDescriptionsKeepTheirLastWords) {
     ASSERT_GE(d.size(), tail.size()) << d;
     EXPECT_EQ(tail, d.substr(d.size() - tail.size())) << d;
     for (const char *w : {"backend=FUSED_SM90 ", "kernel=fused_sm90_bf16_d128_m64_n128_w8 ", "splits=16", " gqa_packed",
-                          " seqused_k", " paged=256:tma_full"})
+                          " seqused_k", " paged=1024:gather"})
         EXPECT_NE(std::string::npos, d.find(w)) << w << ": " << d;
     EXPECT_EQ(std::string::npos, d.find("workspace=")) << d;
     // Without the append the line fits, and keeps every figure.
@@ -914,9 +914,10 @@ TEST(Planning, Sm90DecodeTakesTheSingleConsumerTileWhereTheGroupFits) {
 }
 
 // Serving decode on FUSED_SM90: the 64-row tile with one consumer warpgroup (256 threads), split
-// or not, over pages TMA reads (64 or 256 keys), pages gathered with cp.async (16 keys in a split
-// decode, or 19), a cache, and a dense decode. (Two consumers taking halves of each key tile, the
-// key-split blocks of 0.4.0, were slower at every measured shape: docs/performance.md v53.)
+// or not, over pages gathered with cp.async (every page size in a split decode; TMA reads pages of
+// 256 keys for an unsplit one), a cache, and a dense decode. (Two consumers taking halves of each
+// key tile, the key-split blocks of 0.4.0, were slower at every measured shape:
+// docs/performance.md v53.)
 TEST(Planning, Sm90ServingDecodeRunsOneConsumer) {
     if (!fa_sm90_compiled(FLASHATTN_DTYPE_BFLOAT16, 128)) GTEST_SKIP() << "no FUSED_SM90 d128 in this build";
     const fa_device_caps caps = h200_caps();
@@ -936,8 +937,8 @@ TEST(Planning, Sm90ServingDecodeRunsOneConsumer) {
         const fa_plan plan = paged(page);
         ASSERT_EQ(64, plan.cfg.block_m);
         EXPECT_GT(plan.kp.num_splits, 1);
-        // (pages of 16 are gathered in a split decode)
-        EXPECT_EQ(page == 256 || page == 64 ? 0 : 1, plan.kp.gather_pages);
+        // (a split decode gathers its pages, whatever their size)
+        EXPECT_EQ(1, plan.kp.gather_pages);
         EXPECT_EQ(256, plan.threads);
         EXPECT_EQ(1, plan.kp.kv_evict_first);  // (a split decode, K/V read once: by TMA boxes or gathered)
         flashattn_plan_info info;
@@ -2284,8 +2285,8 @@ TEST(Serving, Sm90FullWidthPageBoxes) {
     }
 }
 
-// FUSED_SM90 gathers small pages in decode (single-consumer tiles: boxes of 8 keys, or 16 when the
-// keys are split) and reads them by TMA boxes everywhere else; the page sizes TMA cannot tile are
+// FUSED_SM90 gathers pages in decode (single-consumer tiles: boxes of 8 keys, or every page size when
+// the keys are split) and reads them by TMA boxes everywhere else; the page sizes TMA cannot tile are
 // always gathered.
 TEST(Serving, Sm90GathersSmallPagesInDecode) {
     if (!fa_sm90_compiled(FLASHATTN_DTYPE_BFLOAT16, 128)) GTEST_SKIP() << "head dim 128 not compiled in this build";
@@ -2307,8 +2308,8 @@ TEST(Serving, Sm90GathersSmallPagesInDecode) {
     } cases[] = {
         {1, 8192, 16, true, true},     // 16 splits: boxes of 16 keys gathered
         {1, 8192, 8, true, true},      // boxes of 8
-        {1, 8192, 32, true, false},    // boxes of 32 keys: TMA
-        {1, 8192, 256, true, false},   // one box a tile
+        {1, 8192, 32, true, true},     // boxes of 32 keys: gathered too in a split decode
+        {1, 8192, 256, true, true},    // one box a tile: gathered too (docs/performance.md v70)
         {1, 8192, 19, true, true},     // TMA cannot tile 19
         {16, 8192, 16, false, false},  // no split: many key tiles a block, boxes of 16 by TMA
         {16, 8192, 8, false, true},    // boxes of 8 gathered
