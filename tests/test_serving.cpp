@@ -504,7 +504,8 @@ TEST_F(Serving, PagedKvFullWidthBoxes) {
     // [H, page, D], and K and V as the halves of one pool; its K and V tiles are then laid out by
     // 8-row groups (the plan says paged=N:tma_full). Head dims 128, 192 and 256; boxes of 8, 16 and
     // 32 keys; a sequence whose last key tile ends inside a page (its rows past the last key cleared
-    // in the group layout); more query tiles than SMs (resident blocks); a split decode over the same pages gathers them.
+    // in the group layout); more query tiles than SMs (resident blocks). A split decode over the
+    // same pages gathers them instead.
     Stats st;
     struct Case {
         int64_t d, page;
