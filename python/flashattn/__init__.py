@@ -7,12 +7,14 @@
     out = flashattn.flash_attn_qkvpacked_func(qkv)   # and the kvpacked / varlen packed forms
 
 Lower level, mirroring the C ABI: Handle, FwdParams, PlanInfo, workspace_size, supported, plan, fwd,
-and the Status / Dtype / Mask / Backend constants. Errors: FlashAttnError (status, name, message).
+and the Status / Dtype / Mask / Backend constants. Errors: FlashAttnError (status, name, message)
+for what the library refuses; FlashAttnValueError and FlashAttnTypeError for arguments refused
+before the call (ValueError and TypeError, and each a RuntimeError as FlashAttention-2's are).
 The library is loaded on first use: FLASHATTN_LIBRARY, next to this package, or the system loader.
 `python -m flashattn` prints where it was found, its version and build, and the devices it sees.
 """
-from ._lib import (Backend, Dtype, FlashAttnError, FwdParams, LseBase, Mask, MergeParams, PlanInfo, Status,
-                   library_path, load_library)
+from ._lib import (Backend, Dtype, FlashAttnError, FlashAttnTypeError, FlashAttnValueError, FwdParams, LseBase, Mask,
+                   MergeParams, PlanInfo, Status, library_path, load_library)
 from ._version import __version__
 from .api import (Handle, flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func, flash_attn_varlen_func,
                   flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func, flash_attn_with_kvcache, fwd,
@@ -32,5 +34,6 @@ def build_info():
 __all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_func",
            "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func", "flash_attn_with_kvcache",
            "merge_attn_states", "Handle", "get_handle", "FwdParams", "PlanInfo", "workspace_size", "supported",
-           "plan", "fwd", "FlashAttnError", "Status", "Dtype", "LseBase", "Mask", "Backend", "MergeParams", "load_library",
-           "library_version", "library_path", "build_info", "__version__"]
+           "plan", "fwd", "FlashAttnError", "FlashAttnValueError", "FlashAttnTypeError", "Status", "Dtype", "LseBase",
+           "Mask", "Backend", "MergeParams", "load_library", "library_version", "library_path", "build_info",
+           "__version__"]

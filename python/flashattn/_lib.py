@@ -167,6 +167,18 @@ class FlashAttnError(RuntimeError):
         super().__init__(f"{call + ': ' if call else ''}{name}: {message}")
 
 
+class FlashAttnValueError(ValueError, RuntimeError):
+    """An argument the Python functions refuse before calling the library (a bad shape, device,
+    option or combination, naming the argument). A ValueError, and a RuntimeError too: FlashAttention-2
+    reports the same problems from its C++ checks as RuntimeError, so code written against it that
+    catches RuntimeError still catches them."""
+
+
+class FlashAttnTypeError(TypeError, RuntimeError):
+    """An argument of the wrong type or dtype, refused before calling the library: a TypeError, and a
+    RuntimeError as FlashAttention-2 raises for a wrong dtype (see FlashAttnValueError)."""
+
+
 _LIB = None
 _LIB_PATH = None
 

@@ -9,7 +9,8 @@ import threading
 import warnings
 
 from . import _lib
-from ._lib import Backend, Dtype, FlashAttnError, FwdParams, LseBase, Mask, MergeParams, PlanInfo, _check, lib
+from ._lib import (Backend, Dtype, FlashAttnError, FlashAttnTypeError, FlashAttnValueError, FwdParams, LseBase, Mask,
+                   MergeParams, PlanInfo, _check, lib)
 
 __all__ = ["Handle", "get_handle", "workspace_size", "supported", "plan", "fwd", "flash_attn_func",
            "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_func",
@@ -126,8 +127,8 @@ class _ArrayLibrary:
 
     @staticmethod
     def empty(a, shape, dtype):
-        raise TypeError(f"cannot allocate an output for a {type(a.obj).__name__}; pass out= (and, for "
-                        f"return_attn_probs, a torch or CuPy input)")
+        raise FlashAttnTypeError(f"cannot allocate an output for a {type(a.obj).__name__}; pass out= (and, for "
+                                 f"return_attn_probs, a torch or CuPy input)")
 
     @staticmethod
     def current_stream(a):
@@ -135,8 +136,9 @@ class _ArrayLibrary:
 
     @staticmethod
     def pad_head_dim(a, to):
-        raise ValueError(f"head dim {a.shape[-1]} is not a multiple of 8 and a {type(a.obj).__name__} cannot be "
-                         f"padded here; pad it to {to} yourself")
+        raise FlashAttnValueError(
+            f"head dim {a.shape[-1]} is not a multiple of 8 and a {type(a.obj).__name__} cannot be "
+            f"padded here; pad it to {to} yourself")
 
     @staticmethod
     def device_scope(a):
@@ -145,8 +147,8 @@ class _ArrayLibrary:
     @staticmethod
     def contiguous(a):
         """A copy of `a` whose last dimension is contiguous, made on the current stream."""
-        raise ValueError(f"{a.name} must be contiguous in its last dimension (stride {a.strides[-1]}): a "
-                         f"{type(a.obj).__name__} cannot be copied here; pass one that is")
+        raise FlashAttnValueError(f"{a.name} must be contiguous in its last dimension (stride {a.strides[-1]}): a "
+                                  f"{type(a.obj).__name__} cannot be copied here; pass one that is")
 
     @staticmethod
     def copy_head_dims(dst, src):
@@ -156,8 +158,8 @@ class _ArrayLibrary:
     @staticmethod
     def negated(a):
         """-a, a new array made on the current stream (a negative softmax_scale's q)."""
-        raise ValueError(f"a negative softmax_scale is computed as attention of -q at the scale's magnitude, "
-                         f"and a {type(a.obj).__name__} cannot be negated here: pass torch or CuPy arrays")
+        raise FlashAttnValueError(f"a negative softmax_scale is computed as attention of -q at the scale's magnitude, "
+                                  f"and a {type(a.obj).__name__} cannot be negated here: pass torch or CuPy arrays")
 
 
 class _Torch(_ArrayLibrary):
@@ -165,10 +167,10 @@ class _Torch(_ArrayLibrary):
     def describe(a, obj, name):
         import torch
         if not obj.is_cuda:
-            raise ValueError(f"{name} is on {obj.device}; libflashattn needs CUDA tensors")
+            raise FlashAttnValueError(f"{name} is on {obj.device}; libflashattn needs CUDA tensors")
         codes = {torch.float16: Dtype.FLOAT16, torch.bfloat16: Dtype.BFLOAT16, torch.float32: "f32"}
         if obj.dtype not in codes:
-            raise TypeError(f"{name} has dtype {obj.dtype}; expected torch.float16 or torch.bfloat16")
+            raise FlashAttnTypeError(f"{name} has dtype {obj.dtype}; expected torch.float16 or torch.bfloat16")
         a.ptr, a.shape, a.strides = obj.data_ptr(), tuple(obj.shape), tuple(obj.stride())
         a.dtype, a.device = codes[obj.dtype], obj.device.index
 
@@ -212,7 +214,7 @@ class _CuPy(_ArrayLibrary):
         import cupy
         codes = {cupy.dtype("float16"): Dtype.FLOAT16, cupy.dtype("float32"): "f32"}
         if obj.dtype not in codes:
-            raise TypeError(f"{name} has dtype {obj.dtype}; CuPy inputs must be float16")
+            raise FlashAttnTypeError(f"{name} has dtype {obj.dtype}; CuPy inputs must be float16")
         a.ptr, a.shape = obj.data.ptr, tuple(obj.shape)
         a.strides = tuple(s // obj.itemsize for s in obj.strides)
         a.dtype, a.device = codes[obj.dtype], obj.device.id
@@ -262,7 +264,8 @@ class _CudaArrayInterface(_ArrayLibrary):
         cai = obj.__cuda_array_interface__
         codes = {"<f2": (Dtype.FLOAT16, 2), "<f4": ("f32", 4)}
         if cai["typestr"] not in codes:
-            raise TypeError(f"{name} has typestr {cai['typestr']}; expected '<f2' (bfloat16 arrays: use DLPack)")
+            raise FlashAttnTypeError(
+                f"{name} has typestr {cai['typestr']}; expected '<f2' (bfloat16 arrays: use DLPack)")
         a.dtype, item = codes[cai["typestr"]]
         a.ptr, a.shape = cai["data"][0], tuple(cai["shape"])
         st = cai.get("strides")
@@ -278,10 +281,11 @@ class _DLPack(_ArrayLibrary):
         get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
         t = _DLTensor.from_address(get(cap, b"dltensor"))  # DLManagedTensor starts with its DLTensor
         if t.device.device_type != 2:  # kDLCUDA
-            raise ValueError(f"{name} is not on a CUDA device (DLPack device type {t.device.device_type})")
+            raise FlashAttnValueError(f"{name} is not on a CUDA device (DLPack device type {t.device.device_type})")
         code = {(2, 16): Dtype.FLOAT16, (4, 16): Dtype.BFLOAT16, (2, 32): "f32"}.get((t.dtype.code, t.dtype.bits))
         if code is None:
-            raise TypeError(f"{name} has DLPack dtype code {t.dtype.code} bits {t.dtype.bits}; expected fp16/bf16")
+            raise FlashAttnTypeError(
+                f"{name} has DLPack dtype code {t.dtype.code} bits {t.dtype.bits}; expected fp16/bf16")
         a.keepalive, a.dtype, a.device = cap, code, t.device.device_id
         a.shape = tuple(t.shape[i] for i in range(t.ndim))
         a.strides = tuple(t.strides[i] for i in range(t.ndim)) if t.strides else _contiguous(a.shape)
@@ -309,8 +313,8 @@ class _Array:
         self.obj, self.name, self.keepalive, self.copied = obj, name, None, False
         self.lib = _library_of(obj)
         if self.lib is None:
-            raise TypeError(f"{name}: {type(obj).__name__} is not a CUDA array (torch, cupy, "
-                            f"__cuda_array_interface__ or __dlpack__)")
+            raise FlashAttnTypeError(f"{name}: {type(obj).__name__} is not a CUDA array (torch, cupy, "
+                                     f"__cuda_array_interface__ or __dlpack__)")
         self.lib.describe(self, obj, name)
 
 
@@ -329,7 +333,7 @@ def _last_contiguous(a):
         return a
     c = _copy(a, a.lib.contiguous(a))
     if c.strides[-1] != 1:
-        raise ValueError(f"{a.name} must be contiguous in its last dimension (stride {a.strides[-1]})")
+        raise FlashAttnValueError(f"{a.name} must be contiguous in its last dimension (stride {a.strides[-1]})")
     return c
 
 
@@ -405,22 +409,22 @@ def _set_params(p, qa, ka, va, o_ptr, o_strides, lse_ptr, D, padded, softmax_sca
 
 
 def _check_qkv(q, k, v):
-    """_Arrays for q, k, v after every check flash_attn_func makes of them (ValueError/TypeError)."""
+    """_Arrays for q, k, v after every check flash_attn_func makes of them (FlashAttnValueError/FlashAttnTypeError)."""
     qa, ka, va = _Array(q, "q"), _Array(k, "k"), _Array(v, "v")
     for a in (qa, ka, va):
         if len(a.shape) != 4:
-            raise ValueError(f"{a.name} has shape {a.shape}; expected (batch, seqlen, nheads, headdim)")
+            raise FlashAttnValueError(f"{a.name} has shape {a.shape}; expected (batch, seqlen, nheads, headdim)")
         if a.dtype not in (Dtype.FLOAT16, Dtype.BFLOAT16):
-            raise TypeError(f"{a.name} must be float16 or bfloat16")
+            raise FlashAttnTypeError(f"{a.name} must be float16 or bfloat16")
     if not (qa.dtype == ka.dtype == va.dtype):
-        raise TypeError("q, k and v must have the same dtype")
+        raise FlashAttnTypeError("q, k and v must have the same dtype")
     B, Sq, Hq, D = qa.shape
     if ka.shape != va.shape:
-        raise ValueError(f"k has shape {ka.shape} but v has shape {va.shape}")
+        raise FlashAttnValueError(f"k has shape {ka.shape} but v has shape {va.shape}")
     if ka.shape[0] != B or ka.shape[3] != D:
-        raise ValueError(f"k has shape {ka.shape}; batch and headdim must match q's {qa.shape}")
+        raise FlashAttnValueError(f"k has shape {ka.shape}; batch and headdim must match q's {qa.shape}")
     if len({a.device for a in (qa, ka, va) if a.device is not None}) > 1:
-        raise ValueError("q, k and v are on different devices")
+        raise FlashAttnValueError("q, k and v are on different devices")
     return qa, ka, va
 
 
@@ -591,7 +595,7 @@ def _window(window_size):
             return window_size
         return max(window_size[0], -1), max(window_size[1], -1)
     if len(window_size) != 2:
-        raise ValueError(f"window_size must be (left, right); got {len(window_size)} values")
+        raise FlashAttnValueError(f"window_size must be (left, right); got {len(window_size)} values")
     return max(int(window_size[0]), -1), max(int(window_size[1]), -1)
 
 
@@ -680,17 +684,19 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     library's current stream; for torch and CuPy inputs the call runs as if it were the current
     one, so that outputs and padded copies are made on it); backend= a flashattn.Backend value.
     window_size may be any pair of ints (a tuple, a list, a tensor of two, as FlashAttention-2 takes).
-    Raises ValueError/TypeError for inputs it cannot take (naming the argument), FlashAttnError for
-    anything the library refuses.
+    Raises FlashAttnValueError/FlashAttnTypeError (ValueError/TypeError, and RuntimeError as
+    FlashAttention-2's checks raise) for inputs it cannot take, naming the argument, and
+    FlashAttnError (a RuntimeError) for anything the library refuses.
     Autograd: the forward pass only. Where autograd records the call (grad mode on, and q, k or v
     requires grad) out has a grad_fn whose backward raises NotImplementedError, so that no gradient
-    is silently lost (out= is then refused: ValueError); under torch.no_grad() or
+    is silently lost (out= is then refused: FlashAttnValueError); under torch.no_grad() or
     torch.inference_mode(), or on tensors that do not require grad, out has none.
     PyTorch calls without out=, stream= or alibi_slopes reuse per-shape state (a thread-local cache),
     so their host cost is a few attribute reads, two allocations and the library call.
     """
     if dropout_p != 0.0:
-        raise ValueError(f"dropout_p={dropout_p}: libflashattn computes exact attention; dropout is not supported")
+        raise FlashAttnValueError(
+            f"dropout_p={dropout_p}: libflashattn computes exact attention; dropout is not supported")
     del deterministic  # every call is deterministic
     if stream is not None:
         scope = _stream_scope(q, stream)
@@ -709,8 +715,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
             return r
     if state is not None and _grad_recorded(state, q, k, v):
         if out is not None:
-            raise ValueError("out= takes no part in autograd, and q, k or v requires grad: call without out=, "
-                             "or under torch.no_grad()")
+            raise FlashAttnValueError("out= takes no part in autograd, and q, k or v requires grad: call without out=, "
+                                      "or under torch.no_grad()")
 
         def run():
             r = flash_attn_func(q.detach(), k.detach(), v.detach(), 0.0, softmax_scale, causal, window_size, softcap,
@@ -730,7 +736,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     if out is not None and padded == D:
         oa = _Array(out, "out")
         if oa.shape != (B, Sq, Hq, D) or oa.dtype != qa.dtype or oa.strides[-1] != 1:
-            raise ValueError(f"out must be a {(B, Sq, Hq, D)} array of q's dtype, contiguous in its last dimension")
+            raise FlashAttnValueError(
+                f"out must be a {(B, Sq, Hq, D)} array of q's dtype, contiguous in its last dimension")
         result = out
     else:
         if out is not None:
@@ -744,9 +751,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     if alibi_slopes is not None:
         slopes = _Array(alibi_slopes, "alibi_slopes")
         if slopes.dtype != "f32":
-            raise TypeError("alibi_slopes must be float32")
+            raise FlashAttnTypeError("alibi_slopes must be float32")
         if slopes.shape not in ((Hq,), (B, Hq)) or slopes.strides[-1] != 1:
-            raise ValueError(f"alibi_slopes has shape {slopes.shape}; expected ({Hq},) or ({B}, {Hq}), contiguous")
+            raise FlashAttnValueError(
+                f"alibi_slopes has shape {slopes.shape}; expected ({Hq},) or ({B}, {Hq}), contiguous")
 
     p = FwdParams.new()
     _set_params(p, qa, ka, va, oa.ptr, oa.strides, _ptr(lse) if lse is not None else None, D, padded, softmax_scale,
@@ -770,23 +778,23 @@ def _int32_array(obj, name, ndim, device):
     if mod == "torch":
         import torch
         if not obj.is_cuda or obj.dtype != torch.int32:
-            raise TypeError(f"{name} must be an int32 CUDA tensor (got {obj.dtype} on {obj.device})")
+            raise FlashAttnTypeError(f"{name} must be an int32 CUDA tensor (got {obj.dtype} on {obj.device})")
         ptr, shape, strides, dev = obj.data_ptr(), tuple(obj.shape), tuple(obj.stride()), obj.device.index
     elif hasattr(obj, "__cuda_array_interface__"):
         cai = obj.__cuda_array_interface__
         if cai["typestr"] != "<i4":
-            raise TypeError(f"{name} must be an int32 CUDA array (typestr {cai['typestr']})")
+            raise FlashAttnTypeError(f"{name} must be an int32 CUDA array (typestr {cai['typestr']})")
         ptr, shape = cai["data"][0], tuple(cai["shape"])
         strides = tuple(x // 4 for x in cai["strides"]) if cai.get("strides") else _contiguous(shape)
         dev = obj.device.id if mod == "cupy" else None
     else:
-        raise TypeError(f"{name}: {type(obj).__name__} is not an int32 CUDA array")
+        raise FlashAttnTypeError(f"{name}: {type(obj).__name__} is not an int32 CUDA array")
     if len(shape) != ndim:
-        raise ValueError(f"{name} has shape {shape}; expected {ndim} dimension(s)")
+        raise FlashAttnValueError(f"{name} has shape {shape}; expected {ndim} dimension(s)")
     if shape[-1] > 1 and strides[-1] != 1:
-        raise ValueError(f"{name} must be contiguous in its last dimension (stride {strides[-1]})")
+        raise FlashAttnValueError(f"{name} must be contiguous in its last dimension (stride {strides[-1]})")
     if device is not None and dev is not None and dev != device:
-        raise ValueError(f"{name} is on device {dev} but q is on device {device}")
+        raise FlashAttnValueError(f"{name} is on device {dev} but q is on device {device}")
     return ptr, shape, strides
 
 
@@ -794,7 +802,7 @@ def _per_sequence(obj, name, batch, device):
     """The pointer of an int32 CUDA array with one entry per sequence (_int32_array's rules)."""
     ptr, shape, _ = _int32_array(obj, name, 1, device)
     if shape[0] != batch:
-        raise ValueError(f"{name} has {shape[0]} entries; expected batch = {batch}")
+        raise FlashAttnValueError(f"{name} has {shape[0]} entries; expected batch = {batch}")
     return ptr
 
 
@@ -829,10 +837,10 @@ def _serving_fields(qa, p, out_shape, lse_shape, D, softmax_scale, causal, windo
     if alibi_slopes is not None:
         slopes = _Array(alibi_slopes, "alibi_slopes")
         if slopes.dtype != "f32":
-            raise TypeError("alibi_slopes must be float32")
+            raise FlashAttnTypeError("alibi_slopes must be float32")
         if slopes.shape not in ((p.heads_q,), (p.batch, p.heads_q)) or slopes.strides[-1] != 1:
-            raise ValueError(f"alibi_slopes has shape {slopes.shape}; expected ({p.heads_q},) or "
-                             f"({p.batch}, {p.heads_q}), contiguous")
+            raise FlashAttnValueError(f"alibi_slopes has shape {slopes.shape}; expected ({p.heads_q},) or "
+                                      f"({p.batch}, {p.heads_q}), contiguous")
         p.alibi_slopes = slopes.ptr
         p.alibi_batch_stride = slopes.strides[0] if len(slopes.shape) == 2 else 0
         keep.append(slopes)
@@ -944,20 +952,20 @@ def _padded_arrays(arrays, ndim, names=("q", "k", "v"), caches=False):
     qa, ka, va = (_Array(x, n) for x, n in zip(arrays, names))
     for a, nd in zip((qa, ka, va), ndim):
         if len(a.shape) != nd:
-            raise ValueError(f"{a.name} has shape {a.shape}; expected {nd} dimensions")
+            raise FlashAttnValueError(f"{a.name} has shape {a.shape}; expected {nd} dimensions")
         if a.dtype not in (Dtype.FLOAT16, Dtype.BFLOAT16):
-            raise TypeError(f"{a.name} must be float16 or bfloat16")
+            raise FlashAttnTypeError(f"{a.name} must be float16 or bfloat16")
         if caches and a is not qa and a.strides[-1] != 1:
-            raise ValueError(f"{a.name} must have a contiguous last dimension (stride {a.strides[-1]})")
+            raise FlashAttnValueError(f"{a.name} must have a contiguous last dimension (stride {a.strides[-1]})")
     if not (qa.dtype == ka.dtype == va.dtype):
-        raise TypeError("q, k and v must have the same dtype")
+        raise FlashAttnTypeError("q, k and v must have the same dtype")
     if ka.shape != va.shape:
-        raise ValueError(f"{ka.name} has shape {ka.shape} but {va.name} has shape {va.shape}")
+        raise FlashAttnValueError(f"{ka.name} has shape {ka.shape} but {va.name} has shape {va.shape}")
     D = qa.shape[-1]
     if ka.shape[-1] != D:
-        raise ValueError(f"{ka.name} has head dim {ka.shape[-1]} but q has {D}")
+        raise FlashAttnValueError(f"{ka.name} has head dim {ka.shape[-1]} but q has {D}")
     if len({a.device for a in (qa, ka, va) if a.device is not None}) > 1:
-        raise ValueError("q, k and v are on different devices")
+        raise FlashAttnValueError("q, k and v are on different devices")
     padded = (D + 7) // 8 * 8
     if padded != D:
         qa, ka, va = (_Array(a.lib.pad_head_dim(a, padded), a.name) for a in (qa, ka, va))
@@ -969,7 +977,7 @@ def _set_paged(p, ka, va, block_table, B, dev, keep):
     """K/V as page pools (num_pages, page_size, nheads_k, headdim) through block_table (B, max_pages)."""
     ptr, shape, strides = _int32_array(block_table, "block_table", 2, dev)
     if shape[0] != B:
-        raise ValueError(f"block_table has {shape[0]} rows; expected one per sequence ({B})")
+        raise FlashAttnValueError(f"block_table has {shape[0]} rows; expected one per sequence ({B})")
     keep.append(block_table)
     p.block_table, p.pages_per_seq = ptr, shape[1]
     p.block_table_batch_stride = strides[0] if B > 1 else max(strides[0], shape[1])
@@ -998,7 +1006,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     pass only, as flash_attn_func says (a recorded call's out has a backward that raises).
     """
     if dropout_p != 0.0:
-        raise ValueError(f"dropout_p={dropout_p}: libflashattn computes exact attention; dropout is not supported")
+        raise FlashAttnValueError(
+            f"dropout_p={dropout_p}: libflashattn computes exact attention; dropout is not supported")
     del deterministic
     if stream is not None:
         scope = _stream_scope(q, stream)
@@ -1040,8 +1049,8 @@ def _varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     ck, ck_shape, _ = _int32_array(cu_seqlens_k, "cu_seqlens_k", 1, dev)
     B = cq_shape[0] - 1
     if B < 1 or ck_shape[0] != B + 1:
-        raise ValueError(f"cu_seqlens_q has {cq_shape[0]} entries and cu_seqlens_k {ck_shape[0]}; "
-                         f"both must be batch + 1 >= 2")
+        raise FlashAttnValueError(f"cu_seqlens_q has {cq_shape[0]} entries and cu_seqlens_k {ck_shape[0]}; "
+                                  f"both must be batch + 1 >= 2")
     total_q, Hq, _ = qa.shape
     p = FwdParams.new()
     p.backend = backend
@@ -1098,13 +1107,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     an int cache_seqlens is kept as a tensor of that value).
     """
     if (k is None) != (v is None):
-        raise ValueError("pass k and v together (the new keys and their values), or neither")
+        raise FlashAttnValueError("pass k and v together (the new keys and their values), or neither")
     if (rotary_cos is None) != (rotary_sin is None):
-        raise ValueError("pass rotary_cos and rotary_sin together, or neither")
+        raise FlashAttnValueError("pass rotary_cos and rotary_sin together, or neither")
     if rotary_cos is not None and k is None:
-        raise ValueError("rotary_cos/rotary_sin rotate the appended keys: they need k and v")
+        raise FlashAttnValueError("rotary_cos/rotary_sin rotate the appended keys: they need k and v")
     if k is not None and cache_seqlens is None:
-        raise ValueError("appending k and v needs cache_seqlens (where each sequence's new keys go)")
+        raise FlashAttnValueError("appending k and v needs cache_seqlens (where each sequence's new keys go)")
     del num_splits
     if stream is not None:
         scope = _stream_scope(q, stream)
@@ -1162,9 +1171,9 @@ def _kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
     p.v_seq_stride, p.v_head_stride = va.strides[1], va.strides[2]
     if paged:
         if cache_batch_idx is not None:
-            raise ValueError("cache_batch_idx indexes a dense cache; it cannot be combined with block_table")
+            raise FlashAttnValueError("cache_batch_idx indexes a dense cache; it cannot be combined with block_table")
         if cache_leftpad is not None:
-            raise ValueError("cache_leftpad pads a dense cache; it cannot be combined with block_table")
+            raise FlashAttnValueError("cache_leftpad pads a dense cache; it cannot be combined with block_table")
         _set_paged(p, ka, va, block_table, B, dev, keep)
         p.seqlen_k = p.pages_per_seq * p.page_size
     else:
@@ -1175,7 +1184,8 @@ def _kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
             keep.append(cache_batch_idx)
         elif ka.shape[0] < B:
             # (A larger cache is fine: sequence b reads its row b, as in FlashAttention-2.)
-            raise ValueError(f"k_cache has batch {ka.shape[0]} but q has {B} (pass cache_batch_idx to index it)")
+            raise FlashAttnValueError(
+                f"k_cache has batch {ka.shape[0]} but q has {B} (pass cache_batch_idx to index it)")
         if cache_leftpad is not None:
             p.cache_leftpad = _per_sequence(cache_leftpad, "cache_leftpad", B, dev)
             keep.append(cache_leftpad)
@@ -1183,7 +1193,7 @@ def _kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
     if cache_seqlens is not None:
         if isinstance(cache_seqlens, int):
             if qa.lib is not _Torch:
-                raise TypeError("cache_seqlens as an int needs torch tensors; pass an int32 CUDA array")
+                raise FlashAttnTypeError("cache_seqlens as an int needs torch tensors; pass an int32 CUDA array")
             import torch
             cache_seqlens = torch.full((B,), cache_seqlens, dtype=torch.int32, device=qa.obj.device)
             owned.append(cache_seqlens)
@@ -1193,11 +1203,12 @@ def _kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
         na, nv = _Array(k, "k"), _Array(v, "v")
         for a in (na, nv):
             if len(a.shape) != 4 or a.shape[0] != B or a.shape[2] != ka.shape[2] or a.shape[3] != D:
-                raise ValueError(f"{a.name} has shape {a.shape}; expected ({B}, seqlen_new, {ka.shape[2]}, {D})")
+                raise FlashAttnValueError(
+                    f"{a.name} has shape {a.shape}; expected ({B}, seqlen_new, {ka.shape[2]}, {D})")
             if a.dtype != qa.dtype:
-                raise TypeError(f"{a.name} must have q's dtype")
+                raise FlashAttnTypeError(f"{a.name} must have q's dtype")
         if na.shape != nv.shape:
-            raise ValueError(f"k has shape {na.shape} but v has shape {nv.shape}")
+            raise FlashAttnValueError(f"k has shape {na.shape} but v has shape {nv.shape}")
         if padded != D:
             na, nv = (_Array(a.lib.pad_head_dim(a, padded), a.name) for a in (na, nv))
         na, nv = _last_contiguous(na), _last_contiguous(nv)
@@ -1209,13 +1220,14 @@ def _kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
         ca, sa = _Array(rotary_cos, "rotary_cos"), _Array(rotary_sin, "rotary_sin")
         for a in (ca, sa):
             if a.dtype != qa.dtype or len(a.shape) != 2 or a.strides != _contiguous(a.shape):
-                raise ValueError(f"{a.name} must be a contiguous (seqlen_ro, rotary_dim / 2) array of q's dtype "
-                                 f"(got shape {a.shape}, strides {a.strides})")
+                raise FlashAttnValueError(
+                    f"{a.name} must be a contiguous (seqlen_ro, rotary_dim / 2) array of q's dtype "
+                    f"(got shape {a.shape}, strides {a.strides})")
         if ca.shape != sa.shape:
-            raise ValueError(f"rotary_cos has shape {ca.shape} but rotary_sin has shape {sa.shape}")
+            raise FlashAttnValueError(f"rotary_cos has shape {ca.shape} but rotary_sin has shape {sa.shape}")
         if ca.shape[0] < p.seqlen_k:  # (FlashAttention-2's check: a row for every position the cache holds)
-            raise ValueError(f"rotary_cos has {ca.shape[0]} rows; it needs one for each of the cache's "
-                             f"{p.seqlen_k} positions (seqlen_ro >= seqlen_k, as in FlashAttention-2)")
+            raise FlashAttnValueError(f"rotary_cos has {ca.shape[0]} rows; it needs one for each of the cache's "
+                                      f"{p.seqlen_k} positions (seqlen_ro >= seqlen_k, as in FlashAttention-2)")
         keep += [ca, sa]
         p.rotary_cos, p.rotary_sin = ca.ptr, sa.ptr
         p.seqlen_ro, p.rotary_dim = ca.shape[0], 2 * ca.shape[1]
@@ -1241,9 +1253,9 @@ def _unpack(x, name, axis, count, ndim, layout):
     """The `count` views x[..., i, ...] (index i on `axis`) of a packed q/k/v tensor: no copy."""
     a = _Array(x, name)
     if len(a.shape) != ndim or a.shape[axis] != count:
-        raise ValueError(f"{name} has shape {a.shape}; expected {layout}")
+        raise FlashAttnValueError(f"{name} has shape {a.shape}; expected {layout}")
     if not hasattr(x, "__getitem__"):
-        raise TypeError(f"{name} must be a torch tensor or a CuPy array (packed inputs are split by indexing)")
+        raise FlashAttnTypeError(f"{name} must be a torch tensor or a CuPy array (packed inputs are split by indexing)")
     lead = (slice(None),) * axis
     return [x[lead + (i,)] for i in range(count)]
 
@@ -1313,10 +1325,10 @@ def merge_attn_states(outs, lses, *, lse_base2=False, stream=None):
     oa, la = _Array(outs, "outs"), _Array(lses, "lses")
     varlen = len(oa.shape) == 4
     if len(oa.shape) not in (4, 5):
-        raise ValueError(f"outs has shape {oa.shape}; expected (S, batch, seqlen, nheads, headdim) or "
-                         f"(S, total, nheads, headdim)")
+        raise FlashAttnValueError(f"outs has shape {oa.shape}; expected (S, batch, seqlen, nheads, headdim) or "
+                                  f"(S, total, nheads, headdim)")
     if la.dtype != "f32":
-        raise TypeError("lses must be float32")
+        raise FlashAttnTypeError("lses must be float32")
     S, D = oa.shape[0], oa.shape[-1]
     if varlen:
         _, T, H, _ = oa.shape
@@ -1330,9 +1342,9 @@ def merge_attn_states(outs, lses, *, lse_base2=False, stream=None):
         o_st = tuple(oa.strides[:4])
         l_st = tuple(la.strides) if la.shape == want_lse else None
     if l_st is None:
-        raise ValueError(f"lses has shape {la.shape}; expected {want_lse} for outs of shape {oa.shape}")
+        raise FlashAttnValueError(f"lses has shape {la.shape}; expected {want_lse} for outs of shape {oa.shape}")
     if oa.strides[-1] != 1:
-        raise ValueError(f"outs must be contiguous in its last dimension (stride {oa.strides[-1]})")
+        raise FlashAttnValueError(f"outs must be contiguous in its last dimension (stride {oa.strides[-1]})")
     dtypes = {Dtype.FLOAT16: Dtype.FLOAT16, Dtype.BFLOAT16: Dtype.BFLOAT16, "f32": Dtype.FLOAT32}
     out = _empty(oa, oa.shape[1:], "same")
     lse = _empty(oa, want_lse[1:], "f32")

@@ -119,6 +119,24 @@ def test_non_cuda_inputs_are_refused():
         flashattn.flash_attn_func([1.0], [1.0], [1.0])
 
 
+def test_refused_arguments_are_runtime_errors_too_as_flashattention2s_are():
+    # FlashAttention-2 reports bad arguments from its C++ checks as RuntimeError; ours are
+    # ValueError or TypeError and RuntimeError at once, so either except clause catches them.
+    calls = [
+        (flashattn.FlashAttnValueError, ValueError, lambda: flashattn.flash_attn_func(None, None, None, dropout_p=0.1)),
+        (flashattn.FlashAttnTypeError, TypeError, lambda: flashattn.flash_attn_func([1.0], [1.0], [1.0])),
+        (flashattn.FlashAttnValueError, ValueError,
+         lambda: flashattn.flash_attn_varlen_func(None, None, None, None, None, 1, 1, dropout_p=0.5)),
+        (flashattn.FlashAttnValueError, ValueError,
+         lambda: flashattn.flash_attn_with_kvcache(None, None, None, rotary_cos=object())),
+    ]
+    for cls, base, call in calls:
+        with pytest.raises(RuntimeError) as e:
+            call()
+        assert type(e.value) is cls, repr(e.value)
+        assert isinstance(e.value, base) and not isinstance(e.value, flashattn.FlashAttnError)
+
+
 def test_version_mismatch_is_refused(monkeypatch):
     monkeypatch.setattr(_lib, "EXPECTED_VERSION", (9, 9, 0))
     with pytest.raises(ImportError, match=f"version {flashattn.__version__}; this package needs 9.x with x >= 9"):
