@@ -373,14 +373,13 @@ def _empty(like, shape, dtype):
     return like.lib.empty(like, shape, dtype)
 
 
-def _no_probs(out):
-    """The third element of a return_attn_probs result: FlashAttention-2 returns an empty (0,) tensor of
-    the output's dtype and device for S_dmask when dropout_p is 0 (the only dropout taken here)."""
-    if hasattr(out, "new_empty"):
-        return out.new_empty(0)
-    import cupy
-    with cupy.cuda.Device(out.device.id):
-        return cupy.empty((0,), dtype=out.dtype)
+def _no_probs(q):
+    """The third element of a return_attn_probs result: FlashAttention-2 returns an empty (0,) tensor
+    made with q's options (dtype and device) for S_dmask when dropout_p is 0 (the only dropout taken
+    here). From q's array library, whatever an out= argument is."""
+    if hasattr(q, "new_empty"):  # torch, without building an _Array on the cached path
+        return q.new_empty(0)
+    return _empty(_Array(q, "q"), (0,), "same")
 
 
 def _ptr(x):
@@ -508,7 +507,7 @@ def _fast_call(state, q, k, v, softmax_scale, causal, window_size, softcap, retu
         lse = q.new_empty(e.lse_shape, dtype=state[0].float32)
         p.lse = lse.data_ptr()
     _enqueue(state, q, dev, e)
-    return (o, lse, _no_probs(o)) if return_lse else o
+    return (o, lse, _no_probs(q)) if return_lse else o
 
 
 def _enqueue(state, q, dev, e):
@@ -660,7 +659,7 @@ def _without_backward(state, name, run, q, k, v, return_lse):
 
         _forward_only_fn = ForwardOnly
     r = _forward_only_fn.apply(name, run, return_lse, q, k, v)
-    return (r[0], r[1], _no_probs(r[0])) if return_lse else r
+    return (r[0], r[1], _no_probs(q)) if return_lse else r
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
@@ -679,7 +678,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     alibi_slopes: fp32 (nheads,) or (batch, nheads). deterministic: always true.
     Returns out (batch, seqlen_q, nheads, headdim); with return_attn_probs, (out, softmax_lse
     (batch, nheads, seqlen_q) fp32, S_dmask): the probabilities are never materialised, and S_dmask
-    is an empty (0,) array of out's dtype and device, as FlashAttention-2 returns it without dropout.
+    is an empty (0,) array of q's dtype and device, as FlashAttention-2 returns it without dropout.
     Extensions: out= writes into a given array; stream= an int cudaStream_t (default: the input
     library's current stream; for torch and CuPy inputs the call runs as if it were the current
     one, so that outputs and padded copies are made on it); backend= a flashattn.Backend value.
@@ -765,7 +764,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
         if write_into is not None:
             write_into[...] = result
             result = write_into
-    return (result, lse, _no_probs(result)) if return_attn_probs else result
+    return (result, lse, _no_probs(q)) if return_attn_probs else result
 
 
 # ---- serving calls: ragged batches, paged and indexed KV caches ---------------------------------------
@@ -1034,7 +1033,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                           (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_size, softcap, backend), build,
                           return_attn_probs)
     out, lse = r if r is not None else _serving_run(build(), return_attn_probs, stream)
-    return (out, lse, _no_probs(out)) if return_attn_probs else out
+    return (out, lse, _no_probs(q)) if return_attn_probs else out
 
 
 def _varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_size,

@@ -249,6 +249,17 @@ class OnlyDlpack:
         return self.t.__dlpack_device__()
 
 
+def test_return_attn_probs_follows_q_when_out_is_another_kind_of_array():
+    # S_dmask is made with q's options (FlashAttention-2's), not from out=, which may be any CUDA array.
+    q, k, v = rand(1, 64, 2, 64), rand(1, 80, 2, 64), rand(1, 80, 2, 64)
+    out = torch.full_like(q, float("nan"))
+    r = flashattn.flash_attn_func(q, k, v, out=OnlyDlpack(out), return_attn_probs=True)
+    assert isinstance(r[0], OnlyDlpack) and torch.is_tensor(r[1]) and torch.is_tensor(r[2])
+    assert r[2].shape == (0,) and r[2].dtype == q.dtype and r[2].device == q.device
+    want = flashattn.flash_attn_func(q, k, v)
+    assert torch.equal(out, want)
+
+
 def test_dlpack_inputs_with_out():
     q, k, v = rand(1, 64, 2, 64), rand(1, 80, 2, 64), rand(1, 80, 2, 64)
     out = torch.empty_like(q)
