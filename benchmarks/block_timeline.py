@@ -1,0 +1,104 @@
+"""Block timelines of a batch-1 decode (1 x 32/8 heads, 8k keys, head dim 128, bf16): each FUSED_SM90
+block's %globaltimer at its entry, after griddepcontrol.wait, when its consumer sees K_0 land, K_1 and
+V_0, the last V, and at its end (after the split's partial stores), for the dense call under four
+states of the L2 (a 512 MB fill before the call; a 512 MB read; a fill and then a touch of one element
+per 64 KB of K and V, for the pages' translations; warm, a sleep kernel) and for a cache and shuffled
+pages of 256 and 16 keys after a fill. Stamp kernels just before the call's start event and just
+after its end event place the blocks within the call (meaningful while the GPU runs behind the host:
+the 512 MB fill before each call keeps it so, and a run whose stamp gaps read tens of microseconds was
+not).
+
+The recording lives in a patch, not in the library: apply benchmarks/block_timeline.patch to a copy of
+the tree and build it with the FA_DIAG_TL macro; the kernels then write to the buffer whose device
+address FA_DIAG_TL_PTR holds (this script sets it before the library's first launch):
+
+    cp -r . /tmp/tl && cd /tmp/tl && patch -p1 < benchmarks/block_timeline.patch
+    cmake -S . -B b -G Ninja -DFLASHATTN_HEAD_DIMS=128 -DCMAKE_CUDA_ARCHITECTURES=90a \
+        -DCMAKE_CUDA_FLAGS=-DFA_DIAG_TL -DFLASHATTN_BUILD_TESTS=OFF -DFLASHATTN_BUILD_BENCHMARKS=OFF
+    cmake --build b --target flashattn
+    FLASHATTN_LIBRARY=b/libflashattn.so PYTHONPATH=python OUT=/tmp python3 benchmarks/block_timeline.py
+
+Prints one line per case (medians over REPS calls, default 30, of the blocks' medians; ns from the
+earliest block's start) and writes every block's stamps to $OUT/timelines$TAG.npz (calls x blocks x 8:
+entry, after the wait, K_0, K_1 + V_0, last V, end, unused, SM). Needs PyTorch and CuPy.
+"""
+import os, sys
+import numpy as np
+import torch
+import cupy as cp
+buf = torch.zeros(4096 * 8, dtype=torch.int64, device="cuda")
+os.environ["FA_DIAG_TL_PTR"] = hex(buf.data_ptr())
+import flashattn
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from l2_states import paged_call
+
+stamp_src = r'''extern "C" __global__ void stamp(unsigned long long *o, int i) {
+  unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); o[i] = t; }'''
+stamp_k = cp.RawKernel(stamp_src, "stamp")
+sbuf = torch.zeros(8, dtype=torch.int64, device="cuda")
+sptr = cp.from_dlpack(sbuf)
+def stamp(i):
+    with cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+        stamp_k((1,), (1,), (sptr, np.int32(i)))
+
+tag = os.environ.get("TAG", "")
+out = os.environ.get("OUT", "/tmp")
+torch.manual_seed(0)
+fill = torch.empty(512 * 2**20, dtype=torch.uint8, device="cuda")
+acc = torch.empty((), dtype=torch.int64, device="cuda")
+sk = 8192
+q = torch.randn(1, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+k = torch.randn(1, sk, 8, 128, device="cuda", dtype=torch.bfloat16)
+v = torch.randn_like(k)
+lens = torch.full((1,), sk, dtype=torch.int32, device="cuda")
+def touch():  # fill, then one element per 64 KB of K and V (their pages' translations, ~0.1% of the bytes)
+    fill.fill_(3)
+    torch.sum(k.view(-1)[::32768].float()); torch.sum(v.view(-1)[::32768].float())
+befores = {"fill": lambda: fill.fill_(1), "read": lambda: torch.sum(fill.view(torch.int64), dim=0, out=acc),
+           "tlb": touch, "warm": lambda: torch.cuda._sleep(200000)}
+dense = lambda: flashattn.flash_attn_func(q, k, v)
+cases = [("dense", "fill", dense), ("dense", "read", dense), ("dense", "tlb", dense), ("dense", "warm", dense),
+         ("cache", "fill", lambda: flashattn.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens)),
+         ("pages256", "fill", paged_call(q, k, v, 256)), ("pages16", "fill", paged_call(q, k, v, 16)),
+         ("stamps", "fill", None)]
+reps = int(os.environ.get("REPS", "30"))
+saved = {}
+for name, state, fn in cases:
+    before = befores[state]
+    for _ in range(3):
+        if fn: fn()
+    rows, evt, gaps = [], [], []
+    for r in range(reps):
+        before()
+        buf.zero_()
+        stamp(0)
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        if fn: fn()
+        e1.record()
+        stamp(1)
+        torch.cuda.synchronize()
+        evt.append(e0.elapsed_time(e1) * 1000)
+        s = sbuf.cpu().numpy()
+        a = buf.view(4096, 8).cpu().numpy()
+        n = int((a[:, 0] != 0).sum())
+        if n:
+            rows.append(a[:n].copy())
+            gaps.append([a[:n, 0].min() - s[0], s[1] - a[:n, 5].max(), s[1] - s[0]])
+        else:
+            gaps.append([0, 0, s[1] - s[0]])
+    g = np.median(np.array(gaps, dtype=np.float64), axis=0)
+    if not rows:
+        print(f"{tag} stamps alone: stamp to stamp {g[2]:.0f} ns, event {np.median(evt):.2f} us")
+        continue
+    saved[f"{name}_{state}"] = np.stack(rows)
+    st = []
+    for a in rows:
+        t0 = a[:, 1].min()
+        rel = a[:, :6].astype(np.float64) - t0
+        end = rel[:, 5]
+        st.append([np.median(rel[:, 2]), np.median(rel[:, 3]), np.median(rel[:, 4]), np.median(end), end.max(), end.max() - np.median(end)])
+    m = np.median(np.array(st), axis=0)
+    print(f"{tag} {name:8s} {state:4s} event {np.median(evt):5.2f} us | stamp->first block {g[0]:.0f} | K0 {m[0]:.0f} K1V0 {m[1]:.0f} "
+          f"lastV {m[2]:.0f} end med {m[3]:.0f} max {m[4]:.0f} (tail {m[5]:.0f}) | last end->stamp {g[1]:.0f} | stamp to stamp {g[2]:.0f} ns")
+np.savez_compressed(f"{out}/timelines{tag}.npz", **saved)
