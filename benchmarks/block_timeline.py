@@ -10,7 +10,8 @@ not).
 
 The recording lives in a patch, not in the library: apply benchmarks/block_timeline.patch to a copy of
 the tree and build it with the FA_DIAG_TL macro; the kernels then write to the buffer whose device
-address FA_DIAG_TL_PTR holds (this script sets it before the library's first launch):
+address FA_DIAG_TL_PTR holds (this script sets it before the library's first launch), and the split
+merge's blocks their entry, release (griddepcontrol.wait) and end after them:
 
     cp -r . /tmp/tl && cd /tmp/tl && patch -p1 < benchmarks/block_timeline.patch
     cmake -S . -B b -G Ninja -DFLASHATTN_HEAD_DIMS=128 -DCMAKE_CUDA_ARCHITECTURES=90a \
@@ -26,7 +27,7 @@ import os, sys
 import numpy as np
 import torch
 import cupy as cp
-buf = torch.zeros(4096 * 8, dtype=torch.int64, device="cuda")
+buf = torch.zeros(2 * 4096 * 8, dtype=torch.int64, device="cuda")
 os.environ["FA_DIAG_TL_PTR"] = hex(buf.data_ptr())
 import flashattn
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -67,7 +68,7 @@ for name, state, fn in cases:
     before = befores[state]
     for _ in range(3):
         if fn: fn()
-    rows, evt, gaps = [], [], []
+    rows, evt, gaps, merges = [], [], [], []
     for r in range(reps):
         before()
         buf.zero_()
@@ -80,11 +81,13 @@ for name, state, fn in cases:
         torch.cuda.synchronize()
         evt.append(e0.elapsed_time(e1) * 1000)
         s = sbuf.cpu().numpy()
-        a = buf.view(4096, 8).cpu().numpy()
-        n = int((a[:, 0] != 0).sum())
+        a, mg = buf.view(2, 4096, 8).cpu().numpy()
+        n, nm = int((a[:, 0] != 0).sum()), int((mg[:, 0] != 0).sum())
         if n:
             rows.append(a[:n].copy())
             gaps.append([a[:n, 0].min() - s[0], s[1] - a[:n, 5].max(), s[1] - s[0]])
+            if nm:  # the merge's blocks: first entry after the first attention block's; release and end after the last one's end
+                merges.append([mg[:nm, 0].min() - a[:n, 1].min(), mg[:nm, 1].max() - a[:n, 5].max(), mg[:nm, 5].max() - a[:n, 5].max(), nm])
         else:
             gaps.append([0, 0, s[1] - s[0]])
     g = np.median(np.array(gaps, dtype=np.float64), axis=0)
@@ -101,4 +104,8 @@ for name, state, fn in cases:
     m = np.median(np.array(st), axis=0)
     print(f"{tag} {name:8s} {state:4s} event {np.median(evt):5.2f} us | stamp->first block {g[0]:.0f} | K0 {m[0]:.0f} K1V0 {m[1]:.0f} "
           f"lastV {m[2]:.0f} end med {m[3]:.0f} max {m[4]:.0f} (tail {m[5]:.0f}) | last end->stamp {g[1]:.0f} | stamp to stamp {g[2]:.0f} ns")
+    if merges:
+        mm = np.median(np.array(merges, dtype=np.float64), axis=0)
+        print(f"{tag} {name:8s} {state:4s} merge ({mm[3]:.0f} blocks): entered {mm[0]:.0f} after the first attention block's start; "
+              f"released {mm[1]:.0f} and done {mm[2]:.0f} after the last attention block's end")
 np.savez_compressed(f"{out}/timelines{tag}.npz", **saved)
