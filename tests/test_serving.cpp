@@ -527,9 +527,8 @@ TEST_F(Serving, PagedKvFullWidthBoxes) {
         s.sq = std::vector<int64_t>(8, 400), s.sk = {400, 400, 700, 400, 33, 400, 1000, 400};
         run_and_check(h, s, st, -1, "tma_full");
     }
-    // A decode over the same pages of 32 with its keys split is gathered instead (a split's blocks
-    // read a tile or two each, and the gather shortens the first: fa_sm90_gathers_pages), so the
-    // boxes are not used there.
+    // The split decode over pages of 32 (fa_sm90_gathers_pages: a split's first tile arrives
+    // sooner gathered).
     Spec dec;
     dec.d = 128, dec.page_size = 32, dec.kv = kPagedSeqused, dec.hq = 8, dec.hkv = 2, dec.packed_q = false;
     dec.cap_k = 4200, dec.sq = {1, 1, 1}, dec.sk = {4100, 31, 2000};

@@ -1000,9 +1000,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     causal is bottom-right within each sequence. Returns out (total_q, nheads, headdim); with
     return_attn_probs, (out, softmax_lse (nheads, total_q) fp32, an empty (0,) array as
     flash_attn_func's). Rows past cu_seqlens_q[-1] are not written (out is torch.empty-like there).
-    Nothing on this path reads device memory on the host or synchronises: it can be captured in a CUDA graph. PyTorch calls without stream=
-    reuse per-structure state (a thread-local cache), as flash_attn_func's do. Autograd: the forward
-    pass only, as flash_attn_func says (a recorded call's out has a backward that raises).
+    Nothing on this path reads device memory on the host or synchronises: it can be captured in a
+    CUDA graph. PyTorch calls without stream= reuse per-structure state (a thread-local cache), as
+    flash_attn_func's do. Autograd: the forward pass only, as flash_attn_func says (a recorded
+    call's out has a backward that raises).
     """
     if dropout_p != 0.0:
         raise FlashAttnValueError(
