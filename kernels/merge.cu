@@ -110,53 +110,70 @@ template <int kVec> struct merge_item {
     }
 };
 
+/* Where item idx's row reads and writes, before any data: its parts' first LSE and O elements, and
+ * (unpacked output) its output row. Pure arithmetic from the arguments, so the first item's is done
+ * before the wait; a packed output row needs out_rows, read after it. */
+template <int kIn, int kOut, int kVec> struct merge_addr {
+    const float *lse_row;
+    const typename io<kIn>::T *o_el;
+    int64_t b, s;
+    int h, d;
+    __device__ __forceinline__ merge_addr(const fa_merge_args &a, int64_t idx, int chunks, bool narrow) {
+        const merge_item<kVec> it(a, idx, chunks, narrow);
+        b = it.b, s = it.row_s, h = it.h, d = it.d;
+        lse_row = a.lse_parts + b * a.lse_batch_stride + h * a.lse_head_stride + s * a.lse_seq_stride;
+        o_el = (const typename io<kIn>::T *)a.o_parts + b * a.o_batch_stride + s * a.o_seq_stride +
+               h * a.o_head_stride + d;
+    }
+};
+
 template <int kIn, int kOut, bool kBase2, int kVec>
 __global__ void __launch_bounds__(kMergeThreads) merge_parts(const __grid_constant__ fa_merge_args a) {
     using In = vec_io<kIn, kVec>;
     using Out = vec_io<kOut, kVec>;
+    using TI = typename io<kIn>::T;
     const int chunks = a.head_dim / kVec;
     const int64_t total = (int64_t)a.batch * a.heads * a.seqlen * chunks;
     const bool narrow = total <= INT32_MAX;
     int64_t idx = (int64_t)blockIdx.x * kMergeThreads + threadIdx.x;
-    merge_item<kVec> it(a, idx < total ? idx : 0, chunks, narrow);
+    merge_addr<kIn, kOut, kVec> r(a, idx < total ? idx : 0, chunks, narrow);
+    /* The part strides and count in registers before the wait, beside the first item's addresses:
+     * what runs after it is the loads and the arithmetic on them. */
+    int64_t ls = a.lse_part_stride, os = a.o_part_stride;
+    int n = a.num_parts;
+    asm volatile("" : "+l"(ls), "+l"(os), "+r"(n));
     wait_prerequisites();
     for (bool first = true; idx < total; idx += (int64_t)gridDim.x * kMergeThreads, first = false) {
-        if (!first) it = merge_item<kVec>(a, idx, chunks, narrow);
-        const int d = it.d, h = it.h, s = (int)it.row_s;
-        const int64_t b = it.b;
-        int64_t out_row = s, out_b = b; /* where the row goes: [b][s], or packed row out_rows[b] + s */
+        if (!first) r = merge_addr<kIn, kOut, kVec>(a, idx, chunks, narrow);
+        int64_t out_row = r.s, out_b = r.b; /* where the row goes: [b][s], or packed row out_rows[b] + s */
         if (a.out_rows != nullptr) {
-            const int64_t r0 = clamp64(a.out_rows[b], 0, a.total_rows);
-            if (s >= clamp64((int64_t)a.out_rows[b + 1] - r0, 0, a.total_rows - r0)) continue;
-            out_row = r0 + s, out_b = 0;
+            const int64_t r0 = clamp64(a.out_rows[r.b], 0, a.total_rows);
+            if (r.s >= clamp64((int64_t)a.out_rows[r.b + 1] - r0, 0, a.total_rows - r0)) continue;
+            out_row = r0 + r.s, out_b = 0;
         }
-        const float *lse_row = a.lse_parts + b * a.lse_batch_stride + h * a.lse_head_stride + s * a.lse_seq_stride;
-        const typename io<kIn>::T *o_el = (const typename io<kIn>::T *)a.o_parts + b * a.o_batch_stride +
-                                          s * a.o_seq_stride + h * a.o_head_stride + d;
-        typename io<kOut>::T *out = (typename io<kOut>::T *)a.o + out_b * a.out_batch_stride +
-                                    out_row * a.out_seq_stride + h * a.out_head_stride + d;
-        float *lse_out = (a.lse && d == 0) ? a.lse + out_b * a.lse_out_batch_stride + h * a.lse_out_head_stride +
-                                                 out_row * a.lse_out_seq_stride
-                                           : nullptr;
 
-        /* Per group of parts: its largest finite LSE first (a tree), then every part's weight
-         * relative to the running max m at once, no weight waiting on the last; the sum of the
-         * weights and the weighted O added in part order. A group raising m rescales what is summed
-         * so far. An infinite LSE is an empty part (its O, loaded, is never used: it may be NaN);
-         * a NaN one makes the row NaN. */
+        /* Per group of parts: every load first, each part's address the last one's plus the part
+         * stride (the loop's code stays short: run once per block, its instructions are fetched
+         * cold); then its largest finite LSE (a tree), every part's weight relative to the running
+         * max m at once, no weight waiting on the last, and the sum of the weights and the weighted
+         * O added in part order. A group raising m rescales what is summed so far. An infinite LSE
+         * is an empty part (its O, loaded, is never used: it may be NaN); a NaN one makes the row
+         * NaN. */
+        const float *lp = r.lse_row;
+        const TI *op = r.o_el;
         float m = -INFINITY, sum = 0.0f, acc[kVec];
 #pragma unroll
         for (int v = 0; v < kVec; ++v) acc[v] = 0.0f;
         bool nan = false;
-        for (int i0 = 0; i0 < a.num_parts; i0 += kGroup) {
+        for (int i0 = 0; i0 < n; i0 += kGroup) {
             float l[kGroup], x[kGroup][kVec];
 #pragma unroll
-            for (int u = 0; u < kGroup; ++u) { /* every load of the group first (past the last part: none) */
-                const int i = i0 + u;
+            for (int u = 0; u < kGroup; ++u) { /* (past the last part: no load, an empty part) */
                 l[u] = -INFINITY;
-                if (i < a.num_parts) {
-                    l[u] = lse_row[i * a.lse_part_stride];
-                    In::load(o_el + i * a.o_part_stride, x[u]);
+                if (i0 + u < n) {
+                    l[u] = *lp;
+                    In::load(op, x[u]);
+                    lp += ls, op += os;
                 }
             }
             bool live[kGroup];
@@ -187,6 +204,11 @@ __global__ void __launch_bounds__(kMergeThreads) merge_parts(const __grid_consta
                 for (int v = 0; v < kVec; ++v) acc[v] = live[u] ? fmaf(w, x[u][v], acc[v]) : acc[v];
             }
         }
+        typename io<kOut>::T *out = (typename io<kOut>::T *)a.o + out_b * a.out_batch_stride +
+                                    out_row * a.out_seq_stride + r.h * a.out_head_stride + r.d;
+        float *lse_out = (a.lse && r.d == 0) ? a.lse + out_b * a.lse_out_batch_stride + r.h * a.lse_out_head_stride +
+                                                   out_row * a.lse_out_seq_stride
+                                             : nullptr;
         float res[kVec];
         if (nan || m == -INFINITY) { /* NaN in, NaN out; no contributing part: O = 0, LSE = -inf */
 #pragma unroll
