@@ -153,12 +153,12 @@ __global__ void __launch_bounds__(kMergeThreads) merge_parts(const __grid_consta
         }
 
         /* Per group of parts: every load first, each part's address the last one's plus the part
-         * stride (the loop's code stays short: run once per block, its instructions are fetched
-         * cold); then its largest finite LSE (a tree), every part's weight relative to the running
-         * max m at once, no weight waiting on the last, and the sum of the weights and the weighted
-         * O added in part order. A group raising m rescales what is summed so far. An infinite LSE
-         * is an empty part (its O, loaded, is never used: it may be NaN); a NaN one makes the row
-         * NaN. */
+         * stride (after a split decode every instruction between the wait and the last load is on
+         * the call's critical path, run once, fetched cold: docs/performance.md v74); then its
+         * largest finite LSE (a tree), every part's weight relative to the running max m at once,
+         * no weight waiting on the last, and the sum of the weights and the weighted O added in
+         * part order. A group raising m rescales what is summed so far. An infinite LSE is an
+         * empty part (its O, loaded, is never used: it may be NaN); a NaN one makes the row NaN. */
         const float *lp = r.lse_row;
         const TI *op = r.o_el;
         float m = -INFINITY, sum = 0.0f, acc[kVec];
