@@ -403,8 +403,29 @@ def _set_params(p, qa, ka, va, o_ptr, o_strides, lse_ptr, D, padded, softmax_sca
     p.mask = Mask.CAUSAL_BOTTOM_RIGHT if causal else Mask.NONE
     p.window_left, p.window_right = _window(window_size)
     if slopes is not None:
-        p.alibi_slopes = slopes.ptr
-        p.alibi_batch_stride = slopes.strides[0] if len(slopes.shape) == 2 else 0
+        _set_alibi(p, slopes)
+
+
+def _refuse_dropout(dropout_p):
+    if dropout_p != 0.0:
+        raise FlashAttnValueError(
+            f"dropout_p={dropout_p}: libflashattn computes exact attention; dropout is not supported")
+
+
+def _alibi_array(alibi_slopes, batch, heads):
+    """alibi_slopes as FlashAttention-2 takes them: float32, (heads,) or (batch, heads), contiguous."""
+    slopes = _Array(alibi_slopes, "alibi_slopes")
+    if slopes.dtype != "f32":
+        raise FlashAttnTypeError("alibi_slopes must be float32")
+    if slopes.shape not in ((heads,), (batch, heads)) or slopes.strides[-1] != 1:
+        raise FlashAttnValueError(
+            f"alibi_slopes has shape {slopes.shape}; expected ({heads},) or ({batch}, {heads}), contiguous")
+    return slopes
+
+
+def _set_alibi(p, slopes):
+    p.alibi_slopes = slopes.ptr
+    p.alibi_batch_stride = slopes.strides[0] if len(slopes.shape) == 2 else 0
 
 
 def _check_qkv(q, k, v):
@@ -693,9 +714,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     PyTorch calls without out=, stream= or alibi_slopes reuse per-shape state (a thread-local cache),
     so their host cost is a few attribute reads, two allocations and the library call.
     """
-    if dropout_p != 0.0:
-        raise FlashAttnValueError(
-            f"dropout_p={dropout_p}: libflashattn computes exact attention; dropout is not supported")
+    _refuse_dropout(dropout_p)
     del deterministic  # every call is deterministic
     if stream is not None:
         scope = _stream_scope(q, stream)
@@ -746,14 +765,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     lse = None
     if return_attn_probs:
         lse = _empty(qa, (B, Hq, Sq), "f32")
-    slopes = None
-    if alibi_slopes is not None:
-        slopes = _Array(alibi_slopes, "alibi_slopes")
-        if slopes.dtype != "f32":
-            raise FlashAttnTypeError("alibi_slopes must be float32")
-        if slopes.shape not in ((Hq,), (B, Hq)) or slopes.strides[-1] != 1:
-            raise FlashAttnValueError(
-                f"alibi_slopes has shape {slopes.shape}; expected ({Hq},) or ({B}, {Hq}), contiguous")
+    slopes = _alibi_array(alibi_slopes, B, Hq) if alibi_slopes is not None else None
 
     p = FwdParams.new()
     _set_params(p, qa, ka, va, oa.ptr, oa.strides, _ptr(lse) if lse is not None else None, D, padded, softmax_scale,
@@ -834,14 +846,8 @@ def _serving_fields(qa, p, out_shape, lse_shape, D, softmax_scale, causal, windo
     p.mask = Mask.CAUSAL_BOTTOM_RIGHT if causal else Mask.NONE
     p.window_left, p.window_right = _window(window_size)
     if alibi_slopes is not None:
-        slopes = _Array(alibi_slopes, "alibi_slopes")
-        if slopes.dtype != "f32":
-            raise FlashAttnTypeError("alibi_slopes must be float32")
-        if slopes.shape not in ((p.heads_q,), (p.batch, p.heads_q)) or slopes.strides[-1] != 1:
-            raise FlashAttnValueError(f"alibi_slopes has shape {slopes.shape}; expected ({p.heads_q},) or "
-                                      f"({p.batch}, {p.heads_q}), contiguous")
-        p.alibi_slopes = slopes.ptr
-        p.alibi_batch_stride = slopes.strides[0] if len(slopes.shape) == 2 else 0
+        slopes = _alibi_array(alibi_slopes, p.batch, p.heads_q)
+        _set_alibi(p, slopes)
         keep.append(slopes)
     return _ServingCall(p, qa, out_shape, lse_shape, D, keep, owned)
 
@@ -1005,9 +1011,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     flash_attn_func's do. Autograd: the forward pass only, as flash_attn_func says (a recorded
     call's out has a backward that raises).
     """
-    if dropout_p != 0.0:
-        raise FlashAttnValueError(
-            f"dropout_p={dropout_p}: libflashattn computes exact attention; dropout is not supported")
+    _refuse_dropout(dropout_p)
     del deterministic
     if stream is not None:
         scope = _stream_scope(q, stream)

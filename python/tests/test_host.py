@@ -275,7 +275,7 @@ def copying_arrays(monkeypatch):
         {f: getattr(p, f) for f in ("q", "q_seq_stride", "q_head_stride", "k", "k_seq_stride", "k_head_stride",
                                     "v", "v_seq_stride", "k_new", "k_new_seq_stride", "k_new_head_stride",
                                     "softmax_scale", "softcap", "window_left", "window_right",
-                                    "rotary_q_at_cache_len")}))
+                                    "rotary_q_at_cache_len", "alibi_slopes", "alibi_batch_stride")}))
     return made, runs
 
 
@@ -305,6 +305,37 @@ def test_scale_softcap_and_window_are_taken_as_flashattention2_takes_them(copyin
                                       softmax_scale=0.0, window_size=(-3, -3))
     assert runs[-1]["softmax_scale"] == pytest.approx(api._ZERO_SCALE)
     assert (runs[-1]["window_left"], runs[-1]["window_right"]) == (-1, -1)
+
+
+def test_alibi_slopes_are_taken_and_refused_alike_by_the_three_functions(copying_arrays):
+    """alibi_slopes as FlashAttention-2 takes them: float32, (nheads,) or (batch, nheads), contiguous;
+    a (batch, nheads) array's rows are alibi_batch_stride elements apart, a (nheads,) one is shared
+    (stride 0). Anything else is refused by name before any device work, by each function alike."""
+    _, runs = copying_arrays
+    calls = {
+        "func": lambda **kw: flashattn.flash_attn_func(FakeCuda((2, 16, 4, 64)), FakeCuda((2, 16, 2, 64)),
+                                                       FakeCuda((2, 16, 2, 64)), **kw),
+        "varlen": lambda **kw: flashattn.flash_attn_varlen_func(
+            FakeCuda((10, 4, 64)), FakeCuda((12, 2, 64)), FakeCuda((12, 2, 64)), FakeCuda((3,), "<i4"),
+            FakeCuda((3,), "<i4"), 8, 8, **kw),
+        "kvcache": lambda **kw: flashattn.flash_attn_with_kvcache(FakeCuda((2, 1, 4, 64)), FakeCuda((2, 9, 2, 64)),
+                                                                  FakeCuda((2, 9, 2, 64)), **kw),
+    }
+    for name, call in calls.items():
+        call(alibi_slopes=FakeCuda((2, 4), "<f4", ptr=0x710000))
+        assert (runs[-1]["alibi_slopes"], runs[-1]["alibi_batch_stride"]) == (0x710000, 4), name
+        call(alibi_slopes=FakeCuda((4,), "<f4", ptr=0x720000))
+        assert (runs[-1]["alibi_slopes"], runs[-1]["alibi_batch_stride"]) == (0x720000, 0), name
+        call()
+        assert runs[-1]["alibi_slopes"] is None, name
+        n = len(runs)
+        with pytest.raises(TypeError, match="alibi_slopes must be float32"):
+            call(alibi_slopes=FakeCuda((4,), "<f2"))
+        for bad in (FakeCuda((3,), "<f4"), FakeCuda((3, 4), "<f4"), FakeCuda((2, 4, 1), "<f4"),
+                    FakeCuda((2, 4), "<f4", strides=(4, 8))):
+            with pytest.raises(ValueError, match=r"alibi_slopes has shape .*; expected \(4,\) or \(2, 4\), contiguous"):
+                call(alibi_slopes=bad)
+        assert len(runs) == n, name  # nothing refused reached the library
 
 
 @pytest.mark.parametrize("causal,window,rowwise", [
