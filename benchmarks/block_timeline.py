@@ -12,7 +12,7 @@ The recording lives in a patch, not in the library: apply benchmarks/block_timel
 the tree and build it with the FA_DIAG_TL macro; the kernels then write to the buffer whose device
 address FA_DIAG_TL_PTR holds (this script sets it before the library's first launch), and the split
 merge's blocks after them: their entry, release (griddepcontrol.wait), the first group's loads issued,
-its LSEs landed, its parts summed, and their end:
+its LSEs landed, its parts summed, and their end (and their SMs):
 
     cp -r . /tmp/tl && cd /tmp/tl && patch -p1 < benchmarks/block_timeline.patch
     cmake -S . -B b -G Ninja -DFLASHATTN_HEAD_DIMS=128 -DCMAKE_CUDA_ARCHITECTURES=90a \
@@ -22,8 +22,11 @@ its LSEs landed, its parts summed, and their end:
 
 Prints one line per case (medians over REPS calls, default 30, of the blocks' medians; ns from the
 earliest block's start; the merge's steps after the last attention block's end, the latest block's
-and the median block's; CASES, e.g. "dense_fill,pages16_fill", keeps those cases only) and writes every block's stamps to $OUT/timelines$TAG.npz (calls x blocks x 8:
-entry, after the wait, K_0, K_1 + V_0, last V, end, unused, SM). Needs PyTorch and CuPy.
+and the median block's, and on how many SMs its blocks ran; CASES, e.g. "dense_fill,pages16_fill",
+keeps those cases only) and writes every block's stamps to $OUT/timelines$TAG.npz (calls x blocks x 8:
+entry, after the wait, K_0, K_1 + V_0, last V, end, unused, SM; the merge's blocks under
+<case>_merge: entry, after the wait, loads issued, summed, LSEs landed, end, unused, SM). Needs
+PyTorch and CuPy.
 """
 import os, sys
 import numpy as np
@@ -72,7 +75,7 @@ for name, state, fn in cases:
     before = befores[state]
     for _ in range(3):
         if fn: fn()
-    rows, evt, gaps, merges = [], [], [], []
+    rows, evt, gaps, merges, mrows = [], [], [], [], []
     for r in range(reps):
         before()
         buf.zero_()
@@ -91,9 +94,11 @@ for name, state, fn in cases:
             rows.append(a[:n].copy())
             gaps.append([a[:n, 0].min() - s[0], s[1] - a[:n, 5].max(), s[1] - s[0]])
             if nm:  # the merge's blocks: first entry after the first attention block's; release and end after the last one's end
+                mrows.append(mg[:nm].copy())
                 end = a[:n, 5].max()  # (merge slots: 1 release, 2 loads issued, 4 LSEs landed, 3 summed, 5 end)
                 merges.append([mg[:nm, 0].min() - a[:n, 1].min(), nm] + [mg[:nm, j].max() - end for j in (1, 2, 4, 3, 5)] +
-                              [np.median(mg[:nm, j]) - end for j in (1, 2, 4, 3, 5)])
+                              [np.median(mg[:nm, j]) - end for j in (1, 2, 4, 3, 5)] +
+                              [len(set(mg[:nm, 7].tolist())), len(set(mg[:nm, 7].tolist()) & set(a[:n, 7].tolist()))])
         else:
             gaps.append([0, 0, s[1] - s[0]])
     g = np.median(np.array(gaps, dtype=np.float64), axis=0)
@@ -101,6 +106,8 @@ for name, state, fn in cases:
         print(f"{tag} stamps alone: stamp to stamp {g[2]:.0f} ns, event {np.median(evt):.2f} us")
         continue
     saved[f"{name}_{state}"] = np.stack(rows)
+    if mrows and len({m.shape for m in mrows}) == 1:
+        saved[f"{name}_{state}_merge"] = np.stack(mrows)
     st = []
     for a in rows:
         t0 = a[:, 1].min()
@@ -112,7 +119,8 @@ for name, state, fn in cases:
           f"lastV {m[2]:.0f} end med {m[3]:.0f} max {m[4]:.0f} (tail {m[5]:.0f}) | last end->stamp {g[1]:.0f} | stamp to stamp {g[2]:.0f} ns")
     if merges:
         mm = np.median(np.array(merges, dtype=np.float64), axis=0)
-        print(f"{tag} {name:8s} {state:4s} merge ({mm[1]:.0f} blocks): entered {mm[0]:.0f} after the first attention block's start; "
+        print(f"{tag} {name:8s} {state:4s} merge ({mm[1]:.0f} blocks on {mm[12]:.0f} SMs, {mm[13]:.0f} of them an attention block's): "
+              f"entered {mm[0]:.0f} after the first attention block's start; "
               f"after the last one's end, latest / median block: released {mm[2]:.0f} / {mm[7]:.0f}, loads issued {mm[3]:.0f} / "
               f"{mm[8]:.0f}, LSEs landed {mm[4]:.0f} / {mm[9]:.0f}, summed {mm[5]:.0f} / {mm[10]:.0f}, end {mm[6]:.0f} / {mm[11]:.0f}")
 np.savez_compressed(f"{out}/timelines{tag}.npz", **saved)
