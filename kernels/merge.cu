@@ -110,10 +110,10 @@ template <int kVec> struct merge_item {
     }
 };
 
-/* Where item idx's row reads and writes, before any data: its parts' first LSE and O elements, and
- * (unpacked output) its output row. Pure arithmetic from the arguments, so the first item's is done
- * before the wait; a packed output row needs out_rows, read after it. */
-template <int kIn, int kOut, int kVec> struct merge_addr {
+/* Where item idx reads: its row's first part's LSE and O elements (the other parts' are a part stride
+ * apart each), and its row's indices for the output. Pure arithmetic from the arguments, so the
+ * first item's is done before the wait. */
+template <int kIn, int kVec> struct merge_addr {
     const float *lse_row;
     const typename io<kIn>::T *o_el;
     int64_t b, s;
@@ -136,15 +136,15 @@ __global__ void __launch_bounds__(kMergeThreads) merge_parts(const __grid_consta
     const int64_t total = (int64_t)a.batch * a.heads * a.seqlen * chunks;
     const bool narrow = total <= INT32_MAX;
     int64_t idx = (int64_t)blockIdx.x * kMergeThreads + threadIdx.x;
-    merge_addr<kIn, kOut, kVec> r(a, idx < total ? idx : 0, chunks, narrow);
-    /* The part strides and count in registers before the wait, beside the first item's addresses:
-     * what runs after it is the loads and the arithmetic on them. */
+    merge_addr<kIn, kVec> r(a, idx < total ? idx : 0, chunks, narrow);
+    /* The part strides and count taken before the wait, beside the first item's addresses (ptxas
+     * may still read them again from the parameters, a constant-cache hit). */
     int64_t ls = a.lse_part_stride, os = a.o_part_stride;
     int n = a.num_parts;
     asm volatile("" : "+l"(ls), "+l"(os), "+r"(n));
     wait_prerequisites();
     for (bool first = true; idx < total; idx += (int64_t)gridDim.x * kMergeThreads, first = false) {
-        if (!first) r = merge_addr<kIn, kOut, kVec>(a, idx, chunks, narrow);
+        if (!first) r = merge_addr<kIn, kVec>(a, idx, chunks, narrow);
         int64_t out_row = r.s, out_b = r.b; /* where the row goes: [b][s], or packed row out_rows[b] + s */
         if (a.out_rows != nullptr) {
             const int64_t r0 = clamp64(a.out_rows[r.b], 0, a.total_rows);
