@@ -2288,7 +2288,7 @@ TEST(Serving, Sm90FullWidthPageBoxes) {
 // FUSED_SM90 gathers pages in decode (single-consumer tiles: boxes of 8 keys, or every page size when
 // the keys are split) and reads them by TMA boxes everywhere else; the page sizes TMA cannot tile are
 // always gathered.
-TEST(Serving, Sm90GathersSmallPagesInDecode) {
+TEST(Serving, Sm90GathersPagesInDecode) {
     if (!fa_sm90_compiled(FLASHATTN_DTYPE_BFLOAT16, 128)) GTEST_SKIP() << "head dim 128 not compiled in this build";
     const flashattn_handle h = fake_handle(h200_caps());
     auto decode = [](int64_t batch, int64_t seqlen_k, int64_t page) {
