@@ -1034,7 +1034,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                                  causal, window_size, softcap, alibi_slopes, block_table, seqused_k, backend)
     r = None
     if stream is None:
-        r = _serving_fast(0, _VARLEN_FIELDS, (q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, alibi_slopes),
+        r = _serving_fast(0, _VARLEN_FIELDS,
+                          (q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, alibi_slopes),
                           (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_size, softcap, backend), build,
                           return_attn_probs)
     out, lse = r if r is not None else _serving_run(build(), return_attn_probs, stream)
