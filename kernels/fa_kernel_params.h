@@ -49,8 +49,10 @@ typedef struct fa_kernel_params {
      * query positions each (rows hg * pack_rows + i), so K and V are read once per group; the grid's
      * y is then the KV head. num_splits > 1 (both fused kernels; grid x = query tiles x splits,
      * split = x % num_splits): the key range of each tile is split that many ways; each split writes
-     * its normalised O (fp32) and LSE to o_accum / lse_accum
-     * ([split][batch][heads_q][seqlen_q](head_dim)), and fa_split_combine merges them. */
+     * its normalised O (fp32) and LSE to o_accum / lse_accum, and fa_split_combine merges them.
+     * FUSED: [split][batch][heads_q][seqlen_q](head_dim). FUSED_SM90: a row's splits side by side,
+     * O [batch][heads_q][seqlen_q][split](head_dim), LSE [batch][heads_q][seqlen_q][split], so that
+     * the merge finds a row's parts from one address. */
     int32_t pack_gqa, pack_rows, num_splits;
     float *o_accum, *lse_accum;
 
@@ -418,6 +420,9 @@ typedef struct fa_merge_args {
      * lse_out_seq_stride (the batch strides unused); rows past the entry's count are not written. */
     const int32_t *out_rows;
     int64_t total_rows;
+    /* 1: FUSED_SM90's split results, a row's parts side by side (O [row][part](head_dim), LSE
+     * [row][part]; merge.cu's row_parts); 0: flashattn_merge's strides, any layout. */
+    int32_t row_parts;
 } fa_merge_args;
 
 /* Appending new keys to a cache and rotary embedding (kernels/append.cu), before the attention of a

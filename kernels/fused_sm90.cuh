@@ -304,7 +304,7 @@ template <class Tr> struct tile {
      * -1: the dense [batch, heads_q, seqlen_q] layout). */
     __device__ __forceinline__ float *lse_slot(const fa_kernel_params &p, int head, int pos, int64_t lse_row0 = -1) const {
         const int64_t bhq = (int64_t)b * p.heads_q + head;
-        if (partial) return p.lse_accum + ((int64_t)split * p.batch * p.heads_q + bhq) * p.seqlen_q + pos;
+        if (partial) return p.lse_accum + (bhq * p.seqlen_q + pos) * p.num_splits + split;
         if (lse_row0 >= 0) return p.lse ? p.lse + (int64_t)head * p.total_q + lse_row0 + pos : nullptr;
         return p.lse ? p.lse + bhq * p.seqlen_q + pos : nullptr;
     }
@@ -884,7 +884,8 @@ template <bool kFirst, class A, class B> __device__ __forceinline__ auto &pick_r
     else return b;
 }
 
-/* Split epilogue: this split's normalised O, fp32, straight from the registers into o_accum. */
+/* Split epilogue: this split's normalised O, fp32, straight from the registers into o_accum, where a
+ * row's splits sit side by side ([row][split](head_dim): fa_kernel_params.o_accum). */
 template <class Tr, int kON>
 __device__ __forceinline__ void store_split_partial(const fa_kernel_params &p, const tile<Tr> &tl, const float (&o)[kON],
                                                     const float (&inv_r)[2], const bool (&valid_r)[2],
@@ -892,8 +893,8 @@ __device__ __forceinline__ void store_split_partial(const fa_kernel_params &p, c
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         if (!valid_r[r]) continue;
-        float *dst = p.o_accum + (((int64_t)tl.split * p.batch * p.heads_q + (int64_t)tl.b * p.heads_q + head_r[r]) *
-                                      p.seqlen_q + pos_r[r]) * p.head_dim;
+        float *dst = p.o_accum + ((((int64_t)tl.b * p.heads_q + head_r[r]) * p.seqlen_q + pos_r[r]) * p.num_splits +
+                                  tl.split) * p.head_dim;
 #pragma unroll
         for (int j = 0; j < kON / 4; ++j)
             if (8 * j + 2 * t < p.head_dim) /* head_dim is a multiple of 8: both or neither */

@@ -14,7 +14,8 @@
  * are issued together, before their arithmetic (an empty part's O is loaded but never used); the
  * group's largest LSE comes first, then all its weights at once, and a group raising the running
  * max rescales what is summed so far.
- * Any number of parts and any head dim.
+ * Any number of parts and any head dim. FUSED_SM90's split results put a row's parts side by side
+ * (fa_kernel_params.o_accum): four threads take each of their items, a quarter of its parts each.
  *
  * After a split FUSED_SM90 call the merge is launched as a programmatic dependent of the attention
  * kernel (its blocks may start once a thread of each attention block has begun its last P V) and
@@ -90,21 +91,26 @@ template <> struct vec_io<FA_DTYPE_BF16, 4> : vec16_io<FA_DTYPE_BF16> {};
  * group is one L2 round trip on the critical path; 4 made a batch-1 decode's merge four trips). */
 constexpr int kGroup = 16;
 static_assert((kGroup & (kGroup - 1)) == 0, "the group max is a tree of halves");
+/* Threads an item in the merge of FUSED_SM90's split results (adjacent parts): 4 parts each per group. */
+constexpr int kMergeLanes = 4;
+static_assert(kGroup % kMergeLanes == 0 && 32 % kMergeLanes == 0 && kMergeThreads % kMergeLanes == 0,
+              "lanes split groups and warps");
 
 /* The addresses of item idx (a row's kVec elements from d): pure arithmetic, so a thread works its
  * first item's out before it waits for the attention kernel (32-bit divisions where the items fit). */
 template <int kVec> struct merge_item {
     int64_t b, row_s; /* batch entry and position; the output row is worked out after the wait */
+    int64_t row;      /* (b heads + h) seqlen + row_s */
     int h, d;
     __device__ __forceinline__ merge_item(const fa_merge_args &a, int64_t idx, int chunks, bool narrow) {
         if (narrow) {
             const uint32_t i = (uint32_t)idx, ch = (uint32_t)chunks, sl = (uint32_t)a.seqlen, hs = (uint32_t)a.heads;
-            const uint32_t row = i / ch, bh = row / sl;
-            d = (int)(i - row * ch) * kVec, row_s = row - bh * sl;
+            const uint32_t r = i / ch, bh = r / sl;
+            d = (int)(i - r * ch) * kVec, row_s = r - bh * sl, row = r;
             b = bh / hs, h = (int)(bh - (uint32_t)b * hs);
         } else {
-            const int64_t row = idx / chunks, bh = row / a.seqlen;
-            d = (int)(idx - row * chunks) * kVec, row_s = row - bh * a.seqlen;
+            const int64_t r = idx / chunks, bh = r / a.seqlen;
+            d = (int)(idx - r * chunks) * kVec, row_s = r - bh * a.seqlen, row = r;
             b = bh / a.heads, h = (int)(bh - b * a.heads);
         }
     }
@@ -112,8 +118,9 @@ template <int kVec> struct merge_item {
 
 /* Where item idx reads: its row's first part's LSE and O elements (the other parts' are a part stride
  * apart each), and its row's indices for the output. Pure arithmetic from the arguments, so the
- * first item's is done before the wait. */
-template <int kIn, int kVec> struct merge_addr {
+ * first item's is done before the wait. kAdjacent (row_parts): the rows are [batch][heads][seqlen],
+ * row r's first part at r lse_seq_stride and r o_seq_stride. */
+template <int kIn, int kVec, bool kAdjacent> struct merge_addr {
     const float *lse_row;
     const typename io<kIn>::T *o_el;
     int64_t b, s;
@@ -121,30 +128,53 @@ template <int kIn, int kVec> struct merge_addr {
     __device__ __forceinline__ merge_addr(const fa_merge_args &a, int64_t idx, int chunks, bool narrow) {
         const merge_item<kVec> it(a, idx, chunks, narrow);
         b = it.b, s = it.row_s, h = it.h, d = it.d;
-        lse_row = a.lse_parts + b * a.lse_batch_stride + h * a.lse_head_stride + s * a.lse_seq_stride;
-        o_el = (const typename io<kIn>::T *)a.o_parts + b * a.o_batch_stride + s * a.o_seq_stride +
-               h * a.o_head_stride + d;
+        if constexpr (kAdjacent) {
+            lse_row = a.lse_parts + it.row * a.lse_seq_stride;
+            o_el = (const typename io<kIn>::T *)a.o_parts + it.row * a.o_seq_stride + d;
+        } else {
+            lse_row = a.lse_parts + b * a.lse_batch_stride + h * a.lse_head_stride + s * a.lse_seq_stride;
+            o_el = (const typename io<kIn>::T *)a.o_parts + b * a.o_batch_stride + s * a.o_seq_stride +
+                   h * a.o_head_stride + d;
+        }
     }
 };
 
-template <int kIn, int kOut, bool kBase2, int kVec>
+/* Whether the parts are FUSED_SM90's split results' layout, which kAdjacent reads: rows dense in
+ * [batch][heads][seqlen] order, a row's parts side by side (O [row][part](head_dim), LSE
+ * [row][part]). */
+inline bool row_parts(const fa_merge_args *a) {
+    const int64_t n = a->num_parts, d = a->head_dim, sl = a->seqlen, hs = a->heads;
+    return a->o_part_stride == d && a->o_seq_stride == d * n && a->o_head_stride == sl * d * n &&
+           a->o_batch_stride == hs * sl * d * n && a->lse_part_stride == 1 && a->lse_seq_stride == n &&
+           a->lse_head_stride == sl * n && a->lse_batch_stride == hs * sl * n;
+}
+
+/* kAdjacent: FUSED_SM90's split results (row_parts), a row's parts side by side, so that a row's
+ * address is one product and its parts follow it o_part_stride (head_dim) apart. */
+template <int kIn, int kOut, bool kBase2, int kVec, bool kAdjacent>
 __global__ void __launch_bounds__(kMergeThreads) merge_parts(const __grid_constant__ fa_merge_args a) {
     using In = vec_io<kIn, kVec>;
     using Out = vec_io<kOut, kVec>;
     using TI = typename io<kIn>::T;
+    /* Threads an item: with adjacent parts, kMergeLanes, lane q taking parts 4 q .. 4 q + 3 of each
+     * group of 16 (a quarter of the loads and of the sums each), then the lanes' results combined
+     * through shuffles; lane 0 stores. Otherwise one. */
+    constexpr int kLanes = kAdjacent ? kMergeLanes : 1, kG = kGroup / kLanes;
     const int chunks = a.head_dim / kVec;
     const int64_t total = (int64_t)a.batch * a.heads * a.seqlen * chunks;
     const bool narrow = total <= INT32_MAX;
     int64_t idx = (int64_t)blockIdx.x * kMergeThreads + threadIdx.x;
-    merge_addr<kIn, kVec> r(a, idx < total ? idx : 0, chunks, narrow);
+    int q = 0; /* this thread's lane */
+    if constexpr (kLanes > 1) q = (int)threadIdx.x % kLanes, idx /= kLanes;
+    merge_addr<kIn, kVec, kAdjacent> r(a, idx < total ? idx : 0, chunks, narrow);
     /* The part strides and count taken before the wait, beside the first item's addresses (ptxas
      * may still read them again from the parameters, a constant-cache hit). */
     int64_t ls = a.lse_part_stride, os = a.o_part_stride;
     int n = a.num_parts;
     asm volatile("" : "+l"(ls), "+l"(os), "+r"(n));
     wait_prerequisites();
-    for (bool first = true; idx < total; idx += (int64_t)gridDim.x * kMergeThreads, first = false) {
-        if (!first) r = merge_addr<kIn, kVec>(a, idx, chunks, narrow);
+    for (bool first = true; idx < total; idx += (int64_t)gridDim.x * (kMergeThreads / kLanes), first = false) {
+        if (!first) r = merge_addr<kIn, kVec, kAdjacent>(a, idx, chunks, narrow);
         int64_t out_row = r.s, out_b = r.b; /* where the row goes: [b][s], or packed row out_rows[b] + s */
         if (a.out_rows != nullptr) {
             const int64_t r0 = clamp64(a.out_rows[r.b], 0, a.total_rows);
@@ -153,41 +183,55 @@ __global__ void __launch_bounds__(kMergeThreads) merge_parts(const __grid_consta
         }
 
         /* Per group of parts: every load first, each part's address the last one's plus the part
-         * stride (after a split decode every instruction between the wait and the last load is on
-         * the call's critical path, run once, fetched cold: docs/performance.md v74); then its
+         * stride, or with adjacent parts u part strides from the lane's first (after a split decode
+         * every instruction between the wait and the last load is on the call's critical path, run
+         * once, fetched cold: docs/performance.md v74); then its
          * largest finite LSE (a tree), every part's weight relative to the running max m at once,
          * no weight waiting on the last, and the sum of the weights and the weighted O added in
          * part order. A group raising m rescales what is summed so far. An infinite LSE is an
          * empty part (its O, loaded, is never used: it may be NaN); a NaN one makes the row NaN. */
         const float *lp = r.lse_row;
         const TI *op = r.o_el;
+        if constexpr (kAdjacent) lp += kG * q, op += kG * q * os;
         float m = -INFINITY, sum = 0.0f, acc[kVec];
 #pragma unroll
         for (int v = 0; v < kVec; ++v) acc[v] = 0.0f;
         bool nan = false;
         for (int i0 = 0; i0 < n; i0 += kGroup) {
-            float l[kGroup], x[kGroup][kVec];
+            float l[kG], x[kG][kVec];
+            if constexpr (kAdjacent) {
 #pragma unroll
-            for (int u = 0; u < kGroup; ++u) { /* (past the last part: no load, an empty part) */
-                l[u] = -INFINITY;
-                if (i0 + u < n) {
-                    l[u] = *lp;
-                    In::load(op, x[u]);
-                    lp += ls, op += os;
+                for (int u = 0; u < kG; ++u) { /* (past the last part: no load, an empty part) */
+                    l[u] = -INFINITY;
+                    if (i0 + kG * q + u < n) {
+                        l[u] = lp[u];
+                        In::load(op + u * os, x[u]);
+                    }
+                }
+                lp += kGroup, op += kGroup * os;
+            } else {
+#pragma unroll
+                for (int u = 0; u < kGroup; ++u) { /* (past the last part: no load, an empty part) */
+                    l[u] = -INFINITY;
+                    if (i0 + u < n) {
+                        l[u] = *lp;
+                        In::load(op, x[u]);
+                        lp += ls, op += os;
+                    }
                 }
             }
-            bool live[kGroup];
-            float gm[kGroup];
+            bool live[kG];
+            float gm[kG];
 #pragma unroll
-            for (int u = 0; u < kGroup; ++u) {
+            for (int u = 0; u < kG; ++u) {
                 nan |= l[u] != l[u];
                 live[u] = fabsf(l[u]) < INFINITY; /* finite: not empty, not NaN */
                 gm[u] = live[u] ? l[u] : -INFINITY;
             }
 #pragma unroll
-            for (int w = kGroup / 2; w > 0; w /= 2) /* (kGroup a power of two) */
+            for (int w = kG / 2; w > 0; w /= 2) /* (kG a power of two) */
 #pragma unroll
-                for (int u = 0; u < kGroup / 2; ++u)
+                for (int u = 0; u < kG / 2; ++u)
                     if (u < w) gm[u] = fmaxf(gm[u], gm[u + w]);
             if (gm[0] > m) { /* (from m = -inf: what is summed so far is 0, and so is the factor) */
                 const float c = kBase2 ? exp2f(m - gm[0]) : expf(m - gm[0]);
@@ -197,12 +241,34 @@ __global__ void __launch_bounds__(kMergeThreads) merge_parts(const __grid_consta
                 m = gm[0];
             }
 #pragma unroll
-            for (int u = 0; u < kGroup; ++u) {
+            for (int u = 0; u < kG; ++u) {
                 const float w = kBase2 ? exp2f(l[u] - m) : expf(l[u] - m);
                 sum += live[u] ? w : 0.0f;
 #pragma unroll
                 for (int v = 0; v < kVec; ++v) acc[v] = live[u] ? fmaf(w, x[u][v], acc[v]) : acc[v];
             }
+        }
+        if constexpr (kLanes > 1) {
+            /* The lanes' (m, sum, acc) combined, xor 1 then xor 2: the same max, each side's share
+             * rescaled to it (a lane with no part, m = -inf, adds nothing). Lane 0's result is
+             * stored; the order of the additions is fixed, so the merge stays deterministic. */
+            const unsigned lanes_mask = ((1u << kLanes) - 1u) << ((threadIdx.x % 32) & ~(kLanes - 1));
+#pragma unroll
+            for (int s = 1; s < kLanes; s <<= 1) {
+                const float mo = __shfl_xor_sync(lanes_mask, m, s), so = __shfl_xor_sync(lanes_mask, sum, s);
+                float ao[kVec];
+#pragma unroll
+                for (int v = 0; v < kVec; ++v) ao[v] = __shfl_xor_sync(lanes_mask, acc[v], s);
+                nan |= __shfl_xor_sync(lanes_mask, (int)nan, s) != 0;
+                const float mm = fmaxf(m, mo);
+                const float fa = m == -INFINITY ? 0.0f : (kBase2 ? exp2f(m - mm) : expf(m - mm));
+                const float fb = mo == -INFINITY ? 0.0f : (kBase2 ? exp2f(mo - mm) : expf(mo - mm));
+                sum = sum * fa + so * fb;
+#pragma unroll
+                for (int v = 0; v < kVec; ++v) acc[v] = acc[v] * fa + ao[v] * fb;
+                m = mm;
+            }
+            if (q != 0) continue;
         }
         typename io<kOut>::T *out = (typename io<kOut>::T *)a.o + out_b * a.out_batch_stride +
                                     out_row * a.out_seq_stride + r.h * a.out_head_stride + r.d;
@@ -238,7 +304,16 @@ inline bool vectorizable(const fa_merge_args *a) {
 
 template <int kIn, int kOut, bool kBase2, int kVec> int launch_vec(const fa_merge_args *a, cudaStream_t stream) {
     const int64_t total = (int64_t)a->batch * a->heads * a->seqlen * (a->head_dim / kVec);
-    return (int)launch_grid_stride(merge_parts<kIn, kOut, kBase2, kVec>, total, kMergeThreads, stream, a->after_split != 0, *a);
+    const bool programmatic = a->after_split != 0;
+    if (a->row_parts) { /* FUSED_SM90's split results: only the adjacent form reads them */
+        if constexpr (kIn == FA_DTYPE_F32 && !kBase2)
+            if (row_parts(a))
+                return (int)launch_grid_stride(merge_parts<kIn, kOut, kBase2, kVec, true>, total * kMergeLanes,
+                                               kMergeThreads, stream, programmatic, *a);
+        return (int)cudaErrorInvalidValue;
+    }
+    return (int)launch_grid_stride(merge_parts<kIn, kOut, kBase2, kVec, false>, total, kMergeThreads, stream,
+                                   programmatic, *a);
 }
 
 template <int kIn, int kOut> int launch(const fa_merge_args *a, cudaStream_t stream) {
@@ -270,9 +345,10 @@ extern "C" __attribute__((visibility("hidden"))) int fa_merge_launch(const fa_me
     }
 }
 
-/* The split partial results of a fused kernel (fa_kernel_params.o_accum / lse_accum, laid out
- * [split][batch][heads_q][seqlen_q](head_dim), fp32, natural-log LSE, seqlen_q the capacity for a
- * ragged Q) merged into O and LSE (for a ragged Q, into each sequence's packed rows). */
+/* The split partial results of a fused kernel (fa_kernel_params.o_accum / lse_accum: FUSED's laid out
+ * [split][batch][heads_q][seqlen_q](head_dim), FUSED_SM90's with a row's splits side by side; fp32,
+ * natural-log LSE, seqlen_q the capacity for a ragged Q) merged into O and LSE (for a ragged Q, into
+ * each sequence's packed rows). */
 extern "C" __attribute__((visibility("hidden"))) int fa_split_combine(const fa_kernel_params *kp, int dtype,
                                                                       int after_sm90, void *stream) {
     /* Grouped query heads read as rows (q_group_rows, FUSED's packed decode): the partial results'
@@ -286,6 +362,12 @@ extern "C" __attribute__((visibility("hidden"))) int fa_split_combine(const fa_k
     a.o_seq_stride = d;
     a.lse_part_stride = kp->batch * hq * sq, a.lse_batch_stride = hq * sq, a.lse_head_stride = sq;
     a.lse_seq_stride = 1;
+    if (after_sm90) { /* O [batch][heads][seqlen][split](head_dim), LSE [batch][heads][seqlen][split] */
+        const int64_t s = kp->num_splits;
+        a.row_parts = 1, a.o_part_stride = d;
+        a.o_batch_stride = hq * sq * d * s, a.o_head_stride = sq * d * s, a.o_seq_stride = d * s;
+        a.lse_part_stride = 1, a.lse_batch_stride = hq * sq * s, a.lse_head_stride = sq * s, a.lse_seq_stride = s;
+    }
     a.out_batch_stride = kp->o_batch_stride, a.out_seq_stride = kp->o_seq_stride, a.out_head_stride = kp->o_head_stride;
     if (g > 1) a.out_seq_stride = kp->o_row0_stride, a.out_head_stride = kp->o_seq_stride;
     a.lse_out_batch_stride = hq * sq, a.lse_out_head_stride = sq, a.lse_out_seq_stride = 1;
