@@ -24,7 +24,8 @@ Prints one line per case (medians over REPS calls, default 30, of the blocks' me
 earliest block's start; the merge's steps after the last attention block's end, the latest block's
 and the median block's, and on how many SMs its blocks ran; CASES, e.g. "dense_fill,pages16_fill",
 keeps those cases only) and writes every block's stamps to $OUT/timelines$TAG.npz (calls x blocks x 8:
-entry, after the wait, K_0, K_1 + V_0, last V, end, unused, SM; the merge's blocks under
+entry, after the wait, K_0, K_1 + V_0, last V, end, the producer's first load issued (0 where it is
+not recorded: pages gathered with cp.async), SM; the merge's blocks under
 <case>_merge: entry, after the wait, loads issued, summed, LSEs landed, end, unused, SM). Needs
 PyTorch and CuPy.
 """
@@ -111,11 +112,15 @@ for name, state, fn in cases:
     st = []
     for a in rows:
         t0 = a[:, 1].min()
-        rel = a[:, :6].astype(np.float64) - t0
+        rel = a[:, :7].astype(np.float64) - t0
         end = rel[:, 5]
-        st.append([np.median(rel[:, 2]), np.median(rel[:, 3]), np.median(rel[:, 4]), np.median(end), end.max(), end.max() - np.median(end)])
-    m = np.median(np.array(st), axis=0)
-    print(f"{tag} {name:8s} {state:4s} event {np.median(evt):5.2f} us | stamp->first block {g[0]:.0f} | K0 {m[0]:.0f} K1V0 {m[1]:.0f} "
+        issued = a[:, 6] != 0  # (slot 6: the producer's first load issued; not recorded for gathered pages)
+        st.append([np.median(rel[:, 2]), np.median(rel[:, 3]), np.median(rel[:, 4]), np.median(end), end.max(), end.max() - np.median(end),
+                   np.median(rel[issued, 6]) if issued.any() else np.nan])
+    sa = np.array(st)
+    issued_any = np.isfinite(sa[:, 6])  # (calls whose blocks recorded their first load)
+    m = np.append(np.median(sa[:, :6], axis=0), np.median(sa[issued_any, 6]) if issued_any.any() else np.nan)
+    print(f"{tag} {name:8s} {state:4s} event {np.median(evt):5.2f} us | stamp->first block {g[0]:.0f} | first load issued {m[6]:.0f} K0 {m[0]:.0f} K1V0 {m[1]:.0f} "
           f"lastV {m[2]:.0f} end med {m[3]:.0f} max {m[4]:.0f} (tail {m[5]:.0f}) | last end->stamp {g[1]:.0f} | stamp to stamp {g[2]:.0f} ns")
     if merges:
         mm = np.median(np.array(merges, dtype=np.float64), axis=0)
