@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# One device call for a kernel candidate kept as a patch: A = this tree, B = this tree with PATCH
+# applied (patch -p1). Builds in parallel, with all cores: B at every head dim (tests included), A's
+# benchmark at head dim 128, and both again with benchmarks/block_timeline.patch (each tree's own
+# copy: a candidate that moves the recorded steps updates it) under FA_DIAG_TL. Then, in order, so
+# that a call cut short keeps what matters most:
+#   1. A/B cold, shape by shape (benchmarks/ab_interleave.py: L2 flushed, GPU time, A B B A per
+#      shape in fresh processes; SHAPES, ROUNDS (2));
+#   2. B's whole suite (scripts/gpu_check.sh test, every head dim; SKIP_SUITE=1 leaves it out);
+#   3. both trees' block timelines (benchmarks/block_timeline.py; CASES) while time is left.
+# LIMIT: the seconds the call may take (default 580); each step stops in time for the next.
+# Trees under $AB_DIR (default /tmp/ab_patch); logs and tables under $OUT.
+#   Usage: scripts/ab_patch.sh benchmarks/early_first_loads.patch
+set -uo pipefail
+cd "$(dirname "$0")/.."
+patch_file=$(realpath "${1:?usage: scripts/ab_patch.sh PATCH}")
+OUT=${OUT:-/tmp/flashattn_out}; mkdir -p "$OUT"
+R=$PWD; D=${AB_DIR:-/tmp/ab_patch}; LIMIT=${LIMIT:-580}
+S0=$(date +%s); el() { echo $(( $(date +%s) - S0 )); }
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
+rm -rf "$D" && mkdir -p "$D/A" || exit 1
+tar --exclude='./build*' --exclude=./diag --exclude=./.git -cf - . | tar -xf - -C "$D/A"
+cp -r "$D/A" "$D/B" && (cd "$D/B" && patch -s -p1 < "$patch_file") || { echo "ab_patch.sh: $1 does not apply"; exit 1; }
+for t in A B; do
+  cp -r "$D/$t" "$D/${t}tl" && (cd "$D/${t}tl" && patch -s -p1 < benchmarks/block_timeline.patch) ||
+    { echo "ab_patch.sh: the timeline patch does not apply to $t"; exit 1; }
+done
+build() { # tree target cmake-options...
+  local tree=$1 target=$2; shift 2
+  cmake -S "$D/$tree" -B "$D/$tree/build" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" > /dev/null 2>&1 &&
+    cmake --build "$D/$tree/build" -j "$(nproc)" --target "$target" > "/tmp/ab_patch_build_$tree.log" 2>&1
+  local rc=$?
+  echo "build $tree ($target): rc=$rc, $(el) s"; [ $rc = 0 ] || tail -30 "/tmp/ab_patch_build_$tree.log"
+  return $rc
+}
+tl_opts=(-DFLASHATTN_HEAD_DIMS=128 -DFLASHATTN_BUILD_TESTS=OFF -DFLASHATTN_BUILD_BENCHMARKS=OFF -DCMAKE_CUDA_FLAGS=-DFA_DIAG_TL)
+build B all & pb=$!
+build A flashattn_bench -DFLASHATTN_HEAD_DIMS=128 -DFLASHATTN_BUILD_TESTS=OFF & pa=$!
+build Atl flashattn "${tl_opts[@]}" &
+build Btl flashattn "${tl_opts[@]}" &
+wait $pa && wait $pb || exit 1
+wait
+shapes=${SHAPES:-"decode:bf16:1:32:8:1:8192:128:none decode:bf16:1:32:8:1:8192:128:none:pages=16 decode:bf16:1:32:8:1:8192:128:none:pages=256 decode:bf16:1:32:8:1:8192:128:none:cache decode:bf16:1:32:8:1:16384:128:none decode:bf16:2:32:8:1:8192:128:none prefill:bf16:1:32:8:2048:2048:128:causal"}
+args=(); for s in $shapes; do args+=(--shape "$s"); done
+PYTHONUNBUFFERED=1 timeout $(( LIMIT * 2 / 5 )) python3 benchmarks/ab_interleave.py --a "$D/A/build/benchmarks/flashattn_bench" \
+  --b "$D/B/build/benchmarks/flashattn_bench" "${args[@]}" --rounds "${ROUNDS:-2}" --json "$OUT/ab_patch.json" > "$OUT/ab_patch.txt" 2>&1
+echo "A/B (B / A, cold, GPU time), $(el) s:"; cat "$OUT/ab_patch.txt"
+if [ -z "${SKIP_SUITE:-}" ]; then
+  (cd "$D/B" && CTEST_TIMEOUT=150 SKIP_PTXAS=1 OUT="$OUT" timeout $(( LIMIT - 40 - $(el) )) bash scripts/gpu_check.sh test 2>&1 | tail -25)
+  echo "B's suite: $(el) s"
+fi
+for t in Btl Atl; do
+  left=$(( LIMIT - 10 - $(el) )); [ $left -gt 30 ] || break
+  (cd "$D/$t" && FLASHATTN_LIBRARY="$D/$t/build/libflashattn.so" PYTHONPATH="$D/$t/python" OUT="$OUT" TAG="_$t" \
+    CASES=${CASES:-dense_fill,pages256_fill,pages16_fill} REPS=${REPS:-20} timeout $(( left / 2 )) python3 "$D/$t/benchmarks/block_timeline.py" 2>&1 | tail -8)
+done
+echo "ab_patch.sh: done in $(el) s"
