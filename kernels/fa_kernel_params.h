@@ -421,7 +421,7 @@ typedef struct fa_merge_args {
     const int32_t *out_rows;
     int64_t total_rows;
     /* 1: FUSED_SM90's split results, a row's parts side by side (O [row][part](head_dim), LSE
-     * [row][part]; merge.cu's row_parts); 0: flashattn_merge's strides, any layout. */
+     * [row][part]; merge.cu's parts_side_by_side); 0: flashattn_merge's strides, any layout. */
     int32_t row_parts;
 } fa_merge_args;
 

@@ -142,15 +142,15 @@ template <int kIn, int kVec, bool kAdjacent> struct merge_addr {
 /* Whether the parts are FUSED_SM90's split results' layout, which kAdjacent reads: rows dense in
  * [batch][heads][seqlen] order, a row's parts side by side (O [row][part](head_dim), LSE
  * [row][part]). */
-inline bool row_parts(const fa_merge_args *a) {
+inline bool parts_side_by_side(const fa_merge_args *a) {
     const int64_t n = a->num_parts, d = a->head_dim, sl = a->seqlen, hs = a->heads;
     return a->o_part_stride == d && a->o_seq_stride == d * n && a->o_head_stride == sl * d * n &&
            a->o_batch_stride == hs * sl * d * n && a->lse_part_stride == 1 && a->lse_seq_stride == n &&
            a->lse_head_stride == sl * n && a->lse_batch_stride == hs * sl * n;
 }
 
-/* kAdjacent: FUSED_SM90's split results (row_parts), a row's parts side by side, so that a row's
- * address is one product and its parts follow it o_part_stride (head_dim) apart. */
+/* kAdjacent: FUSED_SM90's split results (parts_side_by_side), a row's parts side by side, so that a
+ * row's address is one product and its parts follow it o_part_stride (head_dim) apart. */
 template <int kIn, int kOut, bool kBase2, int kVec, bool kAdjacent>
 __global__ void __launch_bounds__(kMergeThreads) merge_parts(const __grid_constant__ fa_merge_args a) {
     using In = vec_io<kIn, kVec>;
@@ -307,7 +307,7 @@ template <int kIn, int kOut, bool kBase2, int kVec> int launch_vec(const fa_merg
     const bool programmatic = a->after_split != 0;
     if (a->row_parts) { /* FUSED_SM90's split results: only the adjacent form reads them */
         if constexpr (kIn == FA_DTYPE_F32 && !kBase2)
-            if (row_parts(a))
+            if (parts_side_by_side(a))
                 return (int)launch_grid_stride(merge_parts<kIn, kOut, kBase2, kVec, true>, total * kMergeLanes,
                                                kMergeThreads, stream, programmatic, *a);
         return (int)cudaErrorInvalidValue;
