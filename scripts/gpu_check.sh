@@ -1,21 +1,28 @@
 #!/usr/bin/env bash
 # One device call: build with all cores, run the whole test suite (GPU tests included), the
 # benchmark's default suite, and the side-by-side comparison with the peers; logs under $OUT, a
-# short table last.   Usage: scripts/gpu_check.sh [all|build|test|sanitize|bench|quick|hostcost|serving|peers|fusedpeers|ab|abtree|abshapes|abserving|ncuserving|ncupeers]...
-# (default: all; "abserving" is abtree's A/B for benchmarks/serving_speed.py; "quick" is the benchmark's quick suite, "hostcost" the Python host cost per call
-# beside SDPA's; "fusedpeers" the portable FUSED kernel forced, beside FA2 (which runs its sm80 code on Hopper too); "launchcost" the host cost of each launch form (benchmarks/launch_cost.cu); "serving" the serving paths' speed beside the dense path and the peers; "abtree" builds the source tree in $AB_OLD too and times both builds on the default
-# suite, alternating, for a refactor's before/after; AB_ARGS adds benchmark options to both, e.g.
-# "--backend fused"; "abshapes" does the same shape by shape, A B B A per shape, on $AB_SHAPES:
-# benchmarks/ab_interleave.py). "ab" times FUSED against FUSED_SM90 at every compiled head dim: the measurement
-# behind the AUTO ranges of FA_SM90_CONFIGS. CTEST_TIMEOUT: seconds a test may take (900), so that a
-# kernel that hangs costs a device call less than its whole limit. PEER_ROUNDS: compare_peers.py's
-# --rounds in the peers steps (2). FLASHATTN_HEAD_DIMS restricts this tree's build and $AB_OLD's
-# alike. abserving: AB_ONLY keeps the serving_speed.py rows whose labels contain one of its
-# '|'-separated parts (e.g. "prefill 4x4k 32/8|decode 128x1"), AB_GROUPS runs that many A B B A
-# groups (1), AB_ITERS replays a function (20); its runs' JSON and logs stay under /tmp, and $OUT
-# gets serving_ab.txt (B / A per cell) and serving_ab_runs.txt (each run's rows). ncupeers: ours
-# beside cuDNN under ncu (benchmarks/ncu_peers.py; NCU_SHAPES, space-separated, replaces its default
-# rows), its table in ncu_peers_table.txt.
+# short table last. Usage: scripts/gpu_check.sh
+# [all|build|test|sanitize|bench|kvrows|quick|hostcost|launchcost|serving|peers|fusedpeers|ab|abtree|abshapes|abserving|ncuserving|ncupeers]...
+# (default: all; "abserving" is abtree's A/B for benchmarks/serving_speed.py; "quick" is the
+# benchmark's quick suite, "hostcost" the Python host cost per call beside SDPA's; "fusedpeers" the
+# portable FUSED kernel forced, beside FA2 (which runs its sm80 code on Hopper too); "launchcost"
+# the host cost of each launch form (benchmarks/launch_cost.cu); "serving" the serving paths' speed
+# beside the dense path and the peers; "abtree" builds the source tree in $AB_OLD too and times both
+# builds on the default suite, alternating, for a refactor's before/after; AB_ARGS adds benchmark
+# options to both, e.g. "--backend fused"; "abshapes" does the same shape by shape, A B B A per
+# shape, on $AB_SHAPES: benchmarks/ab_interleave.py). "ab" times FUSED against FUSED_SM90 at every
+# compiled head dim: the measurement behind the AUTO ranges of FA_SM90_CONFIGS. CTEST_TIMEOUT:
+# seconds a test may take (900), so that a kernel that hangs costs a device call less than its whole
+# limit. PEER_ROUNDS: compare_peers.py's --rounds in the peers steps (2); PEER_ARGS, more of its
+# options for the peers step (e.g. "--kinds decode --head-dims 128"). "kvrows": the benchmark's six
+# decode shapes dense and in pages of 1, 16 and 256 keys (head dim 128), with each paged row's rate
+# over its dense row's. FLASHATTN_HEAD_DIMS restricts this tree's build and $AB_OLD's alike.
+# abserving: AB_ONLY keeps the serving_speed.py rows whose labels contain one of its '|'-separated
+# parts (e.g. "prefill 4x4k 32/8|decode 128x1"), AB_GROUPS runs that many A B B A groups (1),
+# AB_ITERS replays a function (20); its runs' JSON and logs stay under /tmp, and $OUT gets
+# serving_ab.txt (B / A per cell) and serving_ab_runs.txt (each run's rows). ncupeers: ours beside
+# cuDNN under ncu (benchmarks/ncu_peers.py; NCU_SHAPES, space-separated, replaces its default rows),
+# its table in ncu_peers_table.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/flashattn_out}
@@ -105,6 +112,16 @@ if want bench; then
   ./build/benchmarks/flashattn_bench --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
   summary+=("bench: $(tail -1 "$OUT/bench.log")")
 fi
+if [[ " $steps " == *" kvrows "* ]]; then
+  kv_shapes=()
+  for bk in 1:8192 16:8192 64:4096 128:2048 8:32768 1:131072; do
+    for kv in "" :pages=1 :pages=16 :pages=256; do
+      kv_shapes+=(--shape "decode:bf16:${bk%%:*}:32:8:1:${bk#*:}:128:none$kv")
+    done
+  done
+  ./build/benchmarks/flashattn_bench "${kv_shapes[@]}" --json "$OUT/kvrows.json" > "$OUT/kvrows.log" 2>&1
+  summary+=("kv rows: $(tail -1 "$OUT/kvrows.log")")
+fi
 if want ab; then
   echo "# A/B: FUSED vs FUSED_SM90 per head dim (bf16, 16k tokens, hidden 2048, 4096^2)" >> "$OUT/bench.log"
   for d in 32 64 96 128 160 192 256; do
@@ -187,7 +204,7 @@ if [[ " $steps " == *" ncupeers "* ]]; then
 fi
 if want peers && [ -f benchmarks/compare_peers.py ]; then
   FLASHATTN_LIBRARY=$PWD/build/libflashattn.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 \
-    python3 benchmarks/compare_peers.py --flush-l2 --rounds "${PEER_ROUNDS:-2}" --json "$OUT/peers.json" > "$OUT/peers.log" 2>&1
+    python3 benchmarks/compare_peers.py --flush-l2 --rounds "${PEER_ROUNDS:-2}" ${PEER_ARGS:-} --json "$OUT/peers.json" > "$OUT/peers.log" 2>&1
   summary+=("peers: see peers.log")
 fi
 if [[ " $steps " == *" fusedpeers "* ]]; then
@@ -198,6 +215,7 @@ fi
 [ -f "$OUT/correctness.txt" ] && cat "$OUT/correctness.txt"
 [ -f "$OUT/pytest.log" ] && grep -E "FAILED|Error|assert" "$OUT/pytest.log" | head -20
 [ -f "$OUT/bench.log" ] && grep -vE '^#|^\[' "$OUT/bench.log" | cut -c1-170
+[ -f "$OUT/kvrows.log" ] && grep -vE '^#|^\[' "$OUT/kvrows.log" | cut -c1-170
 [ -f "$OUT/peers.log" ] && tail -70 "$OUT/peers.log"
 [ -f "$OUT/hostcost.log" ] && cat "$OUT/hostcost.log"
 [ -f "$OUT/launchcost.log" ] && cat "$OUT/launchcost.log"
