@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # One device call for a kernel candidate kept as a patch: A = this tree, B = this tree with PATCH
-# applied (patch -p1). Builds in parallel, with all cores: B at every head dim (tests included), A's
-# benchmark at head dim 128, and both again with benchmarks/block_timeline.patch (each tree's own
-# copy: a candidate that moves the recorded steps updates it) under FA_DIAG_TL. Then, in order, so
-# that a call cut short keeps what matters most:
-#   1. A/B cold, shape by shape (benchmarks/ab_interleave.py: L2 flushed, GPU time, A B B A per
-#      shape in fresh processes; SHAPES, ROUNDS (2));
-#   2. B's whole suite (scripts/gpu_check.sh test, every head dim; SKIP_SUITE=1 leaves it out);
-#   3. both trees' block timelines (benchmarks/block_timeline.py; CASES) while time is left.
+# applied (patch -p1), and with a second patch C = B with PATCH2 applied too (a candidate that
+# builds on B's). Builds in parallel, with all cores: the last tree (B, or C) at every head dim
+# (tests included), the others' benchmarks at head dim 128, and A and the last tree again with
+# benchmarks/block_timeline.patch (each tree's own copy: a candidate that moves the recorded steps
+# updates it) under FA_DIAG_TL. Then, in order, so that a call cut short keeps what matters most:
+#   1. A/B (A/B/C) cold, shape by shape (benchmarks/ab_interleave.py: L2 flushed, GPU time, A B B A
+#      or A B C C B A per shape in fresh processes; SHAPES, ROUNDS (2));
+#   2. the last tree's whole suite (scripts/gpu_check.sh test, every head dim; SKIP_SUITE=1 leaves
+#      it out): with C, B's code runs in it with PATCH2's added;
+#   3. the block timelines of the last tree and A (benchmarks/block_timeline.py; CASES) while time
+#      is left.
 # LIMIT: the seconds the call may take (default 580); each step stops in time for the next.
 # Trees under $AB_DIR (default /tmp/ab_patch); logs and tables under $OUT.
-#   Usage: scripts/ab_patch.sh benchmarks/early_first_loads.patch
+#   Usage: scripts/ab_patch.sh benchmarks/early_first_loads.patch [benchmarks/prefetch_descriptors.patch]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 patch_file=$(realpath "${1:?usage: scripts/ab_patch.sh PATCH}")
@@ -21,7 +24,12 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=cs
 rm -rf "$D" && mkdir -p "$D/A" || exit 1
 tar --exclude='./build*' --exclude=./.git -cf - . | tar -xf - -C "$D/A"
 cp -r "$D/A" "$D/B" && (cd "$D/B" && patch -s -p1 < "$patch_file") || { echo "ab_patch.sh: $1 does not apply"; exit 1; }
-for t in A B; do
+last=B
+if [ -n "${2:-}" ]; then
+  patch2=$(realpath "$2"); last=C
+  cp -r "$D/B" "$D/C" && (cd "$D/C" && patch -s -p1 < "$patch2") || { echo "ab_patch.sh: $2 does not apply after $1"; exit 1; }
+fi
+for t in A $last; do
   cp -r "$D/$t" "$D/${t}tl" && (cd "$D/${t}tl" && patch -s -p1 < benchmarks/block_timeline.patch) ||
     { echo "ab_patch.sh: the timeline patch does not apply to $t"; exit 1; }
 done
@@ -34,27 +42,30 @@ build() { # tree target cmake-options...
   return $rc
 }
 tl_opts=(-DFLASHATTN_HEAD_DIMS=128 -DFLASHATTN_BUILD_TESTS=OFF -DFLASHATTN_BUILD_BENCHMARKS=OFF -DCMAKE_CUDA_FLAGS=-DFA_DIAG_TL)
-build B all & pb=$!
-build A flashattn_bench -DFLASHATTN_HEAD_DIMS=128 -DFLASHATTN_BUILD_TESTS=OFF & pa=$!
+bench_opts=(-DFLASHATTN_HEAD_DIMS=128 -DFLASHATTN_BUILD_TESTS=OFF)
+build $last all & pl=$!
+build A flashattn_bench "${bench_opts[@]}" & pa=$!
+pb=; [ $last = C ] && { build B flashattn_bench "${bench_opts[@]}" & pb=$!; }
 build Atl flashattn "${tl_opts[@]}" &
-build Btl flashattn "${tl_opts[@]}" &
-wait $pa && wait $pb || exit 1
+build ${last}tl flashattn "${tl_opts[@]}" &
+wait $pa && wait $pl && { [ -z "$pb" ] || wait $pb; } || exit 1
 wait
 d8k=decode:bf16:1:32:8:1:8192:128:none
 shapes=${SHAPES:-"$d8k $d8k:pages=16 $d8k:pages=256 $d8k:cache decode:bf16:1:32:8:1:16384:128:none
   decode:bf16:2:32:8:1:8192:128:none prefill:bf16:1:32:8:2048:2048:128:causal"}
 args=(); for s in $shapes; do args+=(--shape "$s"); done
+[ $last = C ] && args+=(--c "$D/C/build/benchmarks/flashattn_bench")
 PYTHONUNBUFFERED=1 timeout $(( LIMIT * 2 / 5 )) python3 benchmarks/ab_interleave.py --a "$D/A/build/benchmarks/flashattn_bench" \
   --b "$D/B/build/benchmarks/flashattn_bench" "${args[@]}" --rounds "${ROUNDS:-2}" --json "$OUT/ab_patch.json" > "$OUT/ab_patch.txt" 2>&1
-echo "A/B (B / A, cold, GPU time), $(el) s:"; cat "$OUT/ab_patch.txt"
+echo "A/B$([ $last = C ] && echo /C) (B / A$([ $last = C ] && echo ", C / A"), cold, GPU time), $(el) s:"; cat "$OUT/ab_patch.txt"
 suite_s=$(( LIMIT - 40 - $(el) ))
 if [ -n "${SKIP_SUITE:-}" ]; then :
-elif [ $suite_s -lt 60 ]; then echo "B's suite: not run, $suite_s s left of LIMIT"
+elif [ $suite_s -lt 60 ]; then echo "$last's suite: not run, $suite_s s left of LIMIT"
 else
-  (cd "$D/B" && CTEST_TIMEOUT=150 SKIP_PTXAS=1 OUT="$OUT" timeout $suite_s bash scripts/gpu_check.sh test 2>&1 | tail -25)
-  echo "B's suite: $(el) s"
+  (cd "$D/$last" && CTEST_TIMEOUT=150 SKIP_PTXAS=1 OUT="$OUT" timeout $suite_s bash scripts/gpu_check.sh test 2>&1 | tail -25)
+  echo "$last's suite: $(el) s"
 fi
-for t in Btl Atl; do
+for t in ${last}tl Atl; do
   left=$(( LIMIT - 10 - $(el) )); [ $left -gt 30 ] || break
   (cd "$D/$t" && FLASHATTN_LIBRARY="$D/$t/build/libflashattn.so" PYTHONPATH="$D/$t/python" OUT="$OUT" TAG="_$t" \
     CASES=${CASES:-dense_fill,pages256_fill,pages16_fill} REPS=${REPS:-20} timeout $(( left / 2 )) python3 "$D/$t/benchmarks/block_timeline.py" 2>&1 | tail -8)
