@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
 # One device call for a kernel candidate kept as a patch: A = this tree, B = this tree with PATCH
-# applied (patch -p1), and with a second patch C = B with PATCH2 applied too (a candidate that
-# builds on B's). Builds in parallel, with all cores: the last tree (B, or C) at every head dim
+# applied (patch -p1), and with more patches C = B with each of them applied in turn (candidates
+# that build on B's). Builds in parallel, with all cores: the last tree (B, or C) at every head dim
 # (tests included), the others' benchmarks at head dim 128, and A and the last tree again with
 # benchmarks/block_timeline.patch (each tree's own copy: a candidate that moves the recorded steps
 # updates it) under FA_DIAG_TL. Then, in order, so that a call cut short keeps what matters most:
 #   1. A/B (A/B/C) cold, shape by shape (benchmarks/ab_interleave.py: L2 flushed, GPU time, A B B A
 #      or A B C C B A per shape in fresh processes; SHAPES, ROUNDS (2));
 #   2. the last tree's whole suite (scripts/gpu_check.sh test, every head dim; SKIP_SUITE=1 leaves
-#      it out): with C, B's code runs in it with PATCH2's added;
+#      it out): with C, B's code runs in it with the other patches' added;
 #   3. the block timelines of the last tree and A (benchmarks/block_timeline.py; CASES) while time
 #      is left.
 # LIMIT: the seconds the call may take (default 580); each step stops in time for the next.
 # Trees under $AB_DIR (default /tmp/ab_patch); logs and tables under $OUT.
-#   Usage: scripts/ab_patch.sh benchmarks/early_first_loads.patch [benchmarks/prefetch_descriptors.patch]
+#   Usage: scripts/ab_patch.sh benchmarks/early_first_loads.patch [benchmarks/prefetch_descriptors.patch ...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 patch_file=$(realpath "${1:?usage: scripts/ab_patch.sh PATCH}")
@@ -25,9 +25,12 @@ rm -rf "$D" && mkdir -p "$D/A" || exit 1
 tar --exclude='./build*' --exclude=./.git -cf - . | tar -xf - -C "$D/A"
 cp -r "$D/A" "$D/B" && (cd "$D/B" && patch -s -p1 < "$patch_file") || { echo "ab_patch.sh: $1 does not apply"; exit 1; }
 last=B
-if [ -n "${2:-}" ]; then
-  patch2=$(realpath "$2"); last=C
-  cp -r "$D/B" "$D/C" && (cd "$D/C" && patch -s -p1 < "$patch2") || { echo "ab_patch.sh: $2 does not apply after $1"; exit 1; }
+if [ $# -gt 1 ]; then
+  last=C; cp -r "$D/B" "$D/C" || exit 1
+  for p2 in "${@:2}"; do
+    p2abs=$(realpath "$p2")
+    (cd "$D/C" && patch -s -p1 < "$p2abs") || { echo "ab_patch.sh: $p2 does not apply after the patches before it"; exit 1; }
+  done
 fi
 for t in A $last; do
   cp -r "$D/$t" "$D/${t}tl" && (cd "$D/${t}tl" && patch -s -p1 < benchmarks/block_timeline.patch) ||
