@@ -13,7 +13,7 @@
 #      is left.
 # LIMIT: the seconds the call may take (default 580); each step stops in time for the next.
 # Trees under $AB_DIR (default /tmp/ab_patch); logs and tables under $OUT.
-#   Usage: scripts/ab_patch.sh benchmarks/early_first_loads.patch [benchmarks/prefetch_descriptors.patch ...]
+#   Usage: scripts/ab_patch.sh first.patch [second.patch ...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 patch_file=$(realpath "${1:?usage: scripts/ab_patch.sh PATCH}")
