@@ -11,8 +11,11 @@ jobs=${JOBS:-$(nproc)}
 # Tests and the benchmark are forced on: a build directory configured without them (by hand, or by
 # an older bench.sh) is reconfigured rather than silently testing nothing.
 args=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_BUILD_TESTS=ON -DFLASHATTN_BUILD_BENCHMARKS=ON)
-[ -n "${FLASHATTN_HEAD_DIMS:-}" ] && args+=("-DFLASHATTN_HEAD_DIMS=${FLASHATTN_HEAD_DIMS}")
-[ -n "${CMAKE_CUDA_ARCHITECTURES:-}" ] && args+=("-DCMAKE_CUDA_ARCHITECTURES=${CMAKE_CUDA_ARCHITECTURES}")
+# Unset, each goes back to the project's default (-U), so that a build directory configured once
+# with fewer head dims or architectures does not go on testing that restricted build in silence.
+for v in FLASHATTN_HEAD_DIMS CMAKE_CUDA_ARCHITECTURES; do
+  if [ -n "${!v:-}" ]; then args+=("-D$v=${!v}"); else args+=("-U$v"); fi
+done
 echo "test.sh: configuring and building in $build (progress below)"
 cmake -S . -B "$build" "${args[@]}" >/dev/null
 start=$(date +%s)
