@@ -4,6 +4,8 @@
  *   flashattn_bench                       the default suite: the prefill and decode shapes of the
  *                                         peer table (16k tokens per prefill, hidden 2048)
  *   flashattn_bench --suite quick         a few shapes, for a smoke test
+ *   flashattn_bench --suite decode        the default suite's decode shapes alone (dense and in
+ *                                         pages of 1, 16 and 256 keys)
  *   flashattn_bench --shape prefill:bf16:4:16:16:4096:4096:128:causal     one shape (repeatable)
  *                   (kind:dtype:batch:heads_q:heads_kv:seqlen_q:seqlen_k:head_dim:mask[:kv], kind
  *                    prefill, prefill-gqa or decode, dtype fp16 or bf16, mask none, causal,
@@ -138,9 +140,24 @@ static double kv_bytes_of(const shape *s) { return 2.0 * s->b * s->hkv * (double
 static int is_decode(const shape *s) { return strcmp(s->kind, "decode") == 0; }
 
 /* ---- the default suite: the peer table's shapes (docs/performance.md, benchmarks/compare_peers.py) ---- */
-static int default_suite(shape *out, int quick) {
+enum { SUITE_DEFAULT, SUITE_QUICK, SUITE_DECODE };
+
+/* The peer table's decodes (GQA 32/8, head dim 128), each dense and over a paged cache (vLLM's 16
+ * keys a page, SGLang's 1, a large page). */
+static int decode_suite(shape *out) {
     int n = 0;
-    if (quick) {
+    const int64_t dec[][2] = {{1, 8192}, {16, 8192}, {64, 4096}, {128, 2048}, {8, 32768}, {1, 131072}};
+    for (int i = 0; i < 6; ++i) out[n++] = (shape){"decode", 1, dec[i][0], 32, 8, 1, dec[i][1], 128, 0};
+    const int64_t pages[] = {1, 16, 256};
+    for (int i = 0; i < 6; ++i)
+        for (int j = 0; j < 3; ++j) out[n++] = (shape){"decode", 1, dec[i][0], 32, 8, 1, dec[i][1], 128, 0, .kv = pages[j]};
+    return n;
+}
+
+static int default_suite(shape *out, int suite) {
+    int n = 0;
+    if (suite == SUITE_DECODE) return decode_suite(out);
+    if (suite == SUITE_QUICK) {
         const shape q[] = {{"prefill", 1, 4, 16, 16, 1024, 1024, 128, 0}, {"prefill", 1, 4, 16, 16, 1024, 1024, 128, 1},
                            {"prefill", 0, 8, 32, 32, 512, 512, 64, 1}, {"decode", 1, 16, 32, 8, 1, 8192, 128, 0},
                            {"decode", 1, 16, 32, 8, 1, 8192, 128, 0, .kv = 16}};
@@ -158,13 +175,7 @@ static int default_suite(shape *out, int quick) {
             out[n++] = (shape){"prefill", 0, 16384 / seqs[si], 16, 16, seqs[si], seqs[si], 128, c};
     out[n++] = (shape){"prefill-gqa", 1, 8, 32, 8, 2048, 2048, 128, 1};
     out[n++] = (shape){"prefill-gqa", 1, 2, 32, 8, 8192, 8192, 128, 1};
-    const int64_t dec[][2] = {{1, 8192}, {16, 8192}, {64, 4096}, {128, 2048}, {8, 32768}, {1, 131072}};
-    for (int i = 0; i < 6; ++i) out[n++] = (shape){"decode", 1, dec[i][0], 32, 8, 1, dec[i][1], 128, 0};
-    /* the same decodes over a paged cache (vLLM's 16 keys a page, SGLang's 1, a large page) */
-    const int64_t pages[] = {1, 16, 256};
-    for (int i = 0; i < 6; ++i)
-        for (int j = 0; j < 3; ++j) out[n++] = (shape){"decode", 1, dec[i][0], 32, 8, 1, dec[i][1], 128, 0, .kv = pages[j]};
-    return n;
+    return n + decode_suite(out + n);
 }
 
 /* ---- ceilings ---------------------------------------------------------------------------------- */
@@ -423,7 +434,7 @@ done:
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: flashattn_bench [--suite default|quick] [--shape kind:dtype:b:hq:hkv:sq:sk:d:mask[:kv]]...\n"
+            "usage: flashattn_bench [--suite default|quick|decode] [--shape kind:dtype:b:hq:hkv:sq:sk:d:mask[:kv]]...\n"
             "                       [--backend auto|fused|fused_sm90|reference] [--iters N] [--warmup N] [--seed S]\n"
             "                       [--json FILE] [--csv FILE] [--no-check] [--help]\n"
             "  kind prefill|prefill-gqa|decode, dtype fp16|bf16, mask none|causal|window=L,R|causal,window=L,R\n"
@@ -624,7 +635,7 @@ static void print_kv_ratios(const row *rows, int n) {
 #define MAX_SHAPES 128
 
 int main(int argc, char **argv) {
-    int backend = FLASHATTN_BACKEND_AUTO, check = 1, quick = 0, n_shapes = 0;
+    int backend = FLASHATTN_BACKEND_AUTO, check = 1, suite = SUITE_DEFAULT, n_shapes = 0;
     int64_t iters = 30, warmup = 5;
     uint64_t seed = 1;
     const char *json_path = NULL, *csv_path = NULL;
@@ -645,9 +656,10 @@ int main(int argc, char **argv) {
         int64_t v;
         switch (c) {
         case OPT_SUITE:
-            if (!strcmp(optarg, "quick")) quick = 1;
-            else if (!strcmp(optarg, "default")) quick = 0;
-            else return bad_arg("suite", optarg, "default or quick");
+            if (!strcmp(optarg, "quick")) suite = SUITE_QUICK;
+            else if (!strcmp(optarg, "decode")) suite = SUITE_DECODE;
+            else if (!strcmp(optarg, "default")) suite = SUITE_DEFAULT;
+            else return bad_arg("suite", optarg, "default, quick or decode");
             break;
         case OPT_SHAPE:
             if (n_shapes == MAX_SHAPES) return bad_arg("shape", optarg, "at most 128 --shape options");
@@ -719,7 +731,7 @@ int main(int argc, char **argv) {
     printf("# build: %s\n", flashattn_build_info());
     printf("# ceilings measured now: bf16 GEMM 8192^3 %.0f TFLOP/s, device copy %.0f GB/s\n", gemm_peak, copy_peak);
 
-    const int n = n_shapes ? n_shapes : default_suite(shapes, quick);
+    const int n = n_shapes ? n_shapes : default_suite(shapes, suite);
     row *rows = calloc(n, sizeof(row));
     const size_t l2_bytes = (size_t)256 << 20; /* > 4x the H200's 60 MB L2 */
     void *l2;

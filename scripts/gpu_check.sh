@@ -14,10 +14,10 @@
 # compiled head dim: the measurement behind the AUTO ranges of FA_SM90_CONFIGS. CTEST_TIMEOUT:
 # seconds a test may take (900), so that a kernel that hangs costs a device call less than its whole
 # limit. PEER_ROUNDS: compare_peers.py's --rounds in the peers steps (2); PEER_ARGS, more of its
-# options for the peers step (e.g. "--kinds decode --head-dims 128"). "kvrows": the benchmark's six
-# decode shapes dense and in pages of 1, 16 and 256 keys (head dim 128), with each paged row's rate
-# over its dense row's. FLASHATTN_HEAD_DIMS restricts this tree's build and $AB_OLD's alike.
-# abserving: AB_ONLY keeps the serving_speed.py rows whose labels contain one of its '|'-separated
+# options for the peers step (e.g. "--kinds decode --head-dims 128"). "kvrows": the benchmark's
+# decode suite (--suite decode: the default suite's six decode shapes dense and in pages of 1, 16
+# and 256 keys, head dim 128), with each paged row's rate over its dense row's.
+# FLASHATTN_HEAD_DIMS restricts this tree's build and $AB_OLD's alike. abserving: AB_ONLY keeps the serving_speed.py rows whose labels contain one of its '|'-separated
 # parts (e.g. "prefill 4x4k 32/8|decode 128x1"), AB_GROUPS runs that many A B B A groups (1),
 # AB_ITERS replays a function (20); its runs' JSON and logs stay under /tmp, and $OUT gets
 # serving_ab.txt (B / A per cell) and serving_ab_runs.txt (each run's rows). ncupeers: ours beside
@@ -120,13 +120,7 @@ if want bench; then
   summary+=("bench: $(tail -1 "$OUT/bench.log")")
 fi
 if [[ " $steps " == *" kvrows "* ]]; then
-  kv_shapes=()
-  for bk in 1:8192 16:8192 64:4096 128:2048 8:32768 1:131072; do
-    for kv in "" :pages=1 :pages=16 :pages=256; do
-      kv_shapes+=(--shape "decode:bf16:${bk%%:*}:32:8:1:${bk#*:}:128:none$kv")
-    done
-  done
-  ./build/benchmarks/flashattn_bench "${kv_shapes[@]}" --json "$OUT/kvrows.json" > "$OUT/kvrows.log" 2>&1
+  ./build/benchmarks/flashattn_bench --suite decode --json "$OUT/kvrows.json" > "$OUT/kvrows.log" 2>&1
   summary+=("kv rows: $(tail -1 "$OUT/kvrows.log")")
 fi
 if want ab; then
