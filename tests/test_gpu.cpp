@@ -735,6 +735,64 @@ TEST_F(GpuSm90, SplitDecodeIsDeterministic) {
     check_deterministic(h, FLASHATTN_BACKEND_FUSED_SM90, c, "split decode determinism");
 }
 
+// flashattn_fwd's workspace: "Its contents on entry do not matter." A split decode keeps its
+// partial results there, and its merge must read only what this call stored: never another call's
+// partial results (here, each time, those of other inputs of the same shape, the call before on the
+// same stream), nor a pattern left by anything else (a signalling NaN in every word, then 0xff
+// bytes). Every call's O and LSE must be bit-identical to the same inputs' over a workspace of
+// zeros. 8192 keys split 16 ways, and 8320 keys, whose 65 key tiles leave the last splits none
+// (their parts empty: an LSE of -inf and no O stored).
+TEST_F(GpuSm90, SplitDecodeIgnoresWhatTheWorkspaceHeld) {
+    for (const int64_t sk : {8192, 8320}) {
+        Case c;
+        c.b = 1, c.hq = 32, c.hkv = 8, c.sq = 1, c.sk = sk, c.d = 128;
+        Inputs in(c), other(c);
+        DevBuf<uint16_t> o(in.qs.numel);
+        DevBuf<float> lse(c.b * c.hq * c.sq);
+        const flashattn_fwd_params p = make_params(in, o.p, lse.p, FLASHATTN_BACKEND_FUSED_SM90);
+        const flashattn_fwd_params po = make_params(other, o.p, lse.p, FLASHATTN_BACKEND_FUSED_SM90);
+        const flashattn_plan_info info = plan_for(h, in, FLASHATTN_BACKEND_FUSED_SM90);
+        ASSERT_GT(info.num_splits, 1) << info.description;
+        size_t bytes = 0;
+        ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd_workspace_size(h, &p, &bytes)) << flashattn_last_error();
+        ASSERT_GT(bytes, 0u);
+        DevBuf<char> ws(bytes);
+        auto call = [&](const flashattn_fwd_params &q) {
+            ASSERT_EQ(FLASHATTN_STATUS_SUCCESS, flashattn_fwd(h, &q, ws.p, bytes, nullptr)) << flashattn_last_error();
+        };
+        CUDA_CHECK(cudaMemset(ws.p, 0, bytes));
+        call(p);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        const std::vector<uint16_t> o0 = o.download();
+        const std::vector<float> lse0 = lse.download();
+        int checked = 0, identical = 0;
+        auto check = [&](const char *what, int rep) {
+            CUDA_CHECK(cudaDeviceSynchronize());
+            const std::vector<uint16_t> o1 = o.download();
+            const std::vector<float> lse1 = lse.download();
+            const bool same = std::memcmp(o1.data(), o0.data(), o0.size() * 2) == 0 &&
+                              std::memcmp(lse1.data(), lse0.data(), lse0.size() * 4) == 0;
+            EXPECT_TRUE(same) << what << ", call " << rep << ", " << sk << " keys";
+            ++checked, identical += same;
+        };
+        for (int rep = 0; rep < 50; ++rep) { /* the other inputs' parts, then ours over them */
+            call(po);
+            call(p);
+            check("after another call's partial results", rep);
+        }
+        const std::vector<uint32_t> snan(bytes / 4, 0x7fbadbadu);
+        CUDA_CHECK(cudaMemcpy(ws.p, snan.data(), snan.size() * 4, cudaMemcpyHostToDevice));
+        call(p);
+        check("over a workspace of signalling NaNs", 0);
+        CUDA_CHECK(cudaMemset(ws.p, 0xff, bytes));
+        call(p);
+        check("over a workspace of 0xff bytes", 0);
+        printf("[ fused_sm90 ] split decode, %lld keys, %d splits: %d of %d calls over a workspace already written "
+               "bit-identical to the call over zeros\n",
+               (long long)sk, info.num_splits, identical, checked);
+    }
+}
+
 // ---- the API on the device ---------------------------------------------------------------------------
 
 TEST_F(Gpu, BadInputLeavesOutputsUntouched) {
