@@ -17,12 +17,13 @@
 # options for the peers step (e.g. "--kinds decode --head-dims 128"). "kvrows": the benchmark's
 # decode suite (--suite decode: the default suite's six decode shapes dense and in pages of 1, 16
 # and 256 keys, head dim 128), with each paged row's rate over its dense row's.
-# FLASHATTN_HEAD_DIMS restricts this tree's build and $AB_OLD's alike. abserving: AB_ONLY keeps the serving_speed.py rows whose labels contain one of its '|'-separated
-# parts (e.g. "prefill 4x4k 32/8|decode 128x1"), AB_GROUPS runs that many A B B A groups (1),
-# AB_ITERS replays a function (20); its runs' JSON and logs stay under /tmp, and $OUT gets
-# serving_ab.txt (B / A per cell) and serving_ab_runs.txt (each run's rows). ncupeers: ours beside
-# cuDNN under ncu (benchmarks/ncu_peers.py; NCU_SHAPES, space-separated, replaces its default rows),
-# its table in ncu_peers_table.txt.
+# FLASHATTN_HEAD_DIMS restricts this tree's build and $AB_OLD's alike. abserving: AB_ONLY keeps the
+# serving_speed.py rows whose labels contain one of its '|'-separated parts (e.g. "prefill 4x4k
+# 32/8|decode 128x1"), AB_GROUPS runs that many A B B A groups (1), AB_ITERS replays a function
+# (20); its runs' JSON and logs stay under /tmp, and $OUT gets serving_ab.txt (B / A per cell) and
+# serving_ab_runs.txt (each run's rows). ncupeers: ours beside cuDNN under ncu
+# (benchmarks/ncu_peers.py; NCU_SHAPES, space-separated, replaces its default rows), its table in
+# ncu_peers_table.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/flashattn_out}
