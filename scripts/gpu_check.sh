@@ -2,11 +2,12 @@
 # One device call: build with all cores, run the whole test suite (GPU tests included), the
 # benchmark's default suite, and the side-by-side comparison with the peers; logs under $OUT, a
 # short table last. Usage: scripts/gpu_check.sh
-# [all|build|test|sanitize|bench|kvrows|quick|hostcost|launchcost|serving|peers|fusedpeers|ab|abtree|abshapes|abserving|ncuserving|ncupeers]...
+# [all|build|test|sanitize|bench|kvrows|quick|hostcost|launchcost|ceiling|serving|peers|fusedpeers|ab|abtree|abshapes|abserving|ncuserving|ncupeers]...
 # (default: all; "abserving" is abtree's A/B for benchmarks/serving_speed.py; "quick" is the
 # benchmark's quick suite, "hostcost" the Python host cost per call beside SDPA's; "fusedpeers" the
 # portable FUSED kernel forced, beside FA2 (which runs its sm80 code on Hopper too); "launchcost"
-# the host cost of each launch form (benchmarks/launch_cost.cu); "serving" the serving paths' speed
+# the host cost of each launch form (benchmarks/launch_cost.cu); "ceiling" a batch-1 8k decode's
+# K/V read by bare kernels beside the library's call (benchmarks/read_ceiling.cu); "serving" the serving paths' speed
 # beside the dense path and the peers; "abtree" builds the source tree in $AB_OLD too and times both
 # builds on the default suite, alternating, for a refactor's before/after; AB_ARGS adds benchmark
 # options to both, e.g. "--backend fused"; "abshapes" does the same shape by shape, A B B A per
@@ -83,6 +84,11 @@ fi
 if want launchcost; then
   nvcc -O2 -std=c++17 -arch=sm_90a benchmarks/launch_cost.cu -o build/launch_cost && ./build/launch_cost > "$OUT/launchcost.log" 2>&1
   summary+=("launch cost: rc=$? (launchcost.log)")
+fi
+if want ceiling; then
+  nvcc -O3 -std=c++17 -arch=sm_90a -Iinclude -Ikernels benchmarks/read_ceiling.cu -Lbuild -lflashattn \
+    -Xlinker -rpath="$PWD/build" -o build/read_ceiling && ./build/read_ceiling "${CEILING_ROUNDS:-3}" > "$OUT/ceiling.log" 2>&1
+  summary+=("read ceiling: rc=$? (ceiling.log)")
 fi
 if want serving; then
   FLASHATTN_LIBRARY=$PWD/build/libflashattn.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 \
@@ -221,6 +227,7 @@ fi
 [ -f "$OUT/peers.log" ] && tail -70 "$OUT/peers.log"
 [ -f "$OUT/hostcost.log" ] && cat "$OUT/hostcost.log"
 [ -f "$OUT/launchcost.log" ] && cat "$OUT/launchcost.log"
+[ -f "$OUT/ceiling.log" ] && cat "$OUT/ceiling.log"
 [ -f "$OUT/serving.log" ] && cat "$OUT/serving.log"
 [ -f "$OUT/ab_compare.txt" ] && cat "$OUT/ab_compare.txt"
 [ -f "$OUT/ab_shapes.txt" ] && cat "$OUT/ab_shapes.txt"
