@@ -3,20 +3,26 @@
 // flashattn_bench and compare_peers.py time it with the L2 overwritten before every call (a 256 MB
 // memset), CUDA events around the call alone. This probe times, in the same protocol and the same
 // process, interleaved round by round:
-//   empty      an empty kernel of 128 blocks: the protocol's floor (event, launch, drain);
-//   tma        128 blocks (8 heads x 16 key ranges of 512 keys), each reading its four 128-key K and V
-//              tiles through the tensor map the library uses (64-column boxes, 128-byte swizzle,
-//              evict-first), two stages, nothing computed: the split decode's transfer alone;
-//   tma3       the same with three stages;
-//   tma+parts  tma, each block then storing a 4 x 128 fp32 partial result and its 4 LSEs;
-//   tma+merge  tma+parts followed by a merge kernel launched as a programmatic dependent (32 blocks,
-//              one a query head, reading the 16 parts): the split call's two-kernel shape;
-//   ldg        every SM streaming the 32 MiB through 16-byte loads (no tiles, no tensor maps);
-//   library    flashattn_fwd on the same K and V (AUTO): the library's own batch-1 decode.
-// GB/s is K+V bytes over the median event time, as flashattn_bench reports decode rows.
+//   empty         an empty kernel of 128 blocks: the protocol's floor (event, launch, drain);
+//   tma           128 blocks (8 heads x 16 key ranges of 512 keys), each reading its four 128-key K
+//                 and V tiles through a tensor map like the library's (64-column boxes, 128-byte
+//                 swizzle, evict-first), two stages, nothing computed: the split decode's transfer;
+//   tma nohint    the same without the evict-first policy;
+//   tma3          the same with three stages;
+//   tma+parts     tma, each block then storing a 4 x 128 fp32 partial result and its 4 LSEs;
+//   tma+release   tma+parts followed by a programmatic dependent of 32 blocks that waits for the
+//                 grid and stores a constant: the kernel boundary alone;
+//   tma+merge     the same dependent reading the 16 parts and merging them: the split call's shape;
+//   ldg           every SM streaming the 32 MiB through 16-byte loads (no tiles, no tensor maps);
+//   library       flashattn_fwd on the same K and V (AUTO): the library's own batch-1 decode;
+//   library p16, library p256   the same K and V as pools of 16- and 256-key pages, listed shuffled.
+// Every form is timed again with the flush done by a 256 MB read, which leaves no modified lines in
+// the L2 (what writing them back costs a cold call). GB/s is K+V bytes over the median event time,
+// as flashattn_bench reports decode rows. Then, on one block, a decode tile's tensor-core products in
+// cycles: the library's 64-row tile against the tile transposed (keys as M, 8 query rows as N).
 //
-//   nvcc -O3 -std=c++17 -arch=sm_90a -Iinclude -Ikernels benchmarks/read_ceiling.cu -Lbuild -lflashattn \
-//        -Xlinker -rpath=$PWD/build -o /tmp/read_ceiling && /tmp/read_ceiling [rounds] [iters]
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Iinclude -Ikernels benchmarks/read_ceiling.cu \
+//        -Lbuild -lflashattn -Xlinker -rpath=$PWD/build -o /tmp/read_ceiling && /tmp/read_ceiling [rounds] [iters]
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
@@ -32,6 +38,7 @@
 
 #include "flashattn.h"
 #include "sm90_ptx.cuh"
+#include "sm90_wgmma.cuh"
 
 #define CHECK(x)                                                                                  \
     do {                                                                                          \
@@ -52,7 +59,7 @@ constexpr int kRowsPerHead = kHeadsQ / kHeadsKv;         // 4 query heads share 
 
 // One block: K and V tiles of its head and key range, kStages deep, landing in shared memory and
 // nothing more; with kParts, its 4 x 128 fp32 partial result and 4 LSEs stored afterwards.
-template <int kStages, bool kParts>
+template <int kStages, bool kParts, bool kHint = true>
 __global__ void __launch_bounds__(128) tma_read(const __grid_constant__ CUtensorMap kmap,
                                                 const __grid_constant__ CUtensorMap vmap, float *parts,
                                                 float *lses) {
@@ -68,9 +75,9 @@ __global__ void __launch_bounds__(128) tma_read(const __grid_constant__ CUtensor
         const uint32_t dst = base + s * 2 * kTileBytes;
         mbar_expect_tx(bar(s), 2 * kTileBytes);
         for (int c = 0; c < kHeadDim / 64; ++c)
-            tma_load_policy<true>(dst + c * (kTileBytes / 2), &kmap, c * 64, key0 + t * kTile, head, 0, bar(s), pol);
+            tma_load_policy<kHint>(dst + c * (kTileBytes / 2), &kmap, c * 64, key0 + t * kTile, head, 0, bar(s), pol);
         for (int c = 0; c < kHeadDim / 64; ++c)
-            tma_load_policy<true>(dst + kTileBytes + c * (kTileBytes / 2), &vmap, c * 64, key0 + t * kTile, head, 0,
+            tma_load_policy<kHint>(dst + kTileBytes + c * (kTileBytes / 2), &vmap, c * 64, key0 + t * kTile, head, 0,
                                   bar(s), pol);
     };
     if (threadIdx.x == 0) {
@@ -125,6 +132,13 @@ __global__ void __launch_bounds__(128) merge_parts(const float *parts, const flo
     out[row * kHeadDim + threadIdx.x] = __float2bfloat16(num / den);
 }
 
+// The merge's launch and release alone: the same grid, waiting for the attention blocks, then
+// storing a constant.
+__global__ void __launch_bounds__(128) merge_release_only(__nv_bfloat16 *out) {
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    out[blockIdx.x * kHeadDim + threadIdx.x] = __float2bfloat16(1.0f);
+}
+
 // Every SM streaming the buffer in 16-byte loads, eight in flight a thread.
 __global__ void __launch_bounds__(256) ldg_read(const uint4 *p, size_t n, unsigned *sink) {
     unsigned x = 0;
@@ -145,6 +159,112 @@ __global__ void __launch_bounds__(256) ldg_read(const uint4 *p, size_t n, unsign
 }
 
 __global__ void empty_kernel() {}
+
+// m64n8k16 bf16, A and B from shared memory, A read M-major where kTransA (V^T from V's tile).
+template <bool kTransA>
+__device__ __forceinline__ void wgmma_n8(float (&d)[4], uint64_t da, uint64_t db, int accumulate) {
+    if constexpr (kTransA)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, p, 1, 1, 1, 0;\n}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "l"(da), "l"(db), "r"(accumulate));
+    else
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, 0;\n}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "l"(da), "l"(db), "r"(accumulate));
+}
+
+// A decode tile's products as one warpgroup issues them, timed in cycles from the issue to the
+// wait's return, over shared memory whose contents do not matter (the products' time does not
+// depend on the values). Head dim 128, 128 keys, bf16:
+//   0  S = Q K^T as the library's decode tile computes it: 8 k-steps of m64n128k16 (64 rows, of
+//      which a 32/8 decode uses 4);
+//   1  P V the same way: 8 k-steps of m64n128k16, P from registers;
+//   2  S^T = K Q^T, the tile transposed: 2 x 8 m64n8k16 (keys as M, 8 query rows as N);
+//   3  O^T = V^T P^T: 2 x 8 m64n8k16, V^T read M-major from V's tile, P^T from shared memory;
+//   4  3 with what the transposed tile adds between its products: a column max across the
+//      warpgroup (shuffles, a word a warp through shared memory, a barrier), P^T stored, the
+//      proxy fence and a barrier.
+template <int kForm>
+__global__ void __launch_bounds__(128) chain(long long *cycles, int reps, float *sink) {
+    using namespace fa::sm90;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const uint32_t base = (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
+    const uint32_t q = base, kv = base + 16384, pt = base + 49152, red = base + 51200;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    for (int i = threadIdx.x; i < 53248 / 4; i += 128) asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(base + 4 * i), "r"(0x3c003c00u));
+    float acc[64], acc8[2][4];
+    uint32_t pf[8][4];
+    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+    for (int h = 0; h < 2; ++h)
+        for (int i = 0; i < 4; ++i) acc8[h][i] = 0.f;
+    for (int k = 0; k < 8; ++k)
+        for (int i = 0; i < 4; ++i) pf[k][i] = 0x3c003c00u + threadIdx.x;
+    fence_proxy_async_shared();
+    for (int rep = 0; rep < reps; ++rep) {
+        __syncthreads();
+        const long long t0 = clock64();
+        if constexpr (kForm == 4) {
+            float m = acc8[0][0];
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
+            if (lane < 4) asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(red + 16 * warp + 4 * lane), "f"(m) : "memory");
+            named_sync(1, 128);
+            float g = m;
+            for (int w = 0; w < 4; ++w) {
+                float x;
+                asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(x) : "r"(red + 16 * w + 4 * (lane % 4)) : "memory");
+                g = fmaxf(g, x);
+            }
+            for (int h = 0; h < 2; ++h) {
+                const uint32_t v0 = __float_as_uint(exp2f(acc8[h][0] - g)) >> 16 | (__float_as_uint(exp2f(acc8[h][1] - g)) & 0xffff0000u);
+                const uint32_t v1 = __float_as_uint(exp2f(acc8[h][2] - g)) >> 16 | (__float_as_uint(exp2f(acc8[h][3] - g)) & 0xffff0000u);
+                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(pt + 1024 * h + 128 * (lane % 4) + 4 * (threadIdx.x / 4 % 32)), "r"(v0) : "memory");
+                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(pt + 1024 * h + 128 * (lane % 4 + 4) + 4 * (threadIdx.x / 4 % 32)), "r"(v1) : "memory");
+            }
+            fence_proxy_async_shared();
+            named_sync(1, 128);
+        }
+        wgmma_fence();
+        if constexpr (kForm == 0) {
+#pragma unroll
+            for (int ks = 0; ks < 8; ++ks)
+                wgmma_ss<128, 1>::run(acc, smem_desc(q + (ks / 4) * 8192 + (ks % 4) * 32, 16, 1024),
+                                      smem_desc(kv + (ks / 4) * 16384 + (ks % 4) * 32, 16, 1024), ks > 0);
+        } else if constexpr (kForm == 1) {
+#pragma unroll
+            for (int ks = 0; ks < 8; ++ks) wgmma_rs<128, 1>::run(acc, pf[ks], smem_desc(kv + ks * 2048, 16384, 1024), 1);
+        } else if constexpr (kForm == 2) {
+#pragma unroll
+            for (int ks = 0; ks < 8; ++ks)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    wgmma_n8<false>(acc8[h], smem_desc(kv + h * 8192 + (ks / 4) * 16384 + (ks % 4) * 32, 16, 1024),
+                                    smem_desc(q + (ks / 4) * 8192 + (ks % 4) * 32, 16, 1024), ks > 0);
+        } else {
+#pragma unroll
+            for (int ks = 0; ks < 8; ++ks)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    wgmma_n8<true>(acc8[h], smem_desc(kv + h * 16384 + ks * 2048, 8192, 1024),
+                                   smem_desc(pt + (ks / 4) * 1024 + (ks % 4) * 32, 16, 1024), 1);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        reg_fence(acc);
+        reg_fence(acc8[0]);
+        reg_fence(acc8[1]);
+        const long long t1 = clock64();
+        if (threadIdx.x == 0) cycles[rep] = t1 - t0;
+    }
+    float x = 0.f;
+    for (int i = 0; i < 64; ++i) x += acc[i];
+    for (int h = 0; h < 2; ++h)
+        for (int i = 0; i < 4; ++i) x += acc8[h][i];
+    sink[threadIdx.x] = x;
+}
 
 PFN_cuTensorMapEncodeTiled_v12000 encoder() {
     void *f = nullptr;
@@ -219,66 +339,153 @@ int main(int argc, char **argv) {
     }
     if (ws_bytes) CHECK(cudaMalloc(&ws, ws_bytes));
 
+    // The library over the same K and V as pages (pools [pages, page, 8, 128]: the same bytes), the
+    // pages listed shuffled, every key used.
+    int32_t *lens = nullptr, *table = nullptr;
+    CHECK(cudaMalloc(&lens, sizeof(int32_t)));
+    CHECK(cudaMalloc(&table, sizeof(int32_t) * kKeys));
+    const int32_t n_keys = kKeys;
+    CHECK(cudaMemcpy(lens, &n_keys, sizeof n_keys, cudaMemcpyHostToDevice));
+    auto paged = [&](int page) {
+        const int pages = kKeys / page;
+        std::vector<int32_t> order(pages);
+        for (int i = 0; i < pages; ++i) order[i] = i;
+        uint64_t x = 0x2545f4914f6cdd1dull + page;
+        for (int i = pages - 1; i > 0; --i) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            std::swap(order[i], order[x % (i + 1)]);
+        }
+        CHECK(cudaMemcpy(table + (page == 16 ? 0 : kKeys / 2), order.data(), sizeof(int32_t) * pages,
+                         cudaMemcpyHostToDevice));
+        flashattn_fwd_params pp = p;
+        pp.seqused_k = lens;
+        pp.block_table = table + (page == 16 ? 0 : kKeys / 2);
+        pp.block_table_batch_stride = pp.pages_per_seq = pages;
+        pp.page_size = page, pp.num_pages = pages;
+        pp.k_batch_stride = pp.v_batch_stride = static_cast<int64_t>(page) * kHeadsKv * kHeadDim;
+        return pp;
+    };
+    const flashattn_fwd_params p16 = paged(16), p256 = paged(256);
+    size_t ws16 = 0, ws256 = 0;
+    if (flashattn_fwd_workspace_size(fh, &p16, &ws16) != FLASHATTN_STATUS_SUCCESS ||
+        flashattn_fwd_workspace_size(fh, &p256, &ws256) != FLASHATTN_STATUS_SUCCESS || ws16 > ws_bytes ||
+        ws256 > ws_bytes) {
+        fprintf(stderr, "paged workspace: %s\n", flashattn_last_error());
+        return 1;
+    }
+
     struct Form {
         const char *name;
-        std::vector<double> t;
+        std::vector<double> t, t_read;  // after the memset; after a read of the flush buffer instead
     };
-    std::vector<Form> forms = {{"empty", {}}, {"tma", {}},  {"tma3", {}},   {"tma+parts", {}},
-                               {"tma+merge", {}}, {"ldg", {}}, {"library", {}}};
+    std::vector<Form> forms = {{"empty", {}, {}},       {"tma", {}, {}},         {"tma nohint", {}, {}},
+                               {"tma3", {}, {}},        {"tma+parts", {}, {}},   {"tma+release", {}, {}},
+                               {"tma+merge", {}, {}},   {"ldg", {}, {}},         {"library", {}, {}},
+                               {"library p16", {}, {}}, {"library p256", {}, {}}};
+    // the merge's grid, launched as a programmatic dependent of the attention's
+    cudaLaunchAttribute pdl_attr = {};
+    pdl_attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    pdl_attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(kHeadsQ), cfg.blockDim = dim3(kHeadDim), cfg.attrs = &pdl_attr, cfg.numAttrs = 1;
+    auto call = [&](const flashattn_fwd_params &pp) {
+        if (flashattn_fwd(fh, &pp, ws, ws_bytes, 0) != FLASHATTN_STATUS_SUCCESS) {
+            fprintf(stderr, "flashattn_fwd: %s\n", flashattn_last_error());
+            exit(1);
+        }
+    };
     auto enqueue = [&](int f) {
         switch (f) {
             case 0: empty_kernel<<<kBlocks, 128>>>(); break;
             case 1: tma_read<2, false><<<kBlocks, 128, smem2>>>(kmap, vmap, parts, lses); break;
-            case 2: tma_read<3, false><<<kBlocks, 128, smem3>>>(kmap, vmap, parts, lses); break;
-            case 3: tma_read<2, true><<<kBlocks, 128, smem2>>>(kmap, vmap, parts, lses); break;
-            case 4: {
+            case 2: tma_read<2, false, false><<<kBlocks, 128, smem2>>>(kmap, vmap, parts, lses); break;
+            case 3: tma_read<3, false><<<kBlocks, 128, smem3>>>(kmap, vmap, parts, lses); break;
+            case 4: tma_read<2, true><<<kBlocks, 128, smem2>>>(kmap, vmap, parts, lses); break;
+            case 5: {
                 tma_read<2, true><<<kBlocks, 128, smem2>>>(kmap, vmap, parts, lses);
-                cudaLaunchConfig_t cfg = {};
-                cudaLaunchAttribute attr[1];
-                attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-                attr[0].val.programmaticStreamSerializationAllowed = 1;
-                cfg.gridDim = dim3(kHeadsQ), cfg.blockDim = dim3(kHeadDim), cfg.attrs = attr, cfg.numAttrs = 1;
+                CHECK(cudaLaunchKernelEx(&cfg, merge_release_only, static_cast<__nv_bfloat16 *>(o)));
+                break;
+            }
+            case 6: {
+                tma_read<2, true><<<kBlocks, 128, smem2>>>(kmap, vmap, parts, lses);
                 CHECK(cudaLaunchKernelEx(&cfg, merge_parts, static_cast<const float *>(parts),
                                          static_cast<const float *>(lses), static_cast<__nv_bfloat16 *>(o)));
                 break;
             }
-            case 5: ldg_read<<<sms * 4, 256>>>(static_cast<const uint4 *>(kv), kv_bytes / 16, sink); break;
-            case 6:
-                if (flashattn_fwd(fh, &p, ws, ws_bytes, 0) != FLASHATTN_STATUS_SUCCESS) {
-                    fprintf(stderr, "flashattn_fwd: %s\n", flashattn_last_error());
-                    exit(1);
-                }
-                break;
+            case 7: ldg_read<<<sms * 4, 256>>>(static_cast<const uint4 *>(kv), kv_bytes / 16, sink); break;
+            case 8: call(p); break;
+            case 9: call(p16); break;
+            case 10: call(p256); break;
         }
         CHECK(cudaGetLastError());
     };
+    CHECK(cudaFuncSetAttribute(tma_read<2, false, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem2));
     cudaEvent_t e0, e1;
     CHECK(cudaEventCreate(&e0));
     CHECK(cudaEventCreate(&e1));
-    for (int r = 0; r < rounds; ++r)
-        for (int f = 0; f < static_cast<int>(forms.size()); ++f)
-            for (int i = 0; i < warm + iters; ++i) {
-                CHECK(cudaMemsetAsync(flush, i & 0xff, l2_bytes, 0));
-                CHECK(cudaEventRecord(e0, 0));
-                enqueue(f);
-                CHECK(cudaEventRecord(e1, 0));
-                CHECK(cudaEventSynchronize(e1));
-                float ms;
-                CHECK(cudaEventElapsedTime(&ms, e0, e1));
-                if (i >= warm) forms[f].t.push_back(ms * 1e3);
-            }
+    // (read_flush: the flush buffer read by every SM instead of written, so that the L2 holds no
+    // modified lines when the call starts)
+    for (int read_flush = 0; read_flush < 2; ++read_flush)
+        for (int r = 0; r < rounds; ++r)
+            for (int f = 0; f < static_cast<int>(forms.size()); ++f)
+                for (int i = 0; i < warm + iters; ++i) {
+                    if (read_flush)
+                        ldg_read<<<sms * 4, 256>>>(static_cast<const uint4 *>(flush), l2_bytes / 16, sink);
+                    else
+                        CHECK(cudaMemsetAsync(flush, i & 0xff, l2_bytes, 0));
+                    CHECK(cudaEventRecord(e0, 0));
+                    enqueue(f);
+                    CHECK(cudaEventRecord(e1, 0));
+                    CHECK(cudaEventSynchronize(e1));
+                    float ms;
+                    CHECK(cudaEventElapsedTime(&ms, e0, e1));
+                    if (i >= warm) (read_flush ? forms[f].t_read : forms[f].t).push_back(ms * 1e3);
+                }
     CHECK(cudaDeviceSynchronize());
     cudaDeviceProp prop;
     CHECK(cudaGetDeviceProperties(&prop, 0));
     printf("read_ceiling: %s, %d SMs; 1 x 32/8 heads, 8192 keys, d128 bf16: %zu bytes of K+V; "
-           "%d rounds x %d calls, L2 overwritten (256 MB) before each\n",
+           "%d rounds x %d calls, the L2 flushed before each by a 256 MB memset (the benchmarks' "
+           "protocol) or by a 256 MB read\n",
            prop.name, sms, kv_bytes, rounds, iters);
-    printf("%-10s %10s %10s %10s %10s\n", "form", "p10 us", "median us", "p90 us", "GB/s");
+    printf("%-13s %9s %9s %9s %9s | %9s %9s\n", "form", "p10 us", "median us", "p90 us", "GB/s", "read: us",
+           "GB/s");
+    auto med = [](std::vector<double> &t) {
+        std::sort(t.begin(), t.end());
+        return t[t.size() / 2];
+    };
     for (auto &f : forms) {
-        std::sort(f.t.begin(), f.t.end());
-        const double med = f.t[f.t.size() / 2];
-        printf("%-10s %10.2f %10.2f %10.2f %10.1f\n", f.name, f.t[f.t.size() / 10], med, f.t[f.t.size() * 9 / 10],
-               kv_bytes / (med * 1e3));
+        const double m = med(f.t), mr = med(f.t_read);
+        printf("%-13s %9.2f %9.2f %9.2f %9.1f | %9.2f %9.1f\n", f.name, f.t[f.t.size() / 10], m,
+               f.t[f.t.size() * 9 / 10], kv_bytes / (m * 1e3), mr, kv_bytes / (mr * 1e3));
+    }
+    printf("library pages/dense (memset protocol): p16 %.3f, p256 %.3f\n", med(forms[8].t) / med(forms[9].t),
+           med(forms[8].t) / med(forms[10].t));
+
+    // The decode tile's products (one block, one warpgroup), cycles from issue to completion.
+    constexpr int kReps = 200;
+    long long *cyc;
+    float *csink;
+    CHECK(cudaMalloc(&cyc, sizeof(long long) * kReps));
+    CHECK(cudaMalloc(&csink, sizeof(float) * 128));
+    const int chain_smem = 53248 + 1024;
+    void (*chains[5])(long long *, int, float *) = {chain<0>, chain<1>, chain<2>, chain<3>, chain<4>};
+    const char *chain_names[5] = {"S = Q K^T, m64n128k16 x 8", "P V, m64n128k16 x 8 (P in registers)",
+                                  "S^T = K Q^T, m64n8k16 x 16", "O^T = V^T P^T, m64n8k16 x 16",
+                                  "O^T with the column max and P^T's store before it"};
+    int clock_khz = 0;
+    CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
+    printf("\ndecode tile products, head dim 128, 128 keys (one warpgroup; cycles issue to completion, "
+           "median of %d; us at %.2f GHz)\n", kReps, clock_khz * 1e-6);
+    for (int f = 0; f < 5; ++f) {
+        CHECK(cudaFuncSetAttribute(chains[f], cudaFuncAttributeMaxDynamicSharedMemorySize, chain_smem));
+        chains[f]<<<1, 128, chain_smem>>>(cyc, kReps, csink);
+        CHECK(cudaGetLastError());
+        std::vector<long long> c(kReps);
+        CHECK(cudaMemcpy(c.data(), cyc, sizeof(long long) * kReps, cudaMemcpyDeviceToHost));
+        std::sort(c.begin() + 10, c.end());
+        const long long med = c[10 + (kReps - 10) / 2];
+        printf("  %-52s %6lld cycles  %5.3f us\n", chain_names[f], med, med / (clock_khz * 1e3) * 1e6);
     }
     flashattn_handle_destroy(fh);
     return 0;

@@ -86,7 +86,7 @@ if want launchcost; then
   summary+=("launch cost: rc=$? (launchcost.log)")
 fi
 if want ceiling; then
-  nvcc -O3 -std=c++17 -arch=sm_90a -Iinclude -Ikernels benchmarks/read_ceiling.cu -Lbuild -lflashattn \
+  nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Iinclude -Ikernels benchmarks/read_ceiling.cu -Lbuild -lflashattn \
     -Xlinker -rpath="$PWD/build" -o build/read_ceiling && ./build/read_ceiling "${CEILING_ROUNDS:-3}" > "$OUT/ceiling.log" 2>&1
   summary+=("read ceiling: rc=$? (ceiling.log)")
 fi
