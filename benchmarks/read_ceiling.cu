@@ -15,7 +15,9 @@
 //   tma+merge     the same dependent reading the 16 parts and merging them: the split call's shape;
 //   ldg           every SM streaming the 32 MiB through 16-byte loads (no tiles, no tensor maps);
 //   library       flashattn_fwd on the same K and V (AUTO): the library's own batch-1 decode;
-//   library p16, library p256   the same K and V as pools of 16- and 256-key pages, listed shuffled.
+//   library p16, library p256   the same K and V as pools of 16- and 256-key pages, listed shuffled;
+//   tma p16, tma p256   tma over those pages: each block reads its pages' table entries first (one
+//                 round trip), then loads its tiles as boxes of min(page, 128) rows.
 // Every form is timed again with the flush done by a 256 MB read, which leaves no modified lines in
 // the L2 (what writing them back costs a cold call). GB/s is K+V bytes over the median event time,
 // as flashattn_bench reports decode rows. Then, on one block, a decode tile's tensor-core products in
@@ -58,27 +60,40 @@ constexpr int kBlocks = kHeadsKv * kSplits;              // 128
 constexpr int kRowsPerHead = kHeadsQ / kHeadsKv;         // 4 query heads share a K/V head
 
 // One block: K and V tiles of its head and key range, kStages deep, landing in shared memory and
-// nothing more; with kParts, its 4 x 128 fp32 partial result and 4 LSEs stored afterwards.
-template <int kStages, bool kParts, bool kHint = true>
+// nothing more; with kParts, its 4 x 128 fp32 partial result and 4 LSEs stored afterwards. With
+// kPage > 0, K and V are pools of kPage-key pages listed by `table` (page p of the sequence at pool
+// page table[p]): the block first reads its pages' entries (one load a lane, one round trip), then
+// loads each tile as boxes of min(kPage, 128) rows (maps encoded with that box).
+template <int kStages, bool kParts, bool kHint = true, int kPage = 0>
 __global__ void __launch_bounds__(128) tma_read(const __grid_constant__ CUtensorMap kmap,
                                                 const __grid_constant__ CUtensorMap vmap, float *parts,
-                                                float *lses) {
+                                                float *lses, const int *table = nullptr) {
     using namespace fa::sm90;
+    constexpr int kBoxRows = kPage == 0 || kPage >= kTile ? kTile : kPage;
+    constexpr int kBlockPages = kPage == 0 ? 1 : kTilesPerBlock * kTile / kPage;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     __shared__ __align__(8) uint64_t full[kStages];
+    __shared__ int pages[kBlockPages];
     const uint32_t base = (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
     const int head = blockIdx.x % kHeadsKv, split = blockIdx.x / kHeadsKv;
     const int key0 = split * kTilesPerBlock * kTile;
+    if constexpr (kPage > 0) {
+        if (threadIdx.x < kBlockPages) pages[threadIdx.x] = table[key0 / kPage + threadIdx.x];
+    }
     auto bar = [&](int s) { return static_cast<uint32_t>(__cvta_generic_to_shared(&full[s])); };
     auto issue = [&](int t, uint64_t pol) {
         const int s = t % kStages;
         const uint32_t dst = base + s * 2 * kTileBytes;
         mbar_expect_tx(bar(s), 2 * kTileBytes);
-        for (int c = 0; c < kHeadDim / 64; ++c)
-            tma_load_policy<kHint>(dst + c * (kTileBytes / 2), &kmap, c * 64, key0 + t * kTile, head, 0, bar(s), pol);
-        for (int c = 0; c < kHeadDim / 64; ++c)
-            tma_load_policy<kHint>(dst + kTileBytes + c * (kTileBytes / 2), &vmap, c * 64, key0 + t * kTile, head, 0,
-                                  bar(s), pol);
+        for (int j = 0; j < kTile / kBoxRows; ++j) {
+            const int key = t * kTile + j * kBoxRows; /* within the block's range */
+            const int row = kPage == 0 ? key0 + key : pages[key / kPage] * kPage + (key0 + key) % kPage;
+            const uint32_t at = dst + j * kBoxRows * 128;
+            for (int c = 0; c < kHeadDim / 64; ++c)
+                tma_load_policy<kHint>(at + c * (kTileBytes / 2), &kmap, c * 64, row, head, 0, bar(s), pol);
+            for (int c = 0; c < kHeadDim / 64; ++c)
+                tma_load_policy<kHint>(at + kTileBytes + c * (kTileBytes / 2), &vmap, c * 64, row, head, 0, bar(s), pol);
+        }
     };
     if (threadIdx.x == 0) {
         for (int s = 0; s < kStages; ++s) mbar_init(bar(s), 1);
@@ -139,7 +154,9 @@ __global__ void __launch_bounds__(128) merge_release_only(__nv_bfloat16 *out) {
     out[blockIdx.x * kHeadDim + threadIdx.x] = __float2bfloat16(1.0f);
 }
 
-// Every SM streaming the buffer in 16-byte loads, eight in flight a thread.
+// Every SM streaming the buffer in 16-byte loads, eight in flight a thread; kStream: evict-first
+// (ld.global.cs), else normal loads (the read flush, whose lines must displace everything).
+template <bool kStream = true>
 __global__ void __launch_bounds__(256) ldg_read(const uint4 *p, size_t n, unsigned *sink) {
     unsigned x = 0;
     const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
@@ -147,12 +164,12 @@ __global__ void __launch_bounds__(256) ldg_read(const uint4 *p, size_t n, unsign
     for (; i + 7 * stride < n; i += 8 * stride) {
         uint4 r[8];
 #pragma unroll
-        for (int u = 0; u < 8; ++u) r[u] = __ldcs(p + i + u * stride);
+        for (int u = 0; u < 8; ++u) r[u] = kStream ? __ldcs(p + i + u * stride) : __ldcg(p + i + u * stride);
 #pragma unroll
         for (int u = 0; u < 8; ++u) x ^= r[u].x ^ r[u].y ^ r[u].z ^ r[u].w;
     }
     for (; i < n; i += stride) {
-        const uint4 r = __ldcs(p + i);
+        const uint4 r = kStream ? __ldcs(p + i) : __ldcg(p + i);
         x ^= r.x ^ r.y ^ r.z ^ r.w;
     }
     if (x == 0x9e3779b9u) sink[0] = x;
@@ -177,7 +194,8 @@ __device__ __forceinline__ void wgmma_n8(float (&d)[4], uint64_t da, uint64_t db
 
 // A decode tile's products as one warpgroup issues them, timed in cycles from the issue to the
 // wait's return, over shared memory whose contents do not matter (the products' time does not
-// depend on the values). Head dim 128, 128 keys, bf16:
+// depend on the values). Every product accumulates, so that no repetition's products are dead
+// (ptxas drops products whose results a later overwrite makes unused). Head dim 128, 128 keys, bf16:
 //   0  S = Q K^T as the library's decode tile computes it: 8 k-steps of m64n128k16 (64 rows, of
 //      which a 32/8 decode uses 4);
 //   1  P V the same way: 8 k-steps of m64n128k16, P from registers;
@@ -232,7 +250,7 @@ __global__ void __launch_bounds__(128) chain(long long *cycles, int reps, float 
 #pragma unroll
             for (int ks = 0; ks < 8; ++ks)
                 wgmma_ss<128, 1>::run(acc, smem_desc(q + (ks / 4) * 8192 + (ks % 4) * 32, 16, 1024),
-                                      smem_desc(kv + (ks / 4) * 16384 + (ks % 4) * 32, 16, 1024), ks > 0);
+                                      smem_desc(kv + (ks / 4) * 16384 + (ks % 4) * 32, 16, 1024), 1);
         } else if constexpr (kForm == 1) {
 #pragma unroll
             for (int ks = 0; ks < 8; ++ks) wgmma_rs<128, 1>::run(acc, pf[ks], smem_desc(kv + ks * 2048, 16384, 1024), 1);
@@ -242,7 +260,7 @@ __global__ void __launch_bounds__(128) chain(long long *cycles, int reps, float 
 #pragma unroll
                 for (int h = 0; h < 2; ++h)
                     wgmma_n8<false>(acc8[h], smem_desc(kv + h * 8192 + (ks / 4) * 16384 + (ks % 4) * 32, 16, 1024),
-                                    smem_desc(q + (ks / 4) * 8192 + (ks % 4) * 32, 16, 1024), ks > 0);
+                                    smem_desc(q + (ks / 4) * 8192 + (ks % 4) * 32, 16, 1024), 1);
         } else {
 #pragma unroll
             for (int ks = 0; ks < 8; ++ks)
@@ -273,12 +291,12 @@ PFN_cuTensorMapEncodeTiled_v12000 encoder() {
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
 }
 
-// [1, keys, heads, 128] bf16 in boxes of 64 columns x 128 keys x 1 head, 128-byte swizzled.
-CUtensorMap kv_map(void *ptr) {
+// [1, keys, heads, 128] bf16 in boxes of 64 columns x box_rows keys x 1 head, 128-byte swizzled.
+CUtensorMap kv_map(void *ptr, int box_rows = kTile) {
     CUtensorMap m;
     const cuuint64_t dims[4] = {kHeadDim, kKeys, kHeadsKv, 1};
     const cuuint64_t strides[3] = {kHeadsKv * kHeadDim * 2, kHeadDim * 2, 16};
-    const cuuint32_t box[4] = {64, kTile, 1, 1}, es[4] = {1, 1, 1, 1};
+    const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), 1, 1}, es[4] = {1, 1, 1, 1};
     const CUresult r = encoder()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, ptr, dims, strides, box, es,
                                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -312,7 +330,7 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < h.size(); ++i) h[i] = static_cast<uint16_t>(0x3c00 + (i * 2654435761u >> 24));
     CHECK(cudaMemcpy(kv, h.data(), kv_bytes, cudaMemcpyHostToDevice));
     CHECK(cudaMemcpy(q, h.data(), kHeadsQ * kHeadDim * 2, cudaMemcpyHostToDevice));
-    const CUtensorMap kmap = kv_map(k), vmap = kv_map(v);
+    const CUtensorMap kmap = kv_map(k), vmap = kv_map(v), kmap16 = kv_map(k, 16), vmap16 = kv_map(v, 16);
     const int smem2 = 2 * 2 * kTileBytes + 1024, smem3 = 3 * 2 * kTileBytes + 1024;
     CHECK(cudaFuncSetAttribute(tma_read<2, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem2));
     CHECK(cudaFuncSetAttribute(tma_read<2, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem2));
@@ -381,7 +399,8 @@ int main(int argc, char **argv) {
     std::vector<Form> forms = {{"empty", {}, {}},       {"tma", {}, {}},         {"tma nohint", {}, {}},
                                {"tma3", {}, {}},        {"tma+parts", {}, {}},   {"tma+release", {}, {}},
                                {"tma+merge", {}, {}},   {"ldg", {}, {}},         {"library", {}, {}},
-                               {"library p16", {}, {}}, {"library p256", {}, {}}};
+                               {"library p16", {}, {}}, {"library p256", {}, {}}, {"tma p16", {}, {}},
+                               {"tma p256", {}, {}}};
     // the merge's grid, launched as a programmatic dependent of the attention's
     cudaLaunchAttribute pdl_attr = {};
     pdl_attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -416,10 +435,16 @@ int main(int argc, char **argv) {
             case 8: call(p); break;
             case 9: call(p16); break;
             case 10: call(p256); break;
+            case 11: tma_read<2, false, true, 16><<<kBlocks, 128, smem2>>>(kmap16, vmap16, parts, lses, table); break;
+            case 12:
+                tma_read<2, false, true, 256><<<kBlocks, 128, smem2>>>(kmap, vmap, parts, lses, table + kKeys / 2);
+                break;
         }
         CHECK(cudaGetLastError());
     };
     CHECK(cudaFuncSetAttribute(tma_read<2, false, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem2));
+    CHECK(cudaFuncSetAttribute(tma_read<2, false, true, 16>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem2));
+    CHECK(cudaFuncSetAttribute(tma_read<2, false, true, 256>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem2));
     cudaEvent_t e0, e1;
     CHECK(cudaEventCreate(&e0));
     CHECK(cudaEventCreate(&e1));
@@ -430,7 +455,7 @@ int main(int argc, char **argv) {
             for (int f = 0; f < static_cast<int>(forms.size()); ++f)
                 for (int i = 0; i < warm + iters; ++i) {
                     if (read_flush)
-                        ldg_read<<<sms * 4, 256>>>(static_cast<const uint4 *>(flush), l2_bytes / 16, sink);
+                        ldg_read<false><<<sms * 4, 256>>>(static_cast<const uint4 *>(flush), l2_bytes / 16, sink);
                     else
                         CHECK(cudaMemsetAsync(flush, i & 0xff, l2_bytes, 0));
                     CHECK(cudaEventRecord(e0, 0));
@@ -459,8 +484,9 @@ int main(int argc, char **argv) {
         printf("%-13s %9.2f %9.2f %9.2f %9.1f | %9.2f %9.1f\n", f.name, f.t[f.t.size() / 10], m,
                f.t[f.t.size() * 9 / 10], kv_bytes / (m * 1e3), mr, kv_bytes / (mr * 1e3));
     }
-    printf("library pages/dense (memset protocol): p16 %.3f, p256 %.3f\n", med(forms[8].t) / med(forms[9].t),
-           med(forms[8].t) / med(forms[10].t));
+    printf("pages/dense (memset protocol): library p16 %.3f, p256 %.3f; bare tma p16 %.3f, p256 %.3f\n",
+           med(forms[8].t) / med(forms[9].t), med(forms[8].t) / med(forms[10].t), med(forms[1].t) / med(forms[11].t),
+           med(forms[1].t) / med(forms[12].t));
 
     // The decode tile's products (one block, one warpgroup), cycles from issue to completion.
     constexpr int kReps = 200;
