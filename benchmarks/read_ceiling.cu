@@ -17,7 +17,9 @@
 //   library       flashattn_fwd on the same K and V (AUTO): the library's own batch-1 decode;
 //   library p16, library p256   the same K and V as pools of 16- and 256-key pages, listed shuffled;
 //   tma p16, tma p256   tma over those pages: each block reads its pages' table entries first (one
-//                 round trip), then loads its tiles as boxes of min(page, 128) rows.
+//                 round trip), then loads its tiles as boxes of min(page, 128) rows;
+//   tma box16     tma in boxes of 16 rows (as tma p16 loads), no pages;
+//   tma strided   tma with split s reading the head's tiles s, s + 16, s + 32, s + 48.
 // Every form is timed again with the flush done by a 256 MB read, which leaves no modified lines in
 // the L2 (what writing them back costs a cold call). GB/s is K+V bytes over the median event time,
 // as flashattn_bench reports decode rows. Then, on one block, a decode tile's tensor-core products in
@@ -64,12 +66,15 @@ constexpr int kRowsPerHead = kHeadsQ / kHeadsKv;         // 4 query heads share 
 // kPage > 0, K and V are pools of kPage-key pages listed by `table` (page p of the sequence at pool
 // page table[p]): the block first reads its pages' entries (one load a lane, one round trip), then
 // loads each tile as boxes of min(kPage, 128) rows (maps encoded with that box).
-template <int kStages, bool kParts, bool kHint = true, int kPage = 0>
+// kBox: the box's rows where there are no pages (128, or 16 to match pages of 16); kStrided: split s
+// takes the head's tiles s, s + 16, s + 32, s + 48 instead of four consecutive ones, so that at any
+// moment the 16 splits read neighbouring tiles rather than addresses 1 MB apart.
+template <int kStages, bool kParts, bool kHint = true, int kPage = 0, int kBox = kTile, bool kStrided = false>
 __global__ void __launch_bounds__(128) tma_read(const __grid_constant__ CUtensorMap kmap,
                                                 const __grid_constant__ CUtensorMap vmap, float *parts,
                                                 float *lses, const int *table = nullptr) {
     using namespace fa::sm90;
-    constexpr int kBoxRows = kPage == 0 || kPage >= kTile ? kTile : kPage;
+    constexpr int kBoxRows = kPage == 0 ? kBox : kPage >= kTile ? kTile : kPage;
     constexpr int kBlockPages = kPage == 0 ? 1 : kTilesPerBlock * kTile / kPage;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     __shared__ __align__(8) uint64_t full[kStages];
@@ -87,7 +92,9 @@ __global__ void __launch_bounds__(128) tma_read(const __grid_constant__ CUtensor
         mbar_expect_tx(bar(s), 2 * kTileBytes);
         for (int j = 0; j < kTile / kBoxRows; ++j) {
             const int key = t * kTile + j * kBoxRows; /* within the block's range */
-            const int row = kPage == 0 ? key0 + key : pages[key / kPage] * kPage + (key0 + key) % kPage;
+            const int row = kPage > 0 ? pages[key / kPage] * kPage + (key0 + key) % kPage
+                            : kStrided ? (split + kSplits * t) * kTile + j * kBoxRows
+                                       : key0 + key;
             const uint32_t at = dst + j * kBoxRows * 128;
             for (int c = 0; c < kHeadDim / 64; ++c)
                 tma_load_policy<kHint>(at + c * (kTileBytes / 2), &kmap, c * 64, row, head, 0, bar(s), pol);
@@ -400,7 +407,7 @@ int main(int argc, char **argv) {
                                {"tma3", {}, {}},        {"tma+parts", {}, {}},   {"tma+release", {}, {}},
                                {"tma+merge", {}, {}},   {"ldg", {}, {}},         {"library", {}, {}},
                                {"library p16", {}, {}}, {"library p256", {}, {}}, {"tma p16", {}, {}},
-                               {"tma p256", {}, {}}};
+                               {"tma p256", {}, {}}, {"tma box16", {}, {}}, {"tma strided", {}, {}}};
     // the merge's grid, launched as a programmatic dependent of the attention's
     cudaLaunchAttribute pdl_attr = {};
     pdl_attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -439,12 +446,17 @@ int main(int argc, char **argv) {
             case 12:
                 tma_read<2, false, true, 256><<<kBlocks, 128, smem2>>>(kmap, vmap, parts, lses, table + kKeys / 2);
                 break;
+            case 13: tma_read<2, false, true, 0, 16><<<kBlocks, 128, smem2>>>(kmap16, vmap16, parts, lses); break;
+            case 14: tma_read<2, false, true, 0, kTile, true><<<kBlocks, 128, smem2>>>(kmap, vmap, parts, lses); break;
         }
         CHECK(cudaGetLastError());
     };
     CHECK(cudaFuncSetAttribute(tma_read<2, false, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem2));
     CHECK(cudaFuncSetAttribute(tma_read<2, false, true, 16>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem2));
     CHECK(cudaFuncSetAttribute(tma_read<2, false, true, 256>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem2));
+    CHECK(cudaFuncSetAttribute(tma_read<2, false, true, 0, 16>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem2));
+    CHECK(cudaFuncSetAttribute(tma_read<2, false, true, 0, kTile, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              smem2));
     cudaEvent_t e0, e1;
     CHECK(cudaEventCreate(&e0));
     CHECK(cudaEventCreate(&e1));
