@@ -220,9 +220,10 @@ template <class Tr> __device__ __forceinline__ bool gathers_pages(const fa_kerne
 /* The block's work: query positions [m0, m0 + rows_per_head) of `heads` query heads starting at h0
  * (one head, or with pack_gqa the head_group heads of KV head hk); tile row r is head
  * h0 + r / rows_per_head, position m0 + r % rows_per_head. Split `split` of num_splits takes its
- * share, key tiles [tile_begin, tile_begin + n_tiles), of the key tiles any of its rows can see. */
+ * share of the key tiles any of its rows can see: n_tiles of them, key_tile(0), key_tile(1), ...
+ * (tile_begin, tile_begin + tile_step, ...). */
 template <class Tr> struct tile {
-    int split, b, heads, rows_per_head, hk, h0, m0, row_last, tile_begin, n_tiles;
+    int split, b, heads, rows_per_head, hk, h0, m0, row_last, tile_begin, n_tiles, tile_step;
     bool partial;
     /* Whether a persistent block's tiles pack a KV head's group of query heads (pack_gqa): a decode
      * on one consumer, planned as a serving call (a dense one too, with every sequence full), the
@@ -262,7 +263,7 @@ template <class Tr> struct tile {
         m0 = m_block * rows_per_head;
         row_last = min(m0 + rows_per_head, bnd.seqlen_q) - 1;
         partial = p.num_splits > 1;
-        set_key_tiles(bnd, p.num_splits);
+        set_key_tiles(bnd, Tr::kPersistent ? 1 : p.num_splits); /* (persistent blocks never split) */
     }
     /* A persistent block's tile as its producer hands it over (take_tile, take_tile_record):
      * positions from m0 of head `head` of batch entry b, one split; nothing divided by a kernel
@@ -282,15 +283,26 @@ template <class Tr> struct tile {
     template <class Bounds> __device__ __forceinline__ int key_end(const Bounds &bnd) const {
         return min(bnd.seqlen_k, row_last + bnd.key_hi_off + 1);
     }
-    /* The key tiles any of the tile's rows can see, and split `split`'s share of them. */
+    /* The key tiles any of the tile's rows can see, and split `split`'s share of them: every
+     * num_splits-th from its own (split s of S takes the visible tiles s, s + S, s + 2 S, ...), so
+     * that at any moment the splits of a KV head read neighbouring key tiles. Consecutive shares
+     * (S tiles a split, one after another) had the splits read addresses a share apart (1 MB at a
+     * batch-1 decode of 8k keys, 16 splits), and a bare read of that decode's K and V took 17.7 us
+     * with the L2 flushed where the strided order took 17.0 (docs/performance.md v80). A split's
+     * tiles still ascend, so that only its last can cross the keys' end. */
     template <class Bounds> __device__ __forceinline__ void set_key_tiles(const Bounds &bnd, int num_splits) {
         const int key_lo = max(0, m0 + bnd.key_lo_off);
         const int key_hi = key_end(bnd);
         const int tile_first = key_lo / Tr::kBlockN;
         const int tiles_all = key_hi > key_lo ? (key_hi + Tr::kBlockN - 1) / Tr::kBlockN - tile_first : 0;
-        const int tiles_per_split = (tiles_all + num_splits - 1) / num_splits;
-        tile_begin = tile_first + split * tiles_per_split;
-        n_tiles = max(0, min(tiles_per_split, tiles_all - split * tiles_per_split));
+        tile_step = num_splits;
+        tile_begin = tile_first + split;
+        n_tiles = split < tiles_all ? (tiles_all - split + num_splits - 1) / num_splits : 0;
+    }
+    /* The key tile number of this block's it-th tile (a persistent block's tiles are never split:
+     * the launcher checks). */
+    __device__ __forceinline__ int key_tile(int it) const {
+        return Tr::kPersistent ? tile_begin + it : tile_begin + it * tile_step;
     }
     /* Where tile row r goes: false if it is padding (no such head or position). */
     template <class Bounds>
@@ -496,7 +508,7 @@ __device__ __forceinline__ void produce(const tile<Tr> &tl, const smem_layout<Tr
     const uint64_t pol = once ? l2_evict_first_policy() : 0;
     auto load_kv = [&](const CUtensorMap *map, uint32_t dst, uint32_t full, int tile) {
         mbar_expect_tx(full, Tr::kKVBytes);
-        const int n0 = (tl.tile_begin + tile) * Tr::kBlockN;
+        const int n0 = tl.key_tile(tile) * Tr::kBlockN;
         with_l2_hint(once, [&](auto hint) {
 #pragma unroll
             for (int cb = 0; cb < kCB; ++cb)
@@ -587,7 +599,7 @@ template <class Tr> struct row_gather {
         pages r;
 #pragma unroll
         for (int l = 0; l < kLook; ++l) {
-            const int rw = lane + 32 * l, j = (tl.tile_begin + tile) * Tr::kBlockN + w * kRowsW + rw;
+            const int rw = lane + 32 * l, j = tl.key_tile(tile) * Tr::kBlockN + w * kRowsW + rw;
             const int pi = j / p.page_size;
             r.at[l] = tile < tl.n_tiles && rw < kRowsW && j < rows_valid && pi < sq.s.pages ? table[pi] : -1;
         }
@@ -604,7 +616,7 @@ template <class Tr> struct row_gather {
         uint32_t ok[kLook];
 #pragma unroll
         for (int l = 0; l < kLook; ++l) {
-            const int j = (tl.tile_begin + tile) * Tr::kBlockN + w * kRowsW + lane + 32 * l;
+            const int j = tl.key_tile(tile) * Tr::kBlockN + w * kRowsW + lane + 32 * l;
             const int page = pg.at[l];
             const bool valid = page >= 0 && page < p.num_pages;
             row[l] = valid ? base + ((int64_t)page * page_stride + (int64_t)(j % p.page_size) * row_stride) : base;
@@ -750,7 +762,7 @@ __device__ __forceinline__ void produce_serving_tile(const fa_kernel_params &p, 
     const int32_t *table = paged ? p.block_table + sq.s.page0 : nullptr;
     const int kv_b = p.cu_seqlens_k != nullptr ? 0 : (sq.s.kv_valid ? sq.s.kv_b : -1);
     auto box_page_of = [&](int tile) -> int { /* this lane's box of `tile` */
-        const int n0 = (tl.tile_begin + tile) * Tr::kBlockN;
+        const int n0 = tl.key_tile(tile) * Tr::kBlockN;
         const int entry = (n0 + lane * box) / p.page_size;
         if (!paged || tile >= tl.n_tiles || lane >= boxes || n0 + lane * box >= sq.s.seqlen_k || !sq.s.kv_valid ||
             entry >= sq.s.pages)
@@ -760,7 +772,7 @@ __device__ __forceinline__ void produce_serving_tile(const fa_kernel_params &p, 
     const bool once = p.kv_evict_first != 0;
     const uint64_t pol = once ? l2_evict_first_policy() : 0;
     auto load_kv = [&](const CUtensorMap *map, uint32_t dst, uint32_t full, int tile, int my_page) {
-        const int n0 = (tl.tile_begin + tile) * Tr::kBlockN;
+        const int n0 = tl.key_tile(tile) * Tr::kBlockN;
         if (leader) mbar_expect_tx(full, Tr::kKVBytes);
         if (!paged) {
             if (leader) {
@@ -1364,7 +1376,8 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             if (tl.heads == 1) {
                 const int first = m0 + c * 64, last = min(first + 63, row_last);
                 const int end = min(bnd.seqlen_k, last + bnd.key_hi_off + 1); /* (tile::key_end's form) */
-                n_mine = first > row_last ? 0 : max(0, min(n_tiles, (end + kBlockN - 1) / kBlockN - tile_begin));
+                const int step = tl.tile_step, beyond = (end + kBlockN - 1) / kBlockN - tile_begin;
+                n_mine = first > row_last || beyond <= 0 ? 0 : min(n_tiles, (beyond + step - 1) / step);
             }
             n_mine = __shfl_sync(0xffffffffu, n_mine, 0); /* (uniform: the key loop's bound) */
         }
@@ -1452,7 +1465,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             float s_narrow[kW == kBlockN ? 1 : kW / 2];
             auto &sw = pick_ref<kW == kBlockN>(s, s_narrow);
             auto sw_at = [&sw](int j, int e) -> float & { return sw[4 * j + e]; };
-            const int n0 = (tile_begin + it) * kBlockN;
+            const int n0 = tl.key_tile(it) * kBlockN;
             const int kv = kv0 + it, st = kv & 1; /* K_it's and V_it's stage */
             mbar_wait(sm.full_k + 8 * st, (kv >> 1) & 1);
             if (it > 0) mbar_wait(sm.full_v + 8 * (st ^ 1), ((kv - 1) >> 1) & 1);
@@ -1533,7 +1546,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
          * masked for every row, so they would add only zeros. The test is the same for the whole
          * block, taken through a shuffle so that ptxas sees it uniform. */
         const bool narrow =
-            kTailW > 0 && __shfl_sync(0xffffffffu, tl.key_end(bnd) - (tile_begin + n_tiles - 1) * kBlockN <= kTailW, 0);
+            kTailW > 0 && __shfl_sync(0xffffffffu, tl.key_end(bnd) - tl.key_tile(n_tiles - 1) * kBlockN <= kTailW, 0);
         /* This consumer's last tile's P V over its first kW keys; its V stage handed back where a
          * persistent block's next tile, or a key tile after this consumer's (n_mine), may load
          * there. Its turn is the consumer's last of the tile unless such key tiles follow. */
@@ -1552,7 +1565,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             if (gathered) fence_proxy_async_shared();
             if constexpr (kServing) /* (the block's last tile: the only one that can cross the keys' end) */
                 if (!gathered) clear_rows_past<Tr>(sm.v + (uint32_t)st * Tr::kKVBytes,
-                                                   bnd.seqlen_k - (tile_begin + n_tiles - 1) * kBlockN, c,
+                                                   bnd.seqlen_k - tl.key_tile(n_tiles - 1) * kBlockN, c,
                                                    tid % kWarpgroupThreads, kv_grouped);
             if (kTurns) named_sync(my_turn, kTurnThreads);
             reg_fence(o);

@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <initializer_list>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gpu_util.h"
@@ -740,12 +742,16 @@ TEST_F(GpuSm90, SplitDecodeIsDeterministic) {
 // partial results (here, each time, those of other inputs of the same shape, the call before on the
 // same stream), nor a pattern left by anything else (a signalling NaN in every word, then 0xff
 // bytes). Every call's O and LSE must be bit-identical to the same inputs' over a workspace of
-// zeros. 8192 keys split 16 ways, and 8320 keys, whose 65 key tiles leave the last splits none
-// (their parts empty: an LSE of -inf and no O stored).
+// zeros. 8192 keys split 16 ways; 8320 keys, whose 65 key tiles the 16 splits share unevenly (the
+// first five, the others four); and 8192 keys under a window of 600 keys to the left, whose 5
+// visible key tiles leave 11 of the 16 splits none (their parts empty: an LSE of -inf and no O
+// stored).
 TEST_F(GpuSm90, SplitDecodeIgnoresWhatTheWorkspaceHeld) {
-    for (const int64_t sk : {8192, 8320}) {
+    for (const auto &keys_window : std::initializer_list<std::pair<int64_t, int64_t>>{{8192, -1}, {8320, -1}, {8192, 600}}) {
+        const int64_t sk = keys_window.first, wl = keys_window.second;
         Case c;
         c.b = 1, c.hq = 32, c.hkv = 8, c.sq = 1, c.sk = sk, c.d = 128;
+        if (wl >= 0) c.wl = wl, c.wr = 0;
         Inputs in(c), other(c);
         DevBuf<uint16_t> o(in.qs.numel);
         DevBuf<float> lse(c.b * c.hq * c.sq);
@@ -772,7 +778,7 @@ TEST_F(GpuSm90, SplitDecodeIgnoresWhatTheWorkspaceHeld) {
             const std::vector<float> lse1 = lse.download();
             const bool same = std::memcmp(o1.data(), o0.data(), o0.size() * 2) == 0 &&
                               std::memcmp(lse1.data(), lse0.data(), lse0.size() * 4) == 0;
-            EXPECT_TRUE(same) << what << ", call " << rep << ", " << sk << " keys";
+            EXPECT_TRUE(same) << what << ", call " << rep << ", " << sk << " keys, window " << wl;
             ++checked, identical += same;
         };
         for (int rep = 0; rep < 50; ++rep) { /* the other inputs' parts, then ours over them */
@@ -787,9 +793,9 @@ TEST_F(GpuSm90, SplitDecodeIgnoresWhatTheWorkspaceHeld) {
         CUDA_CHECK(cudaMemset(ws.p, 0xff, bytes));
         call(p);
         check("over a workspace of 0xff bytes", 0);
-        printf("[ fused_sm90 ] split decode, %lld keys, %d splits: %d of %d calls over a workspace already written "
-               "bit-identical to the call over zeros\n",
-               (long long)sk, info.num_splits, identical, checked);
+        printf("[ fused_sm90 ] split decode, %lld keys%s, %d splits: %d of %d calls over a workspace already "
+               "written bit-identical to the call over zeros\n",
+               (long long)sk, wl >= 0 ? " (a window of 600 to the left)" : "", info.num_splits, identical, checked);
     }
 }
 
