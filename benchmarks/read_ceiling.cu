@@ -19,7 +19,10 @@
 //   tma p16, tma p256   tma over those pages: each block reads its pages' table entries first (one
 //                 round trip), then loads its tiles as boxes of min(page, 128) rows;
 //   tma box16     tma in boxes of 16 rows (as tma p16 loads), no pages;
-//   tma strided   tma with split s reading the head's tiles s, s + 16, s + 32, s + 48.
+//   tma strided   tma with split s reading the head's tiles s, s + 16, s + 32, s + 48;
+//   strided box16 both;
+//   tma full, strided full   a tile as one full-width box (5-D map: 8-row groups of every column,
+//                 as the library's full-width page boxes), in consecutive shares or strided.
 // Every form is timed again with the flush done by a 256 MB read, which leaves no modified lines in
 // the L2 (what writing them back costs a cold call). GB/s is K+V bytes over the median event time,
 // as flashattn_bench reports decode rows. Then, on one block, a decode tile's tensor-core products in
@@ -69,7 +72,10 @@ constexpr int kRowsPerHead = kHeadsQ / kHeadsKv;         // 4 query heads share 
 // kBox: the box's rows where there are no pages (128, or 16 to match pages of 16); kStrided: split s
 // takes the head's tiles s, s + 16, s + 32, s + 48 instead of four consecutive ones, so that at any
 // moment the 16 splits read neighbouring tiles rather than addresses 1 MB apart.
-template <int kStages, bool kParts, bool kHint = true, int kPage = 0, int kBox = kTile, bool kStrided = false>
+// kFull: kmap and vmap are full-width maps (full_map): a tile is one box of every column, 8-row
+// groups in order, so that a key's two 128-byte halves are asked for together (no pages).
+template <int kStages, bool kParts, bool kHint = true, int kPage = 0, int kBox = kTile, bool kStrided = false,
+          bool kFull = false>
 __global__ void __launch_bounds__(128) tma_read(const __grid_constant__ CUtensorMap kmap,
                                                 const __grid_constant__ CUtensorMap vmap, float *parts,
                                                 float *lses, const int *table = nullptr) {
@@ -90,16 +96,22 @@ __global__ void __launch_bounds__(128) tma_read(const __grid_constant__ CUtensor
         const int s = t % kStages;
         const uint32_t dst = base + s * 2 * kTileBytes;
         mbar_expect_tx(bar(s), 2 * kTileBytes);
-        for (int j = 0; j < kTile / kBoxRows; ++j) {
-            const int key = t * kTile + j * kBoxRows; /* within the block's range */
-            const int row = kPage > 0 ? pages[key / kPage] * kPage + (key0 + key) % kPage
-                            : kStrided ? (split + kSplits * t) * kTile + j * kBoxRows
-                                       : key0 + key;
-            const uint32_t at = dst + j * kBoxRows * 128;
-            for (int c = 0; c < kHeadDim / 64; ++c)
-                tma_load_policy<kHint>(at + c * (kTileBytes / 2), &kmap, c * 64, row, head, 0, bar(s), pol);
-            for (int c = 0; c < kHeadDim / 64; ++c)
-                tma_load_policy<kHint>(at + kTileBytes + c * (kTileBytes / 2), &vmap, c * 64, row, head, 0, bar(s), pol);
+        if constexpr (kFull) {
+            const int row = kStrided ? (split + kSplits * t) * kTile : key0 + t * kTile;
+            tma_load_5d_policy<kHint>(dst, &kmap, 0, 0, 0, row / 8, head, bar(s), pol);
+            tma_load_5d_policy<kHint>(dst + kTileBytes, &vmap, 0, 0, 0, row / 8, head, bar(s), pol);
+        } else {
+            for (int j = 0; j < kTile / kBoxRows; ++j) {
+                const int key = t * kTile + j * kBoxRows; /* within the block's range */
+                const int row = kPage > 0 ? pages[key / kPage] * kPage + (key0 + key) % kPage
+                                : kStrided ? (split + kSplits * t) * kTile + j * kBoxRows
+                                           : key0 + key;
+                const uint32_t at = dst + j * kBoxRows * 128;
+                for (int c = 0; c < kHeadDim / 64; ++c)
+                    tma_load_policy<kHint>(at + c * (kTileBytes / 2), &kmap, c * 64, row, head, 0, bar(s), pol);
+                for (int c = 0; c < kHeadDim / 64; ++c)
+                    tma_load_policy<kHint>(at + kTileBytes + c * (kTileBytes / 2), &vmap, c * 64, row, head, 0, bar(s), pol);
+            }
         }
     };
     if (threadIdx.x == 0) {
@@ -314,6 +326,23 @@ CUtensorMap kv_map(void *ptr, int box_rows = kTile) {
     return m;
 }
 
+// The same tensor as 5-D (64 columns, 8 rows, 2 regions of 64 columns, 8-row groups, heads) in
+// boxes of a whole 128-key tile: 64 x 8 x 2 x 16 x 1 (the library's full-width page boxes' form).
+CUtensorMap full_map(void *ptr) {
+    CUtensorMap m;
+    const cuuint64_t dims[5] = {64, 8, kHeadDim / 64, kKeys / 8, kHeadsKv};
+    const cuuint64_t strides[4] = {kHeadsKv * kHeadDim * 2, 128, 8 * kHeadsKv * kHeadDim * 2, kHeadDim * 2};
+    const cuuint32_t box[5] = {64, 8, kHeadDim / 64, kTile / 8, 1}, es[5] = {1, 1, 1, 1, 1};
+    const CUresult r = encoder()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, ptr, dims, strides, box, es,
+                                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                 CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        fprintf(stderr, "cuTensorMapEncodeTiled (5-D): %d\n", static_cast<int>(r));
+        exit(1);
+    }
+    return m;
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -338,6 +367,7 @@ int main(int argc, char **argv) {
     CHECK(cudaMemcpy(kv, h.data(), kv_bytes, cudaMemcpyHostToDevice));
     CHECK(cudaMemcpy(q, h.data(), kHeadsQ * kHeadDim * 2, cudaMemcpyHostToDevice));
     const CUtensorMap kmap = kv_map(k), vmap = kv_map(v), kmap16 = kv_map(k, 16), vmap16 = kv_map(v, 16);
+    const CUtensorMap kfull = full_map(k), vfull = full_map(v);
     const int smem2 = 2 * 2 * kTileBytes + 1024, smem3 = 3 * 2 * kTileBytes + 1024;
     CHECK(cudaFuncSetAttribute(tma_read<2, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem2));
     CHECK(cudaFuncSetAttribute(tma_read<2, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem2));
@@ -407,7 +437,8 @@ int main(int argc, char **argv) {
                                {"tma3", {}, {}},        {"tma+parts", {}, {}},   {"tma+release", {}, {}},
                                {"tma+merge", {}, {}},   {"ldg", {}, {}},         {"library", {}, {}},
                                {"library p16", {}, {}}, {"library p256", {}, {}}, {"tma p16", {}, {}},
-                               {"tma p256", {}, {}}, {"tma box16", {}, {}}, {"tma strided", {}, {}}};
+                               {"tma p256", {}, {}}, {"tma box16", {}, {}}, {"tma strided", {}, {}},
+                               {"strided box16", {}, {}}, {"tma full", {}, {}}, {"strided full", {}, {}}};
     // the merge's grid, launched as a programmatic dependent of the attention's
     cudaLaunchAttribute pdl_attr = {};
     pdl_attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -448,6 +479,13 @@ int main(int argc, char **argv) {
                 break;
             case 13: tma_read<2, false, true, 0, 16><<<kBlocks, 128, smem2>>>(kmap16, vmap16, parts, lses); break;
             case 14: tma_read<2, false, true, 0, kTile, true><<<kBlocks, 128, smem2>>>(kmap, vmap, parts, lses); break;
+            case 15: tma_read<2, false, true, 0, 16, true><<<kBlocks, 128, smem2>>>(kmap16, vmap16, parts, lses); break;
+            case 16:
+                tma_read<2, false, true, 0, kTile, false, true><<<kBlocks, 128, smem2>>>(kfull, vfull, parts, lses);
+                break;
+            case 17:
+                tma_read<2, false, true, 0, kTile, true, true><<<kBlocks, 128, smem2>>>(kfull, vfull, parts, lses);
+                break;
         }
         CHECK(cudaGetLastError());
     };
@@ -457,6 +495,11 @@ int main(int argc, char **argv) {
     CHECK(cudaFuncSetAttribute(tma_read<2, false, true, 0, 16>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem2));
     CHECK(cudaFuncSetAttribute(tma_read<2, false, true, 0, kTile, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                               smem2));
+    CHECK(cudaFuncSetAttribute(tma_read<2, false, true, 0, 16, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem2));
+    CHECK(cudaFuncSetAttribute(tma_read<2, false, true, 0, kTile, false, true>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize, smem2));
+    CHECK(cudaFuncSetAttribute(tma_read<2, false, true, 0, kTile, true, true>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize, smem2));
     cudaEvent_t e0, e1;
     CHECK(cudaEventCreate(&e0));
     CHECK(cudaEventCreate(&e1));
