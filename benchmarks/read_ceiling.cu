@@ -22,7 +22,9 @@
 //   tma strided   tma with split s reading the head's tiles s, s + 16, s + 32, s + 48;
 //   strided box16 both;
 //   tma full, strided full   a tile as one full-width box (5-D map: 8-row groups of every column,
-//                 as the library's full-width page boxes), in consecutive shares or strided.
+//                 as the library's full-width page boxes), in consecutive shares or strided;
+//   tma 256B      tma with the L2 fetching 256 bytes a box row (every other map here, as the
+//                 library's K and V maps, fetches 128).
 // Every form is timed again with the flush done by a 256 MB read, which leaves no modified lines in
 // the L2 (what writing them back costs a cold call). GB/s is K+V bytes over the median event time,
 // as flashattn_bench reports decode rows. Then, on one block, a decode tile's tensor-core products in
@@ -311,14 +313,15 @@ PFN_cuTensorMapEncodeTiled_v12000 encoder() {
 }
 
 // [1, keys, heads, 128] bf16 in boxes of 64 columns x box_rows keys x 1 head, 128-byte swizzled.
-CUtensorMap kv_map(void *ptr, int box_rows = kTile) {
+CUtensorMap kv_map(void *ptr, int box_rows = kTile,
+                   CUtensorMapL2promotion promo = CU_TENSOR_MAP_L2_PROMOTION_L2_128B) {
     CUtensorMap m;
     const cuuint64_t dims[4] = {kHeadDim, kKeys, kHeadsKv, 1};
     const cuuint64_t strides[3] = {kHeadsKv * kHeadDim * 2, kHeadDim * 2, 16};
     const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), 1, 1}, es[4] = {1, 1, 1, 1};
     const CUresult r = encoder()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, ptr, dims, strides, box, es,
-                                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promo,
+                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) {
         fprintf(stderr, "cuTensorMapEncodeTiled: %d\n", static_cast<int>(r));
         exit(1);
@@ -368,6 +371,8 @@ int main(int argc, char **argv) {
     CHECK(cudaMemcpy(q, h.data(), kHeadsQ * kHeadDim * 2, cudaMemcpyHostToDevice));
     const CUtensorMap kmap = kv_map(k), vmap = kv_map(v), kmap16 = kv_map(k, 16), vmap16 = kv_map(v, 16);
     const CUtensorMap kfull = full_map(k), vfull = full_map(v);
+    const CUtensorMap k256 = kv_map(k, kTile, CU_TENSOR_MAP_L2_PROMOTION_L2_256B),
+                      v256 = kv_map(v, kTile, CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
     const int smem2 = 2 * 2 * kTileBytes + 1024, smem3 = 3 * 2 * kTileBytes + 1024;
     CHECK(cudaFuncSetAttribute(tma_read<2, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem2));
     CHECK(cudaFuncSetAttribute(tma_read<2, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem2));
@@ -438,7 +443,8 @@ int main(int argc, char **argv) {
                                {"tma+merge", {}, {}},   {"ldg", {}, {}},         {"library", {}, {}},
                                {"library p16", {}, {}}, {"library p256", {}, {}}, {"tma p16", {}, {}},
                                {"tma p256", {}, {}}, {"tma box16", {}, {}}, {"tma strided", {}, {}},
-                               {"strided box16", {}, {}}, {"tma full", {}, {}}, {"strided full", {}, {}}};
+                               {"strided box16", {}, {}}, {"tma full", {}, {}}, {"strided full", {}, {}},
+                               {"tma 256B", {}, {}}};
     // the merge's grid, launched as a programmatic dependent of the attention's
     cudaLaunchAttribute pdl_attr = {};
     pdl_attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -486,6 +492,7 @@ int main(int argc, char **argv) {
             case 17:
                 tma_read<2, false, true, 0, kTile, true, true><<<kBlocks, 128, smem2>>>(kfull, vfull, parts, lses);
                 break;
+            case 18: tma_read<2, false><<<kBlocks, 128, smem2>>>(k256, v256, parts, lses); break;
         }
         CHECK(cudaGetLastError());
     };
