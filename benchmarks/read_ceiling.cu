@@ -33,9 +33,9 @@
 //   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Iinclude -Ikernels benchmarks/read_ceiling.cu \
 //        -Lbuild -lflashattn -Xlinker -rpath=$PWD/build -o /tmp/read_ceiling && /tmp/read_ceiling [rounds] [iters]
 #include <cuda.h>
-#include <cuda_runtime.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
+#include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
@@ -49,13 +49,13 @@
 #include "sm90_ptx.cuh"
 #include "sm90_wgmma.cuh"
 
-#define CHECK(x)                                                                                  \
-    do {                                                                                          \
-        cudaError_t e_ = (x);                                                                     \
-        if (e_ != cudaSuccess) {                                                                  \
+#define CHECK(x)                                                                                \
+    do {                                                                                        \
+        cudaError_t e_ = (x);                                                                   \
+        if (e_ != cudaSuccess) {                                                                \
             fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                              \
-        }                                                                                         \
+            exit(1);                                                                            \
+        }                                                                                       \
     } while (0)
 
 namespace {
@@ -78,9 +78,9 @@ constexpr int kRowsPerHead = kHeadsQ / kHeadsKv;         // 4 query heads share 
 // groups in order, so that a key's two 128-byte halves are asked for together (no pages).
 template <int kStages, bool kParts, bool kHint = true, int kPage = 0, int kBox = kTile, bool kStrided = false,
           bool kFull = false>
-__global__ void __launch_bounds__(128) tma_read(const __grid_constant__ CUtensorMap kmap,
-                                                const __grid_constant__ CUtensorMap vmap, float *parts,
-                                                float *lses, const int *table = nullptr) {
+__global__ void __launch_bounds__(128)
+    tma_read(const __grid_constant__ CUtensorMap kmap, const __grid_constant__ CUtensorMap vmap, float *parts,
+             float *lses, const int *table = nullptr) {
     using namespace fa::sm90;
     constexpr int kBoxRows = kPage == 0 ? kBox : kPage >= kTile ? kTile : kPage;
     constexpr int kBlockPages = kPage == 0 ? 1 : kTilesPerBlock * kTile / kPage;
@@ -105,14 +105,15 @@ __global__ void __launch_bounds__(128) tma_read(const __grid_constant__ CUtensor
         } else {
             for (int j = 0; j < kTile / kBoxRows; ++j) {
                 const int key = t * kTile + j * kBoxRows; /* within the block's range */
-                const int row = kPage > 0 ? pages[key / kPage] * kPage + (key0 + key) % kPage
+                const int row = kPage > 0  ? pages[key / kPage] * kPage + (key0 + key) % kPage
                                 : kStrided ? (split + kSplits * t) * kTile + j * kBoxRows
                                            : key0 + key;
                 const uint32_t at = dst + j * kBoxRows * 128;
                 for (int c = 0; c < kHeadDim / 64; ++c)
                     tma_load_policy<kHint>(at + c * (kTileBytes / 2), &kmap, c * 64, row, head, 0, bar(s), pol);
                 for (int c = 0; c < kHeadDim / 64; ++c)
-                    tma_load_policy<kHint>(at + kTileBytes + c * (kTileBytes / 2), &vmap, c * 64, row, head, 0, bar(s), pol);
+                    tma_load_policy<kHint>(at + kTileBytes + c * (kTileBytes / 2), &vmap, c * 64, row, head, 0, bar(s),
+                                           pol);
             }
         }
     };
@@ -202,15 +203,17 @@ __global__ void empty_kernel() {}
 template <bool kTransA>
 __device__ __forceinline__ void wgmma_n8(float (&d)[4], uint64_t da, uint64_t db, int accumulate) {
     if constexpr (kTransA)
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, p, 1, 1, 1, 0;\n}\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "l"(da), "l"(db), "r"(accumulate));
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, p, 1, 1, 1, 0;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "l"(da), "l"(db), "r"(accumulate));
     else
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, 0;\n}\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "l"(da), "l"(db), "r"(accumulate));
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, 0;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "l"(da), "l"(db), "r"(accumulate));
 }
 
 // A decode tile's products as one warpgroup issues them, timed in cycles from the issue to the
@@ -232,7 +235,8 @@ __global__ void __launch_bounds__(128) chain(long long *cycles, int reps, float 
     const uint32_t base = (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
     const uint32_t q = base, kv = base + 16384, pt = base + 49152, red = base + 51200;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    for (int i = threadIdx.x; i < 53248 / 4; i += 128) asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(base + 4 * i), "r"(0x3c003c00u));
+    for (int i = threadIdx.x; i < 53248 / 4; i += 128)
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(base + 4 * i), "r"(0x3c003c00u));
     float acc[64], acc8[2][4];
     uint32_t pf[8][4];
     for (int i = 0; i < 64; ++i) acc[i] = 0.f;
@@ -249,7 +253,8 @@ __global__ void __launch_bounds__(128) chain(long long *cycles, int reps, float 
             m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
             m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
             m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
-            if (lane < 4) asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(red + 16 * warp + 4 * lane), "f"(m) : "memory");
+            if (lane < 4)
+                asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(red + 16 * warp + 4 * lane), "f"(m) : "memory");
             named_sync(1, 128);
             float g = m;
             for (int w = 0; w < 4; ++w) {
@@ -258,10 +263,18 @@ __global__ void __launch_bounds__(128) chain(long long *cycles, int reps, float 
                 g = fmaxf(g, x);
             }
             for (int h = 0; h < 2; ++h) {
-                const uint32_t v0 = __float_as_uint(exp2f(acc8[h][0] - g)) >> 16 | (__float_as_uint(exp2f(acc8[h][1] - g)) & 0xffff0000u);
-                const uint32_t v1 = __float_as_uint(exp2f(acc8[h][2] - g)) >> 16 | (__float_as_uint(exp2f(acc8[h][3] - g)) & 0xffff0000u);
-                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(pt + 1024 * h + 128 * (lane % 4) + 4 * (threadIdx.x / 4 % 32)), "r"(v0) : "memory");
-                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(pt + 1024 * h + 128 * (lane % 4 + 4) + 4 * (threadIdx.x / 4 % 32)), "r"(v1) : "memory");
+                const uint32_t v0 = __float_as_uint(exp2f(acc8[h][0] - g)) >> 16 |
+                                    (__float_as_uint(exp2f(acc8[h][1] - g)) & 0xffff0000u);
+                const uint32_t v1 = __float_as_uint(exp2f(acc8[h][2] - g)) >> 16 |
+                                    (__float_as_uint(exp2f(acc8[h][3] - g)) & 0xffff0000u);
+                asm volatile(
+                    "st.shared.b32 [%0], %1;\n" ::"r"(pt + 1024 * h + 128 * (lane % 4) + 4 * (threadIdx.x / 4 % 32)),
+                    "r"(v0)
+                    : "memory");
+                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(pt + 1024 * h + 128 * (lane % 4 + 4) +
+                                                               4 * (threadIdx.x / 4 % 32)),
+                             "r"(v1)
+                             : "memory");
             }
             fence_proxy_async_shared();
             named_sync(1, 128);
@@ -274,7 +287,8 @@ __global__ void __launch_bounds__(128) chain(long long *cycles, int reps, float 
                                       smem_desc(kv + (ks / 4) * 16384 + (ks % 4) * 32, 16, 1024), 1);
         } else if constexpr (kForm == 1) {
 #pragma unroll
-            for (int ks = 0; ks < 8; ++ks) wgmma_rs<128, 1>::run(acc, pf[ks], smem_desc(kv + ks * 2048, 16384, 1024), 1);
+            for (int ks = 0; ks < 8; ++ks)
+                wgmma_rs<128, 1>::run(acc, pf[ks], smem_desc(kv + ks * 2048, 16384, 1024), 1);
         } else if constexpr (kForm == 2) {
 #pragma unroll
             for (int ks = 0; ks < 8; ++ks)
@@ -313,15 +327,14 @@ PFN_cuTensorMapEncodeTiled_v12000 encoder() {
 }
 
 // [1, keys, heads, 128] bf16 in boxes of 64 columns x box_rows keys x 1 head, 128-byte swizzled.
-CUtensorMap kv_map(void *ptr, int box_rows = kTile,
-                   CUtensorMapL2promotion promo = CU_TENSOR_MAP_L2_PROMOTION_L2_128B) {
+CUtensorMap kv_map(void *ptr, int box_rows = kTile, CUtensorMapL2promotion promo = CU_TENSOR_MAP_L2_PROMOTION_L2_128B) {
     CUtensorMap m;
     const cuuint64_t dims[4] = {kHeadDim, kKeys, kHeadsKv, 1};
     const cuuint64_t strides[3] = {kHeadsKv * kHeadDim * 2, kHeadDim * 2, 16};
     const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), 1, 1}, es[4] = {1, 1, 1, 1};
-    const CUresult r = encoder()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, ptr, dims, strides, box, es,
-                                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promo,
-                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    const CUresult r =
+        encoder()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, ptr, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                  CU_TENSOR_MAP_SWIZZLE_128B, promo, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) {
         fprintf(stderr, "cuTensorMapEncodeTiled: %d\n", static_cast<int>(r));
         exit(1);
@@ -336,9 +349,9 @@ CUtensorMap full_map(void *ptr) {
     const cuuint64_t dims[5] = {64, 8, kHeadDim / 64, kKeys / 8, kHeadsKv};
     const cuuint64_t strides[4] = {kHeadsKv * kHeadDim * 2, 128, 8 * kHeadsKv * kHeadDim * 2, kHeadDim * 2};
     const cuuint32_t box[5] = {64, 8, kHeadDim / 64, kTile / 8, 1}, es[5] = {1, 1, 1, 1, 1};
-    const CUresult r = encoder()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, ptr, dims, strides, box, es,
-                                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                 CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    const CUresult r =
+        encoder()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, ptr, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) {
         fprintf(stderr, "cuTensorMapEncodeTiled (5-D): %d\n", static_cast<int>(r));
         exit(1);
@@ -438,13 +451,12 @@ int main(int argc, char **argv) {
         const char *name;
         std::vector<double> t, t_read;  // after the memset; after a read of the flush buffer instead
     };
-    std::vector<Form> forms = {{"empty", {}, {}},       {"tma", {}, {}},         {"tma nohint", {}, {}},
-                               {"tma3", {}, {}},        {"tma+parts", {}, {}},   {"tma+release", {}, {}},
-                               {"tma+merge", {}, {}},   {"ldg", {}, {}},         {"library", {}, {}},
-                               {"library p16", {}, {}}, {"library p256", {}, {}}, {"tma p16", {}, {}},
-                               {"tma p256", {}, {}}, {"tma box16", {}, {}}, {"tma strided", {}, {}},
-                               {"strided box16", {}, {}}, {"tma full", {}, {}}, {"strided full", {}, {}},
-                               {"tma 256B", {}, {}}};
+    std::vector<Form> forms = {
+        {"empty", {}, {}},     {"tma", {}, {}},          {"tma nohint", {}, {}},   {"tma3", {}, {}},
+        {"tma+parts", {}, {}}, {"tma+release", {}, {}},  {"tma+merge", {}, {}},    {"ldg", {}, {}},
+        {"library", {}, {}},   {"library p16", {}, {}},  {"library p256", {}, {}}, {"tma p16", {}, {}},
+        {"tma p256", {}, {}},  {"tma box16", {}, {}},    {"tma strided", {}, {}},  {"strided box16", {}, {}},
+        {"tma full", {}, {}},  {"strided full", {}, {}}, {"tma 256B", {}, {}}};
     // the merge's grid, launched as a programmatic dependent of the attention's
     cudaLaunchAttribute pdl_attr = {};
     pdl_attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -459,11 +471,21 @@ int main(int argc, char **argv) {
     };
     auto enqueue = [&](int f) {
         switch (f) {
-            case 0: empty_kernel<<<kBlocks, 128>>>(); break;
-            case 1: tma_read<2, false><<<kBlocks, 128, smem2>>>(kmap, vmap, parts, lses); break;
-            case 2: tma_read<2, false, false><<<kBlocks, 128, smem2>>>(kmap, vmap, parts, lses); break;
-            case 3: tma_read<3, false><<<kBlocks, 128, smem3>>>(kmap, vmap, parts, lses); break;
-            case 4: tma_read<2, true><<<kBlocks, 128, smem2>>>(kmap, vmap, parts, lses); break;
+            case 0:
+                empty_kernel<<<kBlocks, 128>>>();
+                break;
+            case 1:
+                tma_read<2, false><<<kBlocks, 128, smem2>>>(kmap, vmap, parts, lses);
+                break;
+            case 2:
+                tma_read<2, false, false><<<kBlocks, 128, smem2>>>(kmap, vmap, parts, lses);
+                break;
+            case 3:
+                tma_read<3, false><<<kBlocks, 128, smem3>>>(kmap, vmap, parts, lses);
+                break;
+            case 4:
+                tma_read<2, true><<<kBlocks, 128, smem2>>>(kmap, vmap, parts, lses);
+                break;
             case 5: {
                 tma_read<2, true><<<kBlocks, 128, smem2>>>(kmap, vmap, parts, lses);
                 CHECK(cudaLaunchKernelEx(&cfg, merge_release_only, static_cast<__nv_bfloat16 *>(o)));
@@ -475,24 +497,42 @@ int main(int argc, char **argv) {
                                          static_cast<const float *>(lses), static_cast<__nv_bfloat16 *>(o)));
                 break;
             }
-            case 7: ldg_read<<<sms * 4, 256>>>(static_cast<const uint4 *>(kv), kv_bytes / 16, sink); break;
-            case 8: call(p); break;
-            case 9: call(p16); break;
-            case 10: call(p256); break;
-            case 11: tma_read<2, false, true, 16><<<kBlocks, 128, smem2>>>(kmap16, vmap16, parts, lses, table); break;
+            case 7:
+                ldg_read<<<sms * 4, 256>>>(static_cast<const uint4 *>(kv), kv_bytes / 16, sink);
+                break;
+            case 8:
+                call(p);
+                break;
+            case 9:
+                call(p16);
+                break;
+            case 10:
+                call(p256);
+                break;
+            case 11:
+                tma_read<2, false, true, 16><<<kBlocks, 128, smem2>>>(kmap16, vmap16, parts, lses, table);
+                break;
             case 12:
                 tma_read<2, false, true, 256><<<kBlocks, 128, smem2>>>(kmap, vmap, parts, lses, table + kKeys / 2);
                 break;
-            case 13: tma_read<2, false, true, 0, 16><<<kBlocks, 128, smem2>>>(kmap16, vmap16, parts, lses); break;
-            case 14: tma_read<2, false, true, 0, kTile, true><<<kBlocks, 128, smem2>>>(kmap, vmap, parts, lses); break;
-            case 15: tma_read<2, false, true, 0, 16, true><<<kBlocks, 128, smem2>>>(kmap16, vmap16, parts, lses); break;
+            case 13:
+                tma_read<2, false, true, 0, 16><<<kBlocks, 128, smem2>>>(kmap16, vmap16, parts, lses);
+                break;
+            case 14:
+                tma_read<2, false, true, 0, kTile, true><<<kBlocks, 128, smem2>>>(kmap, vmap, parts, lses);
+                break;
+            case 15:
+                tma_read<2, false, true, 0, 16, true><<<kBlocks, 128, smem2>>>(kmap16, vmap16, parts, lses);
+                break;
             case 16:
                 tma_read<2, false, true, 0, kTile, false, true><<<kBlocks, 128, smem2>>>(kfull, vfull, parts, lses);
                 break;
             case 17:
                 tma_read<2, false, true, 0, kTile, true, true><<<kBlocks, 128, smem2>>>(kfull, vfull, parts, lses);
                 break;
-            case 18: tma_read<2, false><<<kBlocks, 128, smem2>>>(k256, v256, parts, lses); break;
+            case 18:
+                tma_read<2, false><<<kBlocks, 128, smem2>>>(k256, v256, parts, lses);
+                break;
         }
         CHECK(cudaGetLastError());
     };
@@ -501,12 +541,13 @@ int main(int argc, char **argv) {
     CHECK(cudaFuncSetAttribute(tma_read<2, false, true, 256>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem2));
     CHECK(cudaFuncSetAttribute(tma_read<2, false, true, 0, 16>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem2));
     CHECK(cudaFuncSetAttribute(tma_read<2, false, true, 0, kTile, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              smem2));
-    CHECK(cudaFuncSetAttribute(tma_read<2, false, true, 0, 16, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem2));
+                               smem2));
+    CHECK(cudaFuncSetAttribute(tma_read<2, false, true, 0, 16, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               smem2));
     CHECK(cudaFuncSetAttribute(tma_read<2, false, true, 0, kTile, false, true>,
-                              cudaFuncAttributeMaxDynamicSharedMemorySize, smem2));
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, smem2));
     CHECK(cudaFuncSetAttribute(tma_read<2, false, true, 0, kTile, true, true>,
-                              cudaFuncAttributeMaxDynamicSharedMemorySize, smem2));
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, smem2));
     cudaEvent_t e0, e1;
     CHECK(cudaEventCreate(&e0));
     CHECK(cudaEventCreate(&e1));
@@ -531,12 +572,12 @@ int main(int argc, char **argv) {
     CHECK(cudaDeviceSynchronize());
     cudaDeviceProp prop;
     CHECK(cudaGetDeviceProperties(&prop, 0));
-    printf("read_ceiling: %s, %d SMs; 1 x 32/8 heads, 8192 keys, d128 bf16: %zu bytes of K+V; "
-           "%d rounds x %d calls, the L2 flushed before each by a 256 MB memset (the benchmarks' "
-           "protocol) or by a 256 MB read\n",
-           prop.name, sms, kv_bytes, rounds, iters);
-    printf("%-13s %9s %9s %9s %9s | %9s %9s\n", "form", "p10 us", "median us", "p90 us", "GB/s", "read: us",
-           "GB/s");
+    printf(
+        "read_ceiling: %s, %d SMs; 1 x 32/8 heads, 8192 keys, d128 bf16: %zu bytes of K+V; "
+        "%d rounds x %d calls, the L2 flushed before each by a 256 MB memset (the benchmarks' "
+        "protocol) or by a 256 MB read\n",
+        prop.name, sms, kv_bytes, rounds, iters);
+    printf("%-13s %9s %9s %9s %9s | %9s %9s\n", "form", "p10 us", "median us", "p90 us", "GB/s", "read: us", "GB/s");
     auto med = [](std::vector<double> &t) {
         std::sort(t.begin(), t.end());
         return t[t.size() / 2];
@@ -563,8 +604,10 @@ int main(int argc, char **argv) {
                                   "O^T with the column max and P^T's store before it"};
     int clock_khz = 0;
     CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
-    printf("\ndecode tile products, head dim 128, 128 keys (one warpgroup; cycles issue to completion, "
-           "median of %d; us at %.2f GHz)\n", kReps, clock_khz * 1e-6);
+    printf(
+        "\ndecode tile products, head dim 128, 128 keys (one warpgroup; cycles issue to completion, "
+        "median of %d; us at %.2f GHz)\n",
+        kReps, clock_khz * 1e-6);
     for (int f = 0; f < 5; ++f) {
         CHECK(cudaFuncSetAttribute(chains[f], cudaFuncAttributeMaxDynamicSharedMemorySize, chain_smem));
         chains[f]<<<1, 128, chain_smem>>>(cyc, kReps, csink);

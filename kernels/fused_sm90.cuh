@@ -287,7 +287,7 @@ template <class Tr> struct tile {
      * num_splits-th from its own (split s of S takes the visible tiles s, s + S, s + 2 S, ...), so
      * that at any moment the splits of a KV head read neighbouring key tiles. Consecutive shares
      * (S tiles a split, one after another) had the splits read addresses a share apart (1 MB at a
-     * batch-1 decode of 8k keys, 16 splits), and a bare read of that decode's K and V took 17.7 us
+     * batch-1 decode of 8k keys, 16 splits), and a bare read of that decode's K and V took 17.5 us
      * with the L2 flushed where the strided order took 17.0 (docs/performance.md v80). A split's
      * tiles still ascend, so that only its last can cross the keys' end. */
     template <class Bounds> __device__ __forceinline__ void set_key_tiles(const Bounds &bnd, int num_splits) {

@@ -7,9 +7,10 @@
 # benchmark's quick suite, "hostcost" the Python host cost per call beside SDPA's; "fusedpeers" the
 # portable FUSED kernel forced, beside FA2 (which runs its sm80 code on Hopper too); "launchcost"
 # the host cost of each launch form (benchmarks/launch_cost.cu); "ceiling" a batch-1 8k decode's
-# K/V read by bare kernels beside the library's call (benchmarks/read_ceiling.cu); "serving" the serving paths' speed
-# beside the dense path and the peers; "abtree" builds the source tree in $AB_OLD too and times both
-# builds on the default suite, alternating, for a refactor's before/after; AB_ARGS adds benchmark
+# K/V read by bare kernels beside the library's call (benchmarks/read_ceiling.cu; CEILING_ROUNDS,
+# 3); "serving" the serving paths' speed beside the dense path and the peers; "abtree" builds the
+# source tree in $AB_OLD too and times both builds on the default suite, alternating, for a
+# refactor's before/after; AB_ARGS adds benchmark
 # options to both, e.g. "--backend fused"; "abshapes" does the same shape by shape, A B B A per
 # shape, on $AB_SHAPES: benchmarks/ab_interleave.py). "ab" times FUSED against FUSED_SM90 at every
 # compiled head dim: the measurement behind the AUTO ranges of FA_SM90_CONFIGS. CTEST_TIMEOUT:
