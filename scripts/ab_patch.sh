@@ -12,6 +12,8 @@
 #   3. the block timelines of the last tree and A (benchmarks/block_timeline.py; CASES) while time
 #      is left.
 # LIMIT: the seconds the call may take (default 580); each step stops in time for the next.
+# FLASHATTN_HEAD_DIMS restricts the last tree's build and suite (a candidate that changes only those
+# head dims' kernels and plans; the suite then reports the calls it could not make).
 # Trees under $AB_DIR (default /tmp/ab_patch); logs and tables under $OUT.
 #   Usage: scripts/ab_patch.sh first.patch [second.patch ...]
 set -uo pipefail
@@ -46,7 +48,7 @@ build() { # tree target cmake-options...
 }
 tl_opts=(-DFLASHATTN_HEAD_DIMS=128 -DFLASHATTN_BUILD_TESTS=OFF -DFLASHATTN_BUILD_BENCHMARKS=OFF -DCMAKE_CUDA_FLAGS=-DFA_DIAG_TL)
 bench_opts=(-DFLASHATTN_HEAD_DIMS=128 -DFLASHATTN_BUILD_TESTS=OFF)
-build $last all & pl=$!
+build $last all ${FLASHATTN_HEAD_DIMS:+-DFLASHATTN_HEAD_DIMS=$FLASHATTN_HEAD_DIMS} & pl=$!
 build A flashattn_bench "${bench_opts[@]}" & pa=$!
 pb=; [ $last = C ] && { build B flashattn_bench "${bench_opts[@]}" & pb=$!; }
 build Atl flashattn "${tl_opts[@]}" &
