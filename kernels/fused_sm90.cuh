@@ -299,11 +299,8 @@ template <class Tr> struct tile {
         tile_begin = tile_first + split;
         n_tiles = split < tiles_all ? (tiles_all - split + num_splits - 1) / num_splits : 0;
     }
-    /* The key tile number of this block's it-th tile (a persistent block's tiles are never split:
-     * the launcher checks). */
-    __device__ __forceinline__ int key_tile(int it) const {
-        return Tr::kPersistent ? tile_begin + it : tile_begin + it * tile_step;
-    }
+    /* The key tile number of this block's it-th tile. */
+    __device__ __forceinline__ int key_tile(int it) const { return tile_begin + it * tile_step; }
     /* Where tile row r goes: false if it is padding (no such head or position). */
     template <class Bounds>
     __device__ __forceinline__ bool row_target(const Bounds &bnd, int r, int &head, int &pos) const {
