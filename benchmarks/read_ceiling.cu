@@ -326,37 +326,37 @@ PFN_cuTensorMapEncodeTiled_v12000 encoder() {
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
 }
 
-// [1, keys, heads, 128] bf16 in boxes of 64 columns x box_rows keys x 1 head, 128-byte swizzled.
-CUtensorMap kv_map(void *ptr, int box_rows = kTile, CUtensorMapL2promotion promo = CU_TENSOR_MAP_L2_PROMOTION_L2_128B) {
+// A bf16 map of `rank` dimensions over ptr (128-byte swizzle, no out-of-bounds fill); exits if the
+// driver refuses it.
+template <int kRank>
+CUtensorMap encode_map(void *ptr, const cuuint64_t (&dims)[kRank], const cuuint64_t (&strides)[kRank - 1],
+                       const cuuint32_t (&box)[kRank], CUtensorMapL2promotion promo) {
+    static const PFN_cuTensorMapEncodeTiled_v12000 encode = encoder();
     CUtensorMap m;
-    const cuuint64_t dims[4] = {kHeadDim, kKeys, kHeadsKv, 1};
-    const cuuint64_t strides[3] = {kHeadsKv * kHeadDim * 2, kHeadDim * 2, 16};
-    const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), 1, 1}, es[4] = {1, 1, 1, 1};
-    const CUresult r =
-        encoder()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, ptr, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                  CU_TENSOR_MAP_SWIZZLE_128B, promo, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    cuuint32_t es[kRank];
+    for (int i = 0; i < kRank; ++i) es[i] = 1;
+    const CUresult r = encode(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, kRank, ptr, dims, strides, box, es,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promo,
+                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) {
-        fprintf(stderr, "cuTensorMapEncodeTiled: %d\n", static_cast<int>(r));
+        fprintf(stderr, "cuTensorMapEncodeTiled (%d-D): %d\n", kRank, static_cast<int>(r));
         exit(1);
     }
     return m;
 }
 
+// [1, keys, heads, 128] bf16 in boxes of 64 columns x box_rows keys x 1 head.
+CUtensorMap kv_map(void *ptr, int box_rows = kTile, CUtensorMapL2promotion promo = CU_TENSOR_MAP_L2_PROMOTION_L2_128B) {
+    return encode_map<4>(ptr, {kHeadDim, kKeys, kHeadsKv, 1}, {kHeadsKv * kHeadDim * 2, kHeadDim * 2, 16},
+                         {64, static_cast<cuuint32_t>(box_rows), 1, 1}, promo);
+}
+
 // The same tensor as 5-D (64 columns, 8 rows, 2 regions of 64 columns, 8-row groups, heads) in
 // boxes of a whole 128-key tile: 64 x 8 x 2 x 16 x 1 (the library's full-width page boxes' form).
 CUtensorMap full_map(void *ptr) {
-    CUtensorMap m;
-    const cuuint64_t dims[5] = {64, 8, kHeadDim / 64, kKeys / 8, kHeadsKv};
-    const cuuint64_t strides[4] = {kHeadsKv * kHeadDim * 2, 128, 8 * kHeadsKv * kHeadDim * 2, kHeadDim * 2};
-    const cuuint32_t box[5] = {64, 8, kHeadDim / 64, kTile / 8, 1}, es[5] = {1, 1, 1, 1, 1};
-    const CUresult r =
-        encoder()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, ptr, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS) {
-        fprintf(stderr, "cuTensorMapEncodeTiled (5-D): %d\n", static_cast<int>(r));
-        exit(1);
-    }
-    return m;
+    return encode_map<5>(ptr, {64, 8, kHeadDim / 64, kKeys / 8, kHeadsKv},
+                         {kHeadsKv * kHeadDim * 2, 128, 8 * kHeadsKv * kHeadDim * 2, kHeadDim * 2},
+                         {64, 8, kHeadDim / 64, kTile / 8, 1}, CU_TENSOR_MAP_L2_PROMOTION_L2_128B);
 }
 
 }  // namespace
