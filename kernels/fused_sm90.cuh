@@ -38,7 +38,8 @@
  *
  *   (at head dims 192 and 256, a last key tile in which the block's visible keys end at most 32
  *   keys in runs S, the softmax and P V over those 32 keys alone: kTailW)
- *   and after the last tile O += P V once more, O /= l, LSE = (m + log2 l) ln 2; O is staged
+ *   and after the last tile O += P V once more, O /= l, LSE = (m + log2 l) ln 2 (a single
+ *   consumer works out 1 / l and stores the LSE while that last product runs); O is staged
  *   through the consumer's own rows of the Q tile (a persistent block: of an O tile of its own where
  *   shared memory allows) and stored with 16-byte writes, or, by a persistent block, with TMA stores
  *   that one thread issues and nobody waits for until the rows are needed again.
@@ -1544,6 +1545,25 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
          * block, taken through a shuffle so that ptxas sees it uniform. */
         const bool narrow =
             kTailW > 0 && __shfl_sync(0xffffffffu, tl.key_end(bnd) - tl.key_tile(n_tiles - 1) * kBlockN <= kTailW, 0);
+        /* Each row's 1 / l and LSE (stored), from the sums and maxima of the consumer's last
+         * softmax, which the last P V does not change: a single consumer's last_pv works them out
+         * while that product runs on the tensor cores, off a decode tile's critical path after its
+         * last V lands. The kernels of two or three consumers work them out after it (there the
+         * move shifted ptxas's spills, up in some kernels and down in others: docs/performance.md
+         * v81). */
+        float inv_r[2];
+        bool rows_done = false;
+        auto finish_rows = [&] {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const float l = quad_sum(row_sum[r]);
+                inv_r[r] = softmax_inv(l);
+                if (valid_r[r] && t == 0)
+                    if (float *ls = lse_slot(head_r[r], pos_r[r]))
+                        *ls = softmax_lse(l, row_max[r], mult);
+            }
+            rows_done = true;
+        };
         /* This consumer's last tile's P V over its first kW keys; its V stage handed back where a
          * persistent block's next tile, or a key tile after this consumer's (n_mine), may load
          * there. Its turn is the consumer's last of the tile unless such key tiles follow. */
@@ -1572,6 +1592,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             wgmma_commit();
             if (kTurns && (c != kNC - 1 || turn_on || n_mine < n_tiles)) /* (above) */
                 named_arrive(next_turn, kTurnThreads);
+            if constexpr (kNC == 1) finish_rows(); /* (while the product runs: it reads neither o nor pf) */
             wgmma_wait<0>();
             reg_fence(o);
             if ((Tr::kPersistent || n_mine < n_tiles) && lane == 0) mbar_arrive(sm.empty_v + 8 * st);
@@ -1631,15 +1652,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             }
         }
 
-        float inv_r[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const float l = quad_sum(row_sum[r]);
-            inv_r[r] = softmax_inv(l);
-            if (valid_r[r] && t == 0)
-                if (float *ls = lse_slot(head_r[r], pos_r[r]))
-                    *ls = softmax_lse(l, row_max[r], mult);
-        }
+        if (!rows_done) finish_rows(); /* (several consumers, or one that computed no key tile) */
         if (tl.partial) {
             store_split_partial(p, tl, o, inv_r, valid_r, head_r, pos_r, t);
             /* (a consumer that computed no key tile, and so took no last_pv, triggers here; for the
