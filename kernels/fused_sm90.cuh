@@ -1652,7 +1652,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             }
         }
 
-        if (!rows_done) finish_rows(); /* (several consumers, or one that computed no key tile) */
+        if (!rows_done) finish_rows(); /* (two or three consumers: after the last P V, or with no key tile) */
         if (tl.partial) {
             store_split_partial(p, tl, o, inv_r, valid_r, head_r, pos_r, t);
             /* (a consumer that computed no key tile, and so took no last_pv, triggers here; for the
