@@ -25,6 +25,9 @@
 //                 as the library's full-width page boxes), in consecutive shares or strided;
 //   tma 256B      tma with the L2 fetching 256 bytes a box row (every other map here, as the
 //                 library's K and V maps, fetches 128).
+// The last lines give the paged/dense ratios of the library's calls and of the bare reads, and the
+// bound a paged call would reach if it cost nothing beyond its reads that the dense call does not
+// (docs/performance.md v81).
 // Every form is timed again with the flush done by a 256 MB read, which leaves no modified lines in
 // the L2 (what writing them back costs a cold call). GB/s is K+V bytes over the median event time,
 // as flashattn_bench reports decode rows. Then, on one block, a decode tile's tensor-core products in
@@ -590,6 +593,12 @@ int main(int argc, char **argv) {
     printf("pages/dense (memset protocol): library p16 %.3f, p256 %.3f; bare tma p16 %.3f, p256 %.3f\n",
            med(forms[8].t) / med(forms[9].t), med(forms[8].t) / med(forms[10].t), med(forms[1].t) / med(forms[11].t),
            med(forms[1].t) / med(forms[12].t));
+    // A paged call with no cost of its own beyond its reads: the dense call's costs beyond its
+    // strided read (the library's order) added to the bare reads over the shuffled pages.
+    const double own = med(forms[8].t) - med(forms[14].t);
+    printf("paged bound (the library's dense call over the bare paged read plus its costs beyond the strided read, "
+           "%.2f us): p16 %.3f, p256 %.3f\n",
+           own, med(forms[8].t) / (med(forms[11].t) + own), med(forms[8].t) / (med(forms[12].t) + own));
 
     // The decode tile's products (one block, one warpgroup), cycles from issue to completion.
     constexpr int kReps = 200;
