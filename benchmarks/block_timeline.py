@@ -27,7 +27,9 @@ keeps those cases only) and writes every block's stamps to $OUT/timelines$TAG.np
 entry, after the wait, K_0, K_1 + V_0, last V, end, the producer's first load issued (0 where it is
 not recorded: pages gathered with cp.async), SM; the merge's blocks under
 <case>_merge: entry, after the wait, loads issued, summed, LSEs landed, end, unused, SM). Needs
-PyTorch and CuPy.
+PyTorch and CuPy. Each stamp reads the timer before it loads the buffer's address (until
+docs/performance.md v81 it read it after, so that a block's first stamp could come a global load's
+latency late).
 """
 import os, sys
 import numpy as np
