@@ -1550,9 +1550,9 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
          * while that product runs on the tensor cores, off a decode tile's critical path after its
          * last V lands. The kernels of two or three consumers work them out after it (there the
          * move shifted ptxas's spills, up in some kernels and down in others: docs/performance.md
-         * v81). */
+         * v81). A single consumer always takes last_pv, once a tile (its tiles all have keys, and
+         * it never stops early: kStopEarly needs rows beyond a key tile's). */
         float inv_r[2];
-        bool rows_done = false;
         auto finish_rows = [&] {
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
@@ -1562,7 +1562,6 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                     if (float *ls = lse_slot(head_r[r], pos_r[r]))
                         *ls = softmax_lse(l, row_max[r], mult);
             }
-            rows_done = true;
         };
         /* This consumer's last tile's P V over its first kW keys; its V stage handed back where a
          * persistent block's next tile, or a key tile after this consumer's (n_mine), may load
@@ -1652,7 +1651,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             }
         }
 
-        if (!rows_done) finish_rows(); /* (two or three consumers: after the last P V, or with no key tile) */
+        if constexpr (kNC != 1) finish_rows(); /* (after the last P V, or with no key tile) */
         if (tl.partial) {
             store_split_partial(p, tl, o, inv_r, valid_r, head_r, pos_r, t);
             /* (a consumer that computed no key tile, and so took no last_pv, triggers here; for the
