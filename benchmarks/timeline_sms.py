@@ -22,7 +22,7 @@ Needs numpy only (runs where the recordings were copied, no GPU).
 import argparse
 import sys
 
-import numpy as np
+np = None  # numpy, imported once the arguments are read (so that --help needs none)
 
 
 def load(path, case):
@@ -38,6 +38,13 @@ def main(argv=None):
     ap.add_argument("files", nargs="+", help="timelines*.npz from block_timeline.py")
     ap.add_argument("--case", default="dense_fill", help="the case's name in the files (default dense_fill)")
     args = ap.parse_args(argv)
+    global np
+    try:
+        import numpy
+    except ImportError:
+        print("timeline_sms.py: needs numpy", file=sys.stderr)
+        return 2
+    np = numpy
     lateness = {}  # SM -> lateness of its blocks (ns after their call's median block), every file
     used_any = False
     for path in args.files:
