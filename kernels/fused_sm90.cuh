@@ -1563,6 +1563,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
                         *ls = softmax_lse(l, row_max[r], mult);
             }
         };
+        static_assert(kNC != 1 || !kStopEarly, "a single consumer finishes its rows in last_pv, which it always takes");
         /* This consumer's last tile's P V over its first kW keys; its V stage handed back where a
          * persistent block's next tile, or a key tile after this consumer's (n_mine), may load
          * there. Its turn is the consumer's last of the tile unless such key tiles follow. */
