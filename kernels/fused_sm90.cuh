@@ -1466,7 +1466,14 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             const int n0 = tl.key_tile(it) * kBlockN;
             const int kv = kv0 + it, st = kv & 1; /* K_it's and V_it's stage */
             mbar_wait(sm.full_k + 8 * st, (kv >> 1) & 1);
-            if (it > 0) mbar_wait(sm.full_v + 8 * (st ^ 1), ((kv - 1) >> 1) & 1);
+            /* A single consumer issues S_it once K_it has landed and only then waits for V_{it-1}
+             * (issued after K_it: it lands later), so that S_it and its softmax run while V_{it-1}
+             * is in flight, and P V_{it-1}, issued as V_{it-1} lands, hands V's stage back to the
+             * producer one product (not two) after it (docs/performance.md v83). With two or three
+             * consumers a consumer holds the tensor cores' turn from before S to after P V, and
+             * waits for both first. */
+            constexpr bool kSFirst = kNC == 1;
+            if (!kSFirst && it > 0) mbar_wait(sm.full_v + 8 * (st ^ 1), ((kv - 1) >> 1) & 1);
             if (gathered) fence_proxy_async_shared();
 
             if (kTurns) named_sync(my_turn, kTurnThreads); /* our turn on the tensor cores */
@@ -1476,6 +1483,10 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             issue_s_steps(sw, kv, steps);
             wgmma_commit();
             if (it > 0) {
+                if constexpr (kSFirst) {
+                    mbar_wait(sm.full_v + 8 * (st ^ 1), ((kv - 1) >> 1) & 1);
+                    if (gathered) fence_proxy_async_shared();
+                }
                 wgmma_fence(); /* P and O were written by ordinary instructions since the last one */
                 issue_pv(kv - 1, std::integral_constant<int, kBlockN>{}); /* (only a last tile is narrow) */
             }
