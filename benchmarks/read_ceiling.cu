@@ -231,6 +231,9 @@ __device__ __forceinline__ void wgmma_n8(float (&d)[4], uint64_t da, uint64_t db
 //   4  3 with what the transposed tile adds between its products: a column max across the
 //      warpgroup (shuffles, a word a warp through shared memory, a barrier), P^T stored, the
 //      proxy fence and a barrier.
+//   5  0 and 1 issued together, as the library's key loop issues S_j beside P V_{j-1}: a tile's
+//      tensor-core time;
+//   6  2 and 3 issued together, their four accumulator chains interleaved: the transposed tile's.
 template <int kForm>
 __global__ void __launch_bounds__(128) chain(long long *cycles, int reps, float *sink) {
     using namespace fa::sm90;
@@ -240,11 +243,12 @@ __global__ void __launch_bounds__(128) chain(long long *cycles, int reps, float 
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     for (int i = threadIdx.x; i < 53248 / 4; i += 128)
         asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(base + 4 * i), "r"(0x3c003c00u));
-    float acc[64], acc8[2][4];
+    float acc[64], acc8[2][4], o[kForm == 5 ? 64 : 1], o8[2][4];
     uint32_t pf[8][4];
     for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+    for (int i = 0; i < (kForm == 5 ? 64 : 1); ++i) o[i] = 0.f;
     for (int h = 0; h < 2; ++h)
-        for (int i = 0; i < 4; ++i) acc8[h][i] = 0.f;
+        for (int i = 0; i < 4; ++i) acc8[h][i] = o8[h][i] = 0.f;
     for (int k = 0; k < 8; ++k)
         for (int i = 0; i < 4; ++i) pf[k][i] = 0x3c003c00u + threadIdx.x;
     fence_proxy_async_shared();
@@ -292,6 +296,26 @@ __global__ void __launch_bounds__(128) chain(long long *cycles, int reps, float 
 #pragma unroll
             for (int ks = 0; ks < 8; ++ks)
                 wgmma_rs<128, 1>::run(acc, pf[ks], smem_desc(kv + ks * 2048, 16384, 1024), 1);
+        } else if constexpr (kForm == 5) {
+#pragma unroll
+            for (int ks = 0; ks < 8; ++ks)
+                wgmma_ss<128, 1>::run(acc, smem_desc(q + (ks / 4) * 8192 + (ks % 4) * 32, 16, 1024),
+                                      smem_desc(kv + (ks / 4) * 16384 + (ks % 4) * 32, 16, 1024), 1);
+            wgmma_commit(); /* (as the key loop: S a group of its own, then the fence before P V) */
+            wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < 8; ++ks)
+                wgmma_rs<128, 1>::run(o, pf[ks], smem_desc(kv + ks * 2048, 16384, 1024), 1);
+        } else if constexpr (kForm == 6) {
+#pragma unroll
+            for (int ks = 0; ks < 8; ++ks)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    wgmma_n8<false>(acc8[h], smem_desc(kv + h * 8192 + (ks / 4) * 16384 + (ks % 4) * 32, 16, 1024),
+                                    smem_desc(q + (ks / 4) * 8192 + (ks % 4) * 32, 16, 1024), 1);
+                    wgmma_n8<true>(o8[h], smem_desc(kv + h * 16384 + ks * 2048, 8192, 1024),
+                                   smem_desc(pt + (ks / 4) * 1024 + (ks % 4) * 32, 16, 1024), 1);
+                }
         } else if constexpr (kForm == 2) {
 #pragma unroll
             for (int ks = 0; ks < 8; ++ks)
@@ -312,13 +336,17 @@ __global__ void __launch_bounds__(128) chain(long long *cycles, int reps, float 
         reg_fence(acc);
         reg_fence(acc8[0]);
         reg_fence(acc8[1]);
+        reg_fence(o);
+        reg_fence(o8[0]);
+        reg_fence(o8[1]);
         const long long t1 = clock64();
         if (threadIdx.x == 0) cycles[rep] = t1 - t0;
     }
     float x = 0.f;
     for (int i = 0; i < 64; ++i) x += acc[i];
+    for (int i = 0; i < (kForm == 5 ? 64 : 1); ++i) x += o[i];
     for (int h = 0; h < 2; ++h)
-        for (int i = 0; i < 4; ++i) x += acc8[h][i];
+        for (int i = 0; i < 4; ++i) x += acc8[h][i] + o8[h][i];
     sink[threadIdx.x] = x;
 }
 
@@ -607,17 +635,20 @@ int main(int argc, char **argv) {
     CHECK(cudaMalloc(&cyc, sizeof(long long) * kReps));
     CHECK(cudaMalloc(&csink, sizeof(float) * 128));
     const int chain_smem = 53248 + 1024;
-    void (*chains[5])(long long *, int, float *) = {chain<0>, chain<1>, chain<2>, chain<3>, chain<4>};
-    const char *chain_names[5] = {"S = Q K^T, m64n128k16 x 8", "P V, m64n128k16 x 8 (P in registers)",
+    void (*chains[7])(long long *, int, float *) = {chain<0>, chain<1>, chain<2>, chain<3>,
+                                                    chain<4>, chain<5>, chain<6>};
+    const char *chain_names[7] = {"S = Q K^T, m64n128k16 x 8", "P V, m64n128k16 x 8 (P in registers)",
                                   "S^T = K Q^T, m64n8k16 x 16", "O^T = V^T P^T, m64n8k16 x 16",
-                                  "O^T with the column max and P^T's store before it"};
+                                  "O^T with the column max and P^T's store before it",
+                                  "S and P V issued together (a key loop's tile)",
+                                  "S^T and O^T issued together, 4 chains interleaved"};
     int clock_khz = 0;
     CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
     printf(
         "\ndecode tile products, head dim 128, 128 keys (one warpgroup; cycles issue to completion, "
         "median of %d; us at %.2f GHz)\n",
         kReps, clock_khz * 1e-6);
-    for (int f = 0; f < 5; ++f) {
+    for (int f = 0; f < 7; ++f) {
         CHECK(cudaFuncSetAttribute(chains[f], cudaFuncAttributeMaxDynamicSharedMemorySize, chain_smem));
         chains[f]<<<1, 128, chain_smem>>>(cyc, kReps, csink);
         CHECK(cudaGetLastError());
