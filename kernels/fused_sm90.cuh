@@ -31,6 +31,7 @@
  *       softmax runs while another's matrix products do; a single consumer takes no turns)
  *     issue S_j = Q K_j^T                                  wgmma, A and B from shared memory (over
  *                                                          the head dim's k-steps: kShortSteps)
+ *     (a single consumer waits for V_{j-1} only here: kSFirst)
  *     issue O += P_{j-1} V_{j-1}                           wgmma, P from registers, V N-major
  *     pass the turn
  *     wait for S_j; hand back K_j; softcap/ALiBi/mask; online softmax (exp2, scale folded)
