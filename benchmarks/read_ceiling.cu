@@ -251,6 +251,21 @@ __global__ void __launch_bounds__(128) chain(long long *cycles, int reps, float 
         for (int i = 0; i < 4; ++i) acc8[h][i] = o8[h][i] = 0.f;
     for (int k = 0; k < 8; ++k)
         for (int i = 0; i < 4; ++i) pf[k][i] = 0x3c003c00u + threadIdx.x;
+    /* One k-step of each product: S's and P V's over 16 of the head dim or of the keys (the
+     * library's 64-row tile), S^T's and O^T's of the transposed tile's 64-row half h. */
+    auto s_step = [&](auto &d, int ks) {
+        wgmma_ss<128, 1>::run(d, smem_desc(q + (ks / 4) * 8192 + (ks % 4) * 32, 16, 1024),
+                              smem_desc(kv + (ks / 4) * 16384 + (ks % 4) * 32, 16, 1024), 1);
+    };
+    auto pv_step = [&](auto &d, int ks) { wgmma_rs<128, 1>::run(d, pf[ks], smem_desc(kv + ks * 2048, 16384, 1024), 1); };
+    auto st_step = [&](float (&d)[4], int h, int ks) {
+        wgmma_n8<false>(d, smem_desc(kv + h * 8192 + (ks / 4) * 16384 + (ks % 4) * 32, 16, 1024),
+                        smem_desc(q + (ks / 4) * 8192 + (ks % 4) * 32, 16, 1024), 1);
+    };
+    auto ot_step = [&](float (&d)[4], int h, int ks) {
+        wgmma_n8<true>(d, smem_desc(kv + h * 16384 + ks * 2048, 8192, 1024),
+                       smem_desc(pt + (ks / 4) * 1024 + (ks % 4) * 32, 16, 1024), 1);
+    };
     fence_proxy_async_shared();
     for (int rep = 0; rep < reps; ++rep) {
         __syncthreads();
@@ -289,47 +304,32 @@ __global__ void __launch_bounds__(128) chain(long long *cycles, int reps, float 
         wgmma_fence();
         if constexpr (kForm == 0) {
 #pragma unroll
-            for (int ks = 0; ks < 8; ++ks)
-                wgmma_ss<128, 1>::run(acc, smem_desc(q + (ks / 4) * 8192 + (ks % 4) * 32, 16, 1024),
-                                      smem_desc(kv + (ks / 4) * 16384 + (ks % 4) * 32, 16, 1024), 1);
+            for (int ks = 0; ks < 8; ++ks) s_step(acc, ks);
         } else if constexpr (kForm == 1) {
 #pragma unroll
-            for (int ks = 0; ks < 8; ++ks)
-                wgmma_rs<128, 1>::run(acc, pf[ks], smem_desc(kv + ks * 2048, 16384, 1024), 1);
+            for (int ks = 0; ks < 8; ++ks) pv_step(acc, ks);
         } else if constexpr (kForm == 5) {
 #pragma unroll
-            for (int ks = 0; ks < 8; ++ks)
-                wgmma_ss<128, 1>::run(acc, smem_desc(q + (ks / 4) * 8192 + (ks % 4) * 32, 16, 1024),
-                                      smem_desc(kv + (ks / 4) * 16384 + (ks % 4) * 32, 16, 1024), 1);
+            for (int ks = 0; ks < 8; ++ks) s_step(acc, ks);
             wgmma_commit(); /* (as the key loop: S a group of its own, then the fence before P V) */
             wgmma_fence();
 #pragma unroll
-            for (int ks = 0; ks < 8; ++ks)
-                wgmma_rs<128, 1>::run(o, pf[ks], smem_desc(kv + ks * 2048, 16384, 1024), 1);
+            for (int ks = 0; ks < 8; ++ks) pv_step(o, ks);
         } else if constexpr (kForm == 6) {
 #pragma unroll
             for (int ks = 0; ks < 8; ++ks)
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    wgmma_n8<false>(acc8[h], smem_desc(kv + h * 8192 + (ks / 4) * 16384 + (ks % 4) * 32, 16, 1024),
-                                    smem_desc(q + (ks / 4) * 8192 + (ks % 4) * 32, 16, 1024), 1);
-                    wgmma_n8<true>(o8[h], smem_desc(kv + h * 16384 + ks * 2048, 8192, 1024),
-                                   smem_desc(pt + (ks / 4) * 1024 + (ks % 4) * 32, 16, 1024), 1);
-                }
+                for (int h = 0; h < 2; ++h) st_step(acc8[h], h, ks), ot_step(o8[h], h, ks);
         } else if constexpr (kForm == 2) {
 #pragma unroll
             for (int ks = 0; ks < 8; ++ks)
 #pragma unroll
-                for (int h = 0; h < 2; ++h)
-                    wgmma_n8<false>(acc8[h], smem_desc(kv + h * 8192 + (ks / 4) * 16384 + (ks % 4) * 32, 16, 1024),
-                                    smem_desc(q + (ks / 4) * 8192 + (ks % 4) * 32, 16, 1024), 1);
+                for (int h = 0; h < 2; ++h) st_step(acc8[h], h, ks);
         } else {
 #pragma unroll
             for (int ks = 0; ks < 8; ++ks)
 #pragma unroll
-                for (int h = 0; h < 2; ++h)
-                    wgmma_n8<true>(acc8[h], smem_desc(kv + h * 16384 + ks * 2048, 8192, 1024),
-                                   smem_desc(pt + (ks / 4) * 1024 + (ks % 4) * 32, 16, 1024), 1);
+                for (int h = 0; h < 2; ++h) ot_step(acc8[h], h, ks);
         }
         wgmma_commit();
         wgmma_wait<0>();
