@@ -1474,7 +1474,8 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
              * consumers a consumer holds the tensor cores' turn from before S to after P V, and
              * waits for both first. */
             constexpr bool kSFirst = kNC == 1;
-            if (!kSFirst && it > 0) mbar_wait(sm.full_v + 8 * (st ^ 1), ((kv - 1) >> 1) & 1);
+            auto wait_v_prev = [&] { mbar_wait(sm.full_v + 8 * (st ^ 1), ((kv - 1) >> 1) & 1); };
+            if (!kSFirst && it > 0) wait_v_prev();
             if (gathered) fence_proxy_async_shared();
 
             if (kTurns) named_sync(my_turn, kTurnThreads); /* our turn on the tensor cores */
@@ -1485,7 +1486,7 @@ fused_sm90_kernel(const __grid_constant__ fa_kernel_params p, const __grid_const
             wgmma_commit();
             if (it > 0) {
                 if constexpr (kSFirst) {
-                    mbar_wait(sm.full_v + 8 * (st ^ 1), ((kv - 1) >> 1) & 1);
+                    wait_v_prev();
                     if (gathered) fence_proxy_async_shared();
                 }
                 wgmma_fence(); /* P and O were written by ordinary instructions since the last one */
