@@ -408,6 +408,16 @@ TEST_F(GpuSm90, SanitizerSubset) {
         Case g = c;
         g.sq = 150, g.sk = 150, g.mask = FLASHATTN_MASK_CAUSAL_TOP_LEFT;
         check_fa_rule(h, g, st, FLASHATTN_BACKEND_FUSED_SM90);
+        // A split decode on one consumer's tile (head dims 64 and 128), whose key loop issues S_j
+        // before it waits for V_{j-1}.
+        if (d != 256) {
+            Case dec = c;
+            dec.sq = 1, dec.hq = 8, dec.mask = FLASHATTN_MASK_NONE, dec.sk = 1500 + 3 * d;
+            const std::string desc = plan_for(h, Inputs(dec), FLASHATTN_BACKEND_FUSED_SM90).description;
+            EXPECT_NE(std::string::npos, desc.find("_m64_")) << dec.str() << ": " << desc;
+            EXPECT_EQ(std::string::npos, desc.find("splits=1 ")) << dec.str() << ": " << desc;
+            check_fa_rule(h, dec, st, FLASHATTN_BACKEND_FUSED_SM90);
+        }
         // Persistent blocks (more tiles than SMs; no mask, or causal): checked against the FUSED kernel, which
         // the rule checks elsewhere, so that no REFERENCE call of this size runs under the tools.
         Case q = c;
