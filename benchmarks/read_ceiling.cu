@@ -16,6 +16,8 @@
 //   tma+flags     tma+parts, each block then raising a flag tagged with the grid's id; 4 more blocks
 //                 of the same grid (on the SMs the 128 leave idle) wait for their two K/V heads'
 //                 16 flags each and merge those rows: the merge without a kernel boundary;
+//   tma+flags all tma+parts and the flag, then every block waits for its K/V head's 16 flags and
+//                 merges a sixteenth of the head's 4 x 128 outputs (32, one a thread);
 //   ldg           every SM streaming the 32 MiB through 16-byte loads (no tiles, no tensor maps);
 //   library       flashattn_fwd on the same K and V (AUTO): the library's own batch-1 decode;
 //   library p16, library p256   the same K and V as pools of 16- and 256-key pages, listed shuffled;
@@ -134,13 +136,45 @@ __device__ __forceinline__ void merge_in_grid(const float *parts, const float *l
     }
 }
 
+// The distributed form: this block's share (a sixteenth) of its head's outputs, once the head's 16
+// splits have raised their flags.
+__device__ __forceinline__ void merge_share(const float *parts, const float *lses, const uint64_t *flags,
+                                            __nv_bfloat16 *out, int head, int split) {
+    const uint64_t tag = grid_id();
+    if (threadIdx.x < kSplits) {
+        const uint64_t *f = flags + threadIdx.x * kHeadsKv + head;
+        uint64_t v;
+        do asm volatile("ld.acquire.gpu.global.u64 %0, [%1];\n" : "=l"(v) : "l"(f) : "memory");
+        while (v != tag);
+    }
+    __syncthreads();
+    constexpr int kShare = kRowsPerHead * kHeadDim / kSplits; /* 32 */
+    if (threadIdx.x >= kShare) return;
+    const int e = split * kShare + threadIdx.x, row = head * kRowsPerHead + e / kHeadDim, col = e % kHeadDim;
+    float l[kSplits], x[kSplits], m = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < kSplits; ++s) {
+        l[s] = __ldcg(lses + s * kHeadsQ + row);
+        x[s] = __ldcg(parts + (static_cast<size_t>(s) * kHeadsQ + row) * kHeadDim + col);
+    }
+#pragma unroll
+    for (int s = 0; s < kSplits; ++s) m = fmaxf(m, l[s]);
+    float num = 0.f, den = 0.f;
+#pragma unroll
+    for (int s = 0; s < kSplits; ++s) {
+        const float w = __expf(l[s] - m);
+        num += w * x[s], den += w;
+    }
+    out[row * kHeadDim + col] = __float2bfloat16(num / den);
+}
+
 template <int kStages, bool kParts, bool kHint = true, int kPage = 0, int kBox = kTile, bool kStrided = false,
-          bool kFull = false, bool kFlags = false>
+          bool kFull = false, int kFlags = 0>
 __global__ void __launch_bounds__(128)
     tma_read(const __grid_constant__ CUtensorMap kmap, const __grid_constant__ CUtensorMap vmap, float *parts,
              float *lses, const int *table = nullptr, uint64_t *flags = nullptr, __nv_bfloat16 *out = nullptr) {
     using namespace fa::sm90;
-    if constexpr (kFlags) {
+    if constexpr (kFlags == 1) {
         if (blockIdx.x >= kBlocks) {
             merge_in_grid(parts, lses, flags, out);
             return;
@@ -208,12 +242,13 @@ __global__ void __launch_bounds__(128)
         for (int r = 0; r < kRowsPerHead; ++r)
             parts[(static_cast<size_t>(split) * kHeadsQ + head * kRowsPerHead + r) * kHeadDim + threadIdx.x] = acc + r;
         if (threadIdx.x < kRowsPerHead) lses[split * kHeadsQ + head * kRowsPerHead + threadIdx.x] = acc * 1e-9f;
-        if constexpr (kFlags) { /* the block's stores, then its flag (as a grid barrier arrives) */
+        if constexpr (kFlags > 0) { /* the block's stores, then its flag (as a grid barrier arrives) */
             __syncthreads();
             if (threadIdx.x == 0) {
                 __threadfence();
                 asm volatile("st.relaxed.gpu.global.u64 [%0], %1;\n" ::"l"(flags + blockIdx.x), "l"(grid_id()) : "memory");
             }
+            if constexpr (kFlags == 2) merge_share(parts, lses, flags, out, head, split);
         }
     } else if (acc == 1234.5f) {
         parts[threadIdx.x] = acc;
@@ -558,7 +593,8 @@ int main(int argc, char **argv) {
         {"tma+parts", {}, {}}, {"tma+release", {}, {}},  {"tma+merge", {}, {}},    {"ldg", {}, {}},
         {"library", {}, {}},   {"library p16", {}, {}},  {"library p256", {}, {}}, {"tma p16", {}, {}},
         {"tma p256", {}, {}},  {"tma box16", {}, {}},    {"tma strided", {}, {}},  {"strided box16", {}, {}},
-        {"tma full", {}, {}},  {"strided full", {}, {}}, {"tma 256B", {}, {}},    {"tma+flags", {}, {}}};
+        {"tma full", {}, {}},  {"strided full", {}, {}}, {"tma 256B", {}, {}},    {"tma+flags", {}, {}},
+        {"tma+flags all", {}, {}}};
     // the merge's grid, launched as a programmatic dependent of the attention's
     cudaLaunchAttribute pdl_attr = {};
     pdl_attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -636,7 +672,11 @@ int main(int argc, char **argv) {
                 tma_read<2, false><<<kBlocks, 128, smem2>>>(k256, v256, parts, lses);
                 break;
             case 19:
-                tma_read<2, true, true, 0, kTile, false, false, true><<<kBlocks + kMergeBlocks, 128, smem2>>>(
+                tma_read<2, true, true, 0, kTile, false, false, 1><<<kBlocks + kMergeBlocks, 128, smem2>>>(
+                    kmap, vmap, parts, lses, nullptr, flags, static_cast<__nv_bfloat16 *>(o));
+                break;
+            case 20:
+                tma_read<2, true, true, 0, kTile, false, false, 2><<<kBlocks, 128, smem2>>>(
                     kmap, vmap, parts, lses, nullptr, flags, static_cast<__nv_bfloat16 *>(o));
                 break;
         }
@@ -654,7 +694,9 @@ int main(int argc, char **argv) {
                                cudaFuncAttributeMaxDynamicSharedMemorySize, smem2));
     CHECK(cudaFuncSetAttribute(tma_read<2, false, true, 0, kTile, true, true>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, smem2));
-    CHECK(cudaFuncSetAttribute(tma_read<2, true, true, 0, kTile, false, false, true>,
+    CHECK(cudaFuncSetAttribute(tma_read<2, true, true, 0, kTile, false, false, 1>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, smem2));
+    CHECK(cudaFuncSetAttribute(tma_read<2, true, true, 0, kTile, false, false, 2>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, smem2));
     cudaEvent_t e0, e1;
     CHECK(cudaEventCreate(&e0));
@@ -698,8 +740,25 @@ int main(int argc, char **argv) {
     printf("pages/dense (memset protocol): library p16 %.3f, p256 %.3f; bare tma p16 %.3f, p256 %.3f\n",
            med(forms[8].t) / med(forms[9].t), med(forms[8].t) / med(forms[10].t), med(forms[1].t) / med(forms[11].t),
            med(forms[1].t) / med(forms[12].t));
-    printf("the merge in the grid (tma+flags) against the dependent merge (tma+merge): %+.2f us; against tma+parts: %+.2f us\n",
-           med(forms[19].t) - med(forms[6].t), med(forms[19].t) - med(forms[4].t));
+    printf("the merge in the grid against the dependent merge (tma+merge): merging blocks (tma+flags) %+.2f us, "
+           "every block a share (tma+flags all) %+.2f us; their cost over tma+parts: %+.2f, %+.2f, the dependent's %+.2f us\n",
+           med(forms[19].t) - med(forms[6].t), med(forms[20].t) - med(forms[6].t), med(forms[19].t) - med(forms[4].t),
+           med(forms[20].t) - med(forms[4].t), med(forms[6].t) - med(forms[4].t));
+    { /* the in-grid merges' outputs beside the dependent merge's (the same parts): bit-identical expected */
+        std::vector<uint16_t> ref(kHeadsQ * kHeadDim), got(kHeadsQ * kHeadDim);
+        const int cmp[3] = {6, 19, 20};
+        int differ[3] = {0, 0, 0};
+        for (int c = 0; c < 3; ++c) {
+            CHECK(cudaMemset(o, 0xff, kHeadsQ * kHeadDim * 2));
+            enqueue(cmp[c]);
+            CHECK(cudaDeviceSynchronize());
+            CHECK(cudaMemcpy(c == 0 ? ref.data() : got.data(), o, kHeadsQ * kHeadDim * 2, cudaMemcpyDeviceToHost));
+            if (c > 0)
+                for (int i = 0; i < kHeadsQ * kHeadDim; ++i) differ[c] += got[i] != ref[i];
+        }
+        printf("outputs differing from tma+merge's (of %d): tma+flags %d, tma+flags all %d\n", kHeadsQ * kHeadDim,
+               differ[1], differ[2]);
+    }
     // A paged call with no cost of its own beyond its reads: the dense call's costs beyond its
     // strided read (the library's order) added to the bare reads over the shuffled pages.
     const double own = med(forms[8].t) - med(forms[14].t);
