@@ -94,22 +94,27 @@ __device__ __forceinline__ uint64_t grid_id() {
     return g;
 }
 
+// Until K/V head `head`'s 16 splits have raised their flags with this grid's id (a lane a flag), then
+// the block's barrier.
+__device__ __forceinline__ void wait_head_flags(const uint64_t *flags, int head) {
+    if (threadIdx.x < kSplits) {
+        const uint64_t tag = grid_id(), *f = flags + threadIdx.x * kHeadsKv + head;
+        uint64_t v;
+        do asm volatile("ld.acquire.gpu.global.u64 %0, [%1];\n" : "=l"(v) : "l"(f) : "memory");
+        while (v != tag);
+    }
+    __syncthreads();
+}
+
 // One of the grid's merging blocks: for each of its K/V heads, wait until the head's 16 splits have
 // raised their flags with this grid's id, then merge its 4 query rows as merge_parts does (one thread
 // a column, every part's load issued before the sums).
 __device__ __forceinline__ void merge_in_grid(const float *parts, const float *lses, const uint64_t *flags,
                                               __nv_bfloat16 *out) {
-    const uint64_t tag = grid_id();
     const int merger = blockIdx.x - kBlocks;
     for (int hh = 0; hh < kHeadsPerMerger; ++hh) {
         const int head = merger * kHeadsPerMerger + hh;
-        if (threadIdx.x < kSplits) {
-            const uint64_t *f = flags + threadIdx.x * kHeadsKv + head;
-            uint64_t v;
-            do asm volatile("ld.acquire.gpu.global.u64 %0, [%1];\n" : "=l"(v) : "l"(f) : "memory");
-            while (v != tag);
-        }
-        __syncthreads();
+        wait_head_flags(flags, head);
         float l[kRowsPerHead][kSplits], x[kRowsPerHead][kSplits];
 #pragma unroll
         for (int r = 0; r < kRowsPerHead; ++r) {
@@ -140,14 +145,7 @@ __device__ __forceinline__ void merge_in_grid(const float *parts, const float *l
 // splits have raised their flags.
 __device__ __forceinline__ void merge_share(const float *parts, const float *lses, const uint64_t *flags,
                                             __nv_bfloat16 *out, int head, int split) {
-    const uint64_t tag = grid_id();
-    if (threadIdx.x < kSplits) {
-        const uint64_t *f = flags + threadIdx.x * kHeadsKv + head;
-        uint64_t v;
-        do asm volatile("ld.acquire.gpu.global.u64 %0, [%1];\n" : "=l"(v) : "l"(f) : "memory");
-        while (v != tag);
-    }
-    __syncthreads();
+    wait_head_flags(flags, head);
     constexpr int kShare = kRowsPerHead * kHeadDim / kSplits; /* 32 */
     if (threadIdx.x >= kShare) return;
     const int e = split * kShare + threadIdx.x, row = head * kRowsPerHead + e / kHeadDim, col = e % kHeadDim;
