@@ -96,6 +96,21 @@ __device__ __forceinline__ uint64_t grid_id() {
     return g;
 }
 
+// One output of a split merge: the 16 parts x weighted by exp(l - max l), as bf16 (the same
+// operations, in the same order, for the dependent merge and both in-grid forms).
+__device__ __forceinline__ __nv_bfloat16 merged(const float (&l)[kSplits], const float (&x)[kSplits]) {
+    float m = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < kSplits; ++s) m = fmaxf(m, l[s]);
+    float num = 0.f, den = 0.f;
+#pragma unroll
+    for (int s = 0; s < kSplits; ++s) {
+        const float w = __expf(l[s] - m);
+        num += w * x[s], den += w;
+    }
+    return __float2bfloat16(num / den);
+}
+
 // Until K/V head `head`'s 16 splits have raised their flags with this grid's id (a lane a flag), then
 // the block's barrier.
 __device__ __forceinline__ void wait_head_flags(const uint64_t *flags, int head) {
@@ -128,18 +143,7 @@ __device__ __forceinline__ void merge_in_grid(const float *parts, const float *l
             }
         }
 #pragma unroll
-        for (int r = 0; r < kRowsPerHead; ++r) {
-            float m = -INFINITY;
-#pragma unroll
-            for (int s = 0; s < kSplits; ++s) m = fmaxf(m, l[r][s]);
-            float num = 0.f, den = 0.f;
-#pragma unroll
-            for (int s = 0; s < kSplits; ++s) {
-                const float w = __expf(l[r][s] - m);
-                num += w * x[r][s], den += w;
-            }
-            out[(head * kRowsPerHead + r) * kHeadDim + threadIdx.x] = __float2bfloat16(num / den);
-        }
+        for (int r = 0; r < kRowsPerHead; ++r) out[(head * kRowsPerHead + r) * kHeadDim + threadIdx.x] = merged(l[r], x[r]);
     }
 }
 
@@ -151,21 +155,13 @@ __device__ __forceinline__ void merge_share(const float *parts, const float *lse
     constexpr int kShare = kRowsPerHead * kHeadDim / kSplits; /* 32 */
     if (threadIdx.x >= kShare) return;
     const int e = split * kShare + threadIdx.x, row = head * kRowsPerHead + e / kHeadDim, col = e % kHeadDim;
-    float l[kSplits], x[kSplits], m = -INFINITY;
+    float l[kSplits], x[kSplits];
 #pragma unroll
     for (int s = 0; s < kSplits; ++s) {
         l[s] = __ldcg(lses + s * kHeadsQ + row);
         x[s] = __ldcg(parts + (static_cast<size_t>(s) * kHeadsQ + row) * kHeadDim + col);
     }
-#pragma unroll
-    for (int s = 0; s < kSplits; ++s) m = fmaxf(m, l[s]);
-    float num = 0.f, den = 0.f;
-#pragma unroll
-    for (int s = 0; s < kSplits; ++s) {
-        const float w = __expf(l[s] - m);
-        num += w * x[s], den += w;
-    }
-    out[row * kHeadDim + col] = __float2bfloat16(num / den);
+    out[row * kHeadDim + col] = merged(l, x);
 }
 
 template <int kStages, bool kParts, bool kHint = true, int kPage = 0, int kBox = kTile, bool kStrided = false,
@@ -260,19 +256,12 @@ __global__ void __launch_bounds__(128)
 __global__ void __launch_bounds__(128) merge_parts(const float *parts, const float *lses, __nv_bfloat16 *out) {
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
     const int row = blockIdx.x;
-    float l[kSplits], m = -INFINITY;
+    float l[kSplits], v[kSplits];
 #pragma unroll
-    for (int s = 0; s < kSplits; ++s) l[s] = lses[s * kHeadsQ + row], m = fmaxf(m, l[s]);
-    float v[kSplits];
+    for (int s = 0; s < kSplits; ++s) l[s] = lses[s * kHeadsQ + row];
 #pragma unroll
     for (int s = 0; s < kSplits; ++s) v[s] = parts[(static_cast<size_t>(s) * kHeadsQ + row) * kHeadDim + threadIdx.x];
-    float num = 0.f, den = 0.f;
-#pragma unroll
-    for (int s = 0; s < kSplits; ++s) {
-        const float w = __expf(l[s] - m);
-        num += w * v[s], den += w;
-    }
-    out[row * kHeadDim + threadIdx.x] = __float2bfloat16(num / den);
+    out[row * kHeadDim + threadIdx.x] = merged(l, v);
 }
 
 // The merge's launch and release alone: the same grid, waiting for the attention blocks, then
