@@ -5,7 +5,7 @@
  *                                         peer table (16k tokens per prefill, hidden 2048)
  *   flashattn_bench --suite quick         a few shapes, for a smoke test
  *   flashattn_bench --suite decode        the default suite's decode shapes alone (dense and in
- *                                         pages of 1, 16 and 256 keys)
+ *                                         pages of 1, 16, 64 and 256 keys)
  *   flashattn_bench --shape prefill:bf16:4:16:16:4096:4096:128:causal     one shape (repeatable)
  *                   (kind:dtype:batch:heads_q:heads_kv:seqlen_q:seqlen_k:head_dim:mask[:kv], kind
  *                    prefill, prefill-gqa or decode, dtype fp16 or bf16, mask none, causal,
@@ -21,7 +21,7 @@
  * with CUDA events around each call, the L2 cache flushed before every timed call, and reported as
  * median and p99 milliseconds. Rows whose K and V are a cache or pages are followed, after the
  * table, by their rate over the rate of the same shape's dense row of the same run, where there is
- * one (the default suite has the decode shapes in pages of 1, 16 and 256 keys).
+ * one (the default suite has the decode shapes in pages of 1, 16, 64 and 256 keys).
  * FLOPs = 4*B*Hq*Sq*Sk*D, halved for causal when Sq == Sk (with a
  * window: 4*B*Hq*D times the (query, key) pairs the mask and window leave visible); decode rows
  * report K+V bytes read per second. "% peak" is against a cuBLAS bf16 GEMM (8192^3) and a
@@ -143,14 +143,15 @@ static int is_decode(const shape *s) { return strcmp(s->kind, "decode") == 0; }
 enum { SUITE_DEFAULT, SUITE_QUICK, SUITE_DECODE };
 
 /* The peer table's decodes (GQA 32/8, head dim 128), each dense and over a paged cache (vLLM's 16
- * keys a page, SGLang's 1, a large page). */
+ * keys a page, SGLang's 1, and 64 and 256: the smallest and a large page of issue 10's "64 or more"
+ * target). */
 static int decode_suite(shape *out) {
     int n = 0;
     const int64_t dec[][2] = {{1, 8192}, {16, 8192}, {64, 4096}, {128, 2048}, {8, 32768}, {1, 131072}};
     for (int i = 0; i < 6; ++i) out[n++] = (shape){"decode", 1, dec[i][0], 32, 8, 1, dec[i][1], 128, 0};
-    const int64_t pages[] = {1, 16, 256};
+    const int64_t pages[] = {1, 16, 64, 256};
     for (int i = 0; i < 6; ++i)
-        for (int j = 0; j < 3; ++j) out[n++] = (shape){"decode", 1, dec[i][0], 32, 8, 1, dec[i][1], 128, 0, .kv = pages[j]};
+        for (int j = 0; j < 4; ++j) out[n++] = (shape){"decode", 1, dec[i][0], 32, 8, 1, dec[i][1], 128, 0, .kv = pages[j]};
     return n;
 }
 

@@ -17,8 +17,8 @@
 # seconds a test may take (900), so that a kernel that hangs costs a device call less than its whole
 # limit. PEER_ROUNDS: compare_peers.py's --rounds in the peers steps (2); PEER_ARGS, more of its
 # options for the peers step (e.g. "--kinds decode --head-dims 128"). "kvrows": the benchmark's
-# decode suite (--suite decode: the default suite's six decode shapes dense and in pages of 1, 16
-# and 256 keys, head dim 128), with each paged row's rate over its dense row's.
+# decode suite (--suite decode: the default suite's six decode shapes dense and in pages of 1, 16,
+# 64 and 256 keys, head dim 128), with each paged row's rate over its dense row's.
 # FLASHATTN_HEAD_DIMS restricts this tree's build and $AB_OLD's alike. abserving: AB_ONLY keeps the
 # serving_speed.py rows whose labels contain one of its '|'-separated parts (e.g. "prefill 4x4k
 # 32/8|decode 128x1"), AB_GROUPS runs that many A B B A groups (1), AB_ITERS replays a function
