@@ -143,8 +143,7 @@ static int is_decode(const shape *s) { return strcmp(s->kind, "decode") == 0; }
 enum { SUITE_DEFAULT, SUITE_QUICK, SUITE_DECODE };
 
 /* The peer table's decodes (GQA 32/8, head dim 128), each dense and over a paged cache (vLLM's 16
- * keys a page, SGLang's 1, and 64 and 256: the smallest and a large page of issue 10's "64 or more"
- * target). */
+ * keys a page, SGLang's 1, and large pages of 64 and 256). */
 static int decode_suite(shape *out) {
     int n = 0;
     const int64_t dec[][2] = {{1, 8192}, {16, 8192}, {64, 4096}, {128, 2048}, {8, 32768}, {1, 131072}};
