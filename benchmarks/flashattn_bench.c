@@ -147,10 +147,11 @@ enum { SUITE_DEFAULT, SUITE_QUICK, SUITE_DECODE };
 static int decode_suite(shape *out) {
     int n = 0;
     const int64_t dec[][2] = {{1, 8192}, {16, 8192}, {64, 4096}, {128, 2048}, {8, 32768}, {1, 131072}};
-    for (int i = 0; i < 6; ++i) out[n++] = (shape){"decode", 1, dec[i][0], 32, 8, 1, dec[i][1], 128, 0};
     const int64_t pages[] = {1, 16, 64, 256};
-    for (int i = 0; i < 6; ++i)
-        for (int j = 0; j < 4; ++j) out[n++] = (shape){"decode", 1, dec[i][0], 32, 8, 1, dec[i][1], 128, 0, .kv = pages[j]};
+    const int n_dec = (int)(sizeof dec / sizeof dec[0]), n_pages = (int)(sizeof pages / sizeof pages[0]);
+    for (int i = 0; i < n_dec; ++i) out[n++] = (shape){"decode", 1, dec[i][0], 32, 8, 1, dec[i][1], 128, 0};
+    for (int i = 0; i < n_dec; ++i)
+        for (int j = 0; j < n_pages; ++j) out[n++] = (shape){"decode", 1, dec[i][0], 32, 8, 1, dec[i][1], 128, 0, .kv = pages[j]};
     return n;
 }
 
