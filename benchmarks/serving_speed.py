@@ -1,27 +1,28 @@
 """GPU time of the serving paths beside the dense path on the same work.
 
-Each shape is run as a dense batch (flash_attn_func: AUTO, and the FUSED backend forced), as a ragged
-batch of equal lengths (flash_attn_varlen_func: AUTO and FUSED forced), as a dense cache with
+Each shape is run as a dense batch (flash_attn_func: AUTO, and the FUSED backend forced), as a
+ragged batch of equal lengths (flash_attn_varlen_func: AUTO and FUSED forced), as a dense cache with
 per-sequence lengths (flash_attn_with_kvcache; for decode also with the step's new key and value
 appended and rotary applied, over the same keys: "append+rotary"), and with K/V in pages of several
 sizes (varlen with a block table for prefill, flash_attn_with_kvcache for decode). AUTO picks
 FUSED_SM90 on Hopper: pages whose size is a multiple of 8 are read by TMA, others (1 key) gathered
-with cp.async. cuDNN's and FlashAttention-2's fused attention (PyTorch SDPA) on the dense tensors are
-the peers; with --flex, PyTorch's FlexAttention (torch.compile'd) too, as the serving paths' peer:
-for prefill over the packed ragged batch with a document mask ("flex doc mask": the varlen call's
-work), for decode over the dense cache with a per-sequence length mask ("flex len mask": the cache
-call's work; FlexAttention has no block-table form in this PyTorch's public API). GPU time: 10 calls
-captured in a CUDA graph, CUDA-event timing of its replays (the host's enqueue cost is not counted,
-and no call waits for it), median of `iters` after warm-up, a shape's functions taking turns in
-rounds (time_interleaved: the GPU slows as it warms, which would favour whichever ran first),
-inputs drawn once per shape (the same K/V call after call: a shape that fits in L2 is read from
-it); TFLOP/s for prefill (causal counts half), GB/s of K/V read for decode.
+with cp.async, as is every page size in a decode whose keys are split (fa_sm90_gathers_pages).
+cuDNN's and FlashAttention-2's fused attention (PyTorch SDPA) on the dense tensors are the peers;
+with --flex, PyTorch's FlexAttention (torch.compile'd) too, as the serving paths' peer: for prefill
+over the packed ragged batch with a document mask ("flex doc mask": the varlen call's work), for
+decode over the dense cache with a per-sequence length mask ("flex len mask": the cache call's work;
+FlexAttention has no block-table form in this PyTorch's public API). GPU time: 10 calls captured in
+a CUDA graph, CUDA-event timing of its replays (the host's enqueue cost is not counted, and no call
+waits for it), median of `iters` after warm-up, a shape's functions taking turns in rounds
+(time_interleaved: the GPU slows as it warms, which would favour whichever ran first), inputs drawn
+once per shape (the same K/V call after call: a shape that fits in L2 is read from it); TFLOP/s for
+prefill (causal counts half), GB/s of K/V read for decode.
 
 The "ragged" rows are batches of 16k tokens in sequences of unequal lengths (RAGGED), run as one
-varlen call (AUTO, FUSED forced, and over pages of 1, 16 and 256) beside the same work done by the
-dense path: "dense per seq" is one flash_attn_func call a sequence, all of them in one graph (the
-ratio to it is the varlen call against the dense path at equal work); the peers likewise run one
-call a sequence. The equal-length prefill rows of the same heads and total tokens (8x2k, 4x4k)
+varlen call (AUTO, FUSED forced, and over pages of 1, 16, 64 and 256) beside the same work done by
+the dense path: "dense per seq" is one flash_attn_func call a sequence, all of them in one graph
+(the ratio to it is the varlen call against the dense path at equal work); the peers likewise run
+one call a sequence. The equal-length prefill rows of the same heads and total tokens (8x2k, 4x4k)
 give the dense call's rate on a batch it can take at once.
 
     FLASHATTN_LIBRARY=build/libflashattn.so PYTHONPATH=python python3 benchmarks/serving_speed.py
@@ -59,7 +60,7 @@ RAGGED = [
     ("prefill ragged 8 seqs 16k 32/8 d128", RAGGED_LENGTHS, 32, 8, 128, False),
     ("prefill ragged 8 seqs 16k 16/16 d64 causal", RAGGED_LENGTHS, 16, 16, 64, True),
 ]
-PAGES = (1, 16, 256)
+PAGES = (1, 16, 64, 256)
 
 
 def _prepare(fn, warm=5, calls=10):
