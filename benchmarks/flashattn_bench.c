@@ -144,34 +144,45 @@ enum { SUITE_DEFAULT, SUITE_QUICK, SUITE_DECODE };
 
 /* The peer table's decodes (GQA 32/8, head dim 128), each dense and over a paged cache (vLLM's 16
  * keys a page, SGLang's 1, and large pages of 64 and 256). */
+static const int64_t decode_shapes[][2] = {{1, 8192}, {16, 8192}, {64, 4096}, {128, 2048}, {8, 32768}, {1, 131072}};
+static const int64_t decode_pages[] = {1, 16, 64, 256};
+#define N_DECODE_SHAPES (sizeof decode_shapes / sizeof decode_shapes[0])
+#define N_DECODE_PAGES (sizeof decode_pages / sizeof decode_pages[0])
+#define DECODE_SUITE_SIZE (N_DECODE_SHAPES * (1 + N_DECODE_PAGES))
+
 static int decode_suite(shape *out) {
     int n = 0;
-    const int64_t dec[][2] = {{1, 8192}, {16, 8192}, {64, 4096}, {128, 2048}, {8, 32768}, {1, 131072}};
-    const int64_t pages[] = {1, 16, 64, 256};
-    const int n_dec = (int)(sizeof dec / sizeof dec[0]), n_pages = (int)(sizeof pages / sizeof pages[0]);
-    for (int i = 0; i < n_dec; ++i) out[n++] = (shape){"decode", 1, dec[i][0], 32, 8, 1, dec[i][1], 128, 0};
-    for (int i = 0; i < n_dec; ++i)
-        for (int j = 0; j < n_pages; ++j) out[n++] = (shape){"decode", 1, dec[i][0], 32, 8, 1, dec[i][1], 128, 0, .kv = pages[j]};
+    const int64_t(*dec)[2] = decode_shapes;
+    for (int i = 0; i < (int)N_DECODE_SHAPES; ++i) out[n++] = (shape){"decode", 1, dec[i][0], 32, 8, 1, dec[i][1], 128, 0};
+    for (int i = 0; i < (int)N_DECODE_SHAPES; ++i)
+        for (int j = 0; j < (int)N_DECODE_PAGES; ++j)
+            out[n++] = (shape){"decode", 1, dec[i][0], 32, 8, 1, dec[i][1], 128, 0, .kv = decode_pages[j]};
     return n;
 }
+
+static const shape quick_suite[] = {{"prefill", 1, 4, 16, 16, 1024, 1024, 128, 0}, {"prefill", 1, 4, 16, 16, 1024, 1024, 128, 1},
+                                    {"prefill", 0, 8, 32, 32, 512, 512, 64, 1}, {"decode", 1, 16, 32, 8, 1, 8192, 128, 0},
+                                    {"decode", 1, 16, 32, 8, 1, 8192, 128, 0, .kv = 16}};
+static const int64_t prefill_seqs[] = {512, 1024, 2048, 4096, 8192, 16384};
+static const int64_t prefill_dims[] = {64, 128, 256};
+#define N_PREFILL_SEQS (sizeof prefill_seqs / sizeof prefill_seqs[0])
+#define N_PREFILL_DIMS (sizeof prefill_dims / sizeof prefill_dims[0])
+/* bf16 per head dim and fp16 at 128, each causal and not, then two GQA prefills and the decodes */
+#define DEFAULT_SUITE_SIZE ((N_PREFILL_DIMS + 1) * N_PREFILL_SEQS * 2 + 2 + DECODE_SUITE_SIZE)
 
 static int default_suite(shape *out, int suite) {
     int n = 0;
     if (suite == SUITE_DECODE) return decode_suite(out);
     if (suite == SUITE_QUICK) {
-        const shape q[] = {{"prefill", 1, 4, 16, 16, 1024, 1024, 128, 0}, {"prefill", 1, 4, 16, 16, 1024, 1024, 128, 1},
-                           {"prefill", 0, 8, 32, 32, 512, 512, 64, 1}, {"decode", 1, 16, 32, 8, 1, 8192, 128, 0},
-                           {"decode", 1, 16, 32, 8, 1, 8192, 128, 0, .kv = 16}};
-        memcpy(out, q, sizeof q);
-        return (int)(sizeof q / sizeof q[0]);
+        memcpy(out, quick_suite, sizeof quick_suite);
+        return (int)(sizeof quick_suite / sizeof quick_suite[0]);
     }
-    const int64_t seqs[] = {512, 1024, 2048, 4096, 8192, 16384};
-    const int64_t dims[] = {64, 128, 256};
-    for (int di = 0; di < 3; ++di)
-        for (int si = 0; si < 6; ++si)
+    const int64_t *seqs = prefill_seqs, *dims = prefill_dims;
+    for (int di = 0; di < (int)N_PREFILL_DIMS; ++di)
+        for (int si = 0; si < (int)N_PREFILL_SEQS; ++si)
             for (int c = 0; c < 2; ++c)
                 out[n++] = (shape){"prefill", 1, 16384 / seqs[si], 2048 / dims[di], 2048 / dims[di], seqs[si], seqs[si], dims[di], c};
-    for (int si = 0; si < 6; ++si)
+    for (int si = 0; si < (int)N_PREFILL_SEQS; ++si)
         for (int c = 0; c < 2; ++c)
             out[n++] = (shape){"prefill", 0, 16384 / seqs[si], 16, 16, seqs[si], seqs[si], 128, c};
     out[n++] = (shape){"prefill-gqa", 1, 8, 32, 8, 2048, 2048, 128, 1};
@@ -634,6 +645,10 @@ static void print_kv_ratios(const row *rows, int n) {
 }
 
 #define MAX_SHAPES 128
+/* Every built-in suite fits the shape array that --shape fills. */
+_Static_assert(DEFAULT_SUITE_SIZE <= MAX_SHAPES, "the default suite outgrows MAX_SHAPES");
+_Static_assert(DECODE_SUITE_SIZE <= MAX_SHAPES, "the decode suite outgrows MAX_SHAPES");
+_Static_assert(sizeof quick_suite / sizeof quick_suite[0] <= MAX_SHAPES, "the quick suite outgrows MAX_SHAPES");
 
 int main(int argc, char **argv) {
     int backend = FLASHATTN_BACKEND_AUTO, check = 1, suite = SUITE_DEFAULT, n_shapes = 0;
