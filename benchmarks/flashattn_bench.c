@@ -167,8 +167,11 @@ static const int64_t prefill_seqs[] = {512, 1024, 2048, 4096, 8192, 16384};
 static const int64_t prefill_dims[] = {64, 128, 256};
 #define N_PREFILL_SEQS (sizeof prefill_seqs / sizeof prefill_seqs[0])
 #define N_PREFILL_DIMS (sizeof prefill_dims / sizeof prefill_dims[0])
-/* bf16 per head dim and fp16 at 128, each causal and not, then two GQA prefills and the decodes */
-#define DEFAULT_SUITE_SIZE ((N_PREFILL_DIMS + 1) * N_PREFILL_SEQS * 2 + 2 + DECODE_SUITE_SIZE)
+static const shape gqa_prefills[] = {{"prefill-gqa", 1, 8, 32, 8, 2048, 2048, 128, 1}, {"prefill-gqa", 1, 2, 32, 8, 8192, 8192, 128, 1}};
+#define N_GQA_PREFILLS (sizeof gqa_prefills / sizeof gqa_prefills[0])
+/* What default_suite writes: bf16 at each head dim and fp16 at 128, each sequence causal and not,
+ * then the GQA prefills and the decode suite. */
+#define DEFAULT_SUITE_SIZE ((N_PREFILL_DIMS + 1) * N_PREFILL_SEQS * 2 + N_GQA_PREFILLS + DECODE_SUITE_SIZE)
 
 static int default_suite(shape *out, int suite) {
     int n = 0;
@@ -185,8 +188,7 @@ static int default_suite(shape *out, int suite) {
     for (int si = 0; si < (int)N_PREFILL_SEQS; ++si)
         for (int c = 0; c < 2; ++c)
             out[n++] = (shape){"prefill", 0, 16384 / seqs[si], 16, 16, seqs[si], seqs[si], 128, c};
-    out[n++] = (shape){"prefill-gqa", 1, 8, 32, 8, 2048, 2048, 128, 1};
-    out[n++] = (shape){"prefill-gqa", 1, 2, 32, 8, 8192, 8192, 128, 1};
+    for (int i = 0; i < (int)N_GQA_PREFILLS; ++i) out[n++] = gqa_prefills[i];
     return n + decode_suite(out + n);
 }
 
