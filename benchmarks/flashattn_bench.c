@@ -647,6 +647,8 @@ static void print_kv_ratios(const row *rows, int n) {
 }
 
 #define MAX_SHAPES 128
+#define FA_STR_(x) #x
+#define FA_STR(x) FA_STR_(x)
 /* Every built-in suite fits the shape array that --shape fills. */
 _Static_assert(DEFAULT_SUITE_SIZE <= MAX_SHAPES, "the default suite outgrows MAX_SHAPES");
 _Static_assert(DECODE_SUITE_SIZE <= MAX_SHAPES, "the decode suite outgrows MAX_SHAPES");
@@ -680,7 +682,7 @@ int main(int argc, char **argv) {
             else return bad_arg("suite", optarg, "default, quick or decode");
             break;
         case OPT_SHAPE:
-            if (n_shapes == MAX_SHAPES) return bad_arg("shape", optarg, "at most 128 --shape options");
+            if (n_shapes == MAX_SHAPES) return bad_arg("shape", optarg, "at most " FA_STR(MAX_SHAPES) " --shape options");
             if (parse_shape(optarg, &shapes[n_shapes], why, sizeof why)) return bad_arg("shape", optarg, why);
             ++n_shapes;
             break;
