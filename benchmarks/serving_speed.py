@@ -28,12 +28,16 @@ give the dense call's rate on a batch it can take at once.
     FLASHATTN_LIBRARY=build/libflashattn.so PYTHONPATH=python python3 benchmarks/serving_speed.py
 
 --only TEXT (repeatable) keeps the shapes whose label contains TEXT (an A/B of a few rows, or a
-build without some head dim); a TEXT that matches no label is an error.
+build without some head dim); a TEXT that matches no label is an error. A shape the library answers
+with FLASHATTN_STATUS_UNSUPPORTED (a build configured with FLASHATTN_HEAD_DIMS that leaves its head
+dim out) prints "not run" and the library's message in place of its row; the other shapes still
+run, and the script then exits with status 2.
 """
 import argparse
 import itertools
 import json
 import statistics
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -297,7 +301,16 @@ def main():
     keep = lambda label: not args.only or any(text in label for text in args.only)  # noqa: E731
     shapes = [s for s in SHAPES if keep(s[0])]
     flex = flex_peer() if args.flex else None
-    rows = []
+    rows, skipped = [], []
+
+    def not_run(label, e):
+        """A shape this build has no kernel for: say so and go on (True); any other error: False."""
+        if e.name != "FLASHATTN_STATUS_UNSUPPORTED":
+            return False
+        skipped.append(label)
+        print(f"{label}: not run: {e.message}", flush=True)
+        return True
+
     for label, B, Sq, Sk, Hq, Hkv, D, causal in shapes:
         g = torch.Generator(device="cuda").manual_seed(1)
         q = torch.randn(B, Sq, Hq, D, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -353,18 +366,32 @@ def main():
         flops = 4 * B * Hq * Sq * Sk * D * (0.5 if causal and not decode else 1.0)
         kv_bytes = 2 * B * Sk * Hkv * D * 2
         row = {"shape": label}
-        for name, (ms, eager) in time_interleaved(fns, args.iters, args.rounds).items():
+        try:
+            timed = time_interleaved(fns, args.iters, args.rounds)
+        except flashattn.FlashAttnError as e:
+            if not not_run(label, e):
+                raise
+            continue
+        for name, (ms, eager) in timed.items():
             row[name + ("*" if eager else "")] = round(kv_bytes / ms / 1e6, 1) if decode else round(flops / ms / 1e9, 1)
         rows.append(row)
         unit = "GB/s" if decode else "TFLOP/s"
         print(f"{label} ({unit}): " + "  ".join(f"{n} {x}" for n, x in row.items() if n != "shape"), flush=True)
     for label, lengths, Hq, Hkv, D, causal in (r for r in RAGGED if keep(r[0])):
-        row = ragged_row(label, lengths, Hq, Hkv, D, causal, flex, args)
+        try:
+            row = ragged_row(label, lengths, Hq, Hkv, D, causal, flex, args)
+        except flashattn.FlashAttnError as e:
+            if not not_run(label, e):
+                raise
+            continue
         rows.append(row)
         print(f"{label} (TFLOP/s): " + "  ".join(f"{n} {x}" for n, x in row.items() if n != "shape"), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
+    if skipped:
+        print(f"{len(skipped)} shape(s) not run, unsupported by this build: " + "; ".join(skipped), flush=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":
