@@ -303,13 +303,17 @@ def main():
     flex = flex_peer() if args.flex else None
     rows, skipped = [], []
 
-    def not_run(label, e):
-        """A shape this build has no kernel for: say so and go on (True); any other error: False."""
-        if e.name != "FLASHATTN_STATUS_UNSUPPORTED":
-            return False
-        skipped.append(label)
-        print(f"{label}: not run: {e.message}", flush=True)
-        return True
+    def unless_unsupported(label, fn):
+        """fn(), or None where the library answers FLASHATTN_STATUS_UNSUPPORTED (a shape this build
+        has no kernel for), said and counted; any other error propagates."""
+        try:
+            return fn()
+        except flashattn.FlashAttnError as e:
+            if e.status != flashattn.Status.UNSUPPORTED:
+                raise
+            skipped.append(label)
+            print(f"{label}: not run: {e.message}", flush=True)
+            return None
 
     for label, B, Sq, Sk, Hq, Hkv, D, causal in shapes:
         g = torch.Generator(device="cuda").manual_seed(1)
@@ -366,11 +370,8 @@ def main():
         flops = 4 * B * Hq * Sq * Sk * D * (0.5 if causal and not decode else 1.0)
         kv_bytes = 2 * B * Sk * Hkv * D * 2
         row = {"shape": label}
-        try:
-            timed = time_interleaved(fns, args.iters, args.rounds)
-        except flashattn.FlashAttnError as e:
-            if not not_run(label, e):
-                raise
+        timed = unless_unsupported(label, lambda: time_interleaved(fns, args.iters, args.rounds))
+        if timed is None:
             continue
         for name, (ms, eager) in timed.items():
             row[name + ("*" if eager else "")] = round(kv_bytes / ms / 1e6, 1) if decode else round(flops / ms / 1e9, 1)
@@ -378,11 +379,8 @@ def main():
         unit = "GB/s" if decode else "TFLOP/s"
         print(f"{label} ({unit}): " + "  ".join(f"{n} {x}" for n, x in row.items() if n != "shape"), flush=True)
     for label, lengths, Hq, Hkv, D, causal in (r for r in RAGGED if keep(r[0])):
-        try:
-            row = ragged_row(label, lengths, Hq, Hkv, D, causal, flex, args)
-        except flashattn.FlashAttnError as e:
-            if not not_run(label, e):
-                raise
+        row = unless_unsupported(label, lambda: ragged_row(label, lengths, Hq, Hkv, D, causal, flex, args))
+        if row is None:
             continue
         rows.append(row)
         print(f"{label} (TFLOP/s): " + "  ".join(f"{n} {x}" for n, x in row.items() if n != "shape"), flush=True)
