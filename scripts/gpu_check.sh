@@ -174,7 +174,7 @@ if [[ " $steps " == *" abserving "* ]]; then
   ab_dir=/tmp/flashattn_abserving; rm -rf "$ab_dir"; mkdir -p "$ab_dir"
   runs=(); for g in $(seq 1 "${AB_GROUPS:-1}"); do runs+=(a$g b$g c$g d$g); done  # a, d: A; b, c: B
   : > "$OUT/serving_ab_runs.txt"
-  not_run=""
+  not_run_a=""; not_run_b=""
   for run in "${runs[@]}"; do
     lib=$([[ $run == [ad]* ]] && echo "$AB_OLD/build/libflashattn.so" || echo "$PWD/build/libflashattn.so")
     rc=0
@@ -183,7 +183,8 @@ if [[ " $steps " == *" abserving "* ]]; then
     # Status 2: the build lacks some rows' head dims; those rows are reported as not run and the
     # rest are compared. Any other failure stops the A/B.
     if (( rc == 2 )); then
-      not_run="; $(grep -m1 'not run, unsupported' "$ab_dir/$run.log")"
+      line=$(grep -m1 'not run, unsupported' "$ab_dir/$run.log")
+      if [[ $run == [ad]* ]]; then not_run_a="; A: $line"; else not_run_b="; B: $line"; fi
     elif (( rc != 0 )); then
       tail -5 "$ab_dir/$run.log"; exit 1
     fi
@@ -191,7 +192,7 @@ if [[ " $steps " == *" abserving "* ]]; then
   done
   jsons=(); for run in "${runs[@]}"; do jsons+=("$ab_dir/$run.json"); done
   python3 benchmarks/serving_ab_compare.py "${jsons[@]}" > "$OUT/serving_ab.txt"
-  summary+=("abserving (A = $AB_OLD, B = this tree): $(tail -1 "$OUT/serving_ab.txt")$not_run")
+  summary+=("abserving (A = $AB_OLD, B = this tree): $(tail -1 "$OUT/serving_ab.txt")$not_run_a$not_run_b")
 fi
 if [[ " $steps " == *" ncuserving "* ]]; then
   # The dense call beside the ragged one on the same tokens, under ncu (docs/performance.md v21):
