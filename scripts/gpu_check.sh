@@ -174,25 +174,25 @@ if [[ " $steps " == *" abserving "* ]]; then
   ab_dir=/tmp/flashattn_abserving; rm -rf "$ab_dir"; mkdir -p "$ab_dir"
   runs=(); for g in $(seq 1 "${AB_GROUPS:-1}"); do runs+=(a$g b$g c$g d$g); done  # a, d: A; b, c: B
   : > "$OUT/serving_ab_runs.txt"
-  not_run_a=""; not_run_b=""
+  declare -A not_run=([A]="" [B]="")
   for run in "${runs[@]}"; do
-    lib=$([[ $run == [ad]* ]] && echo "$AB_OLD/build/libflashattn.so" || echo "$PWD/build/libflashattn.so")
+    side=$([[ $run == [ad]* ]] && echo A || echo B)
+    lib=$([ "$side" = A ] && echo "$AB_OLD/build/libflashattn.so" || echo "$PWD/build/libflashattn.so")
     rc=0
     FLASHATTN_LIBRARY=$lib PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 python3 benchmarks/serving_speed.py \
       --iters "${AB_ITERS:-20}" "${only[@]}" --json "$ab_dir/$run.json" > "$ab_dir/$run.log" 2>&1 || rc=$?
     # Status 2: the build lacks some rows' head dims; those rows are reported as not run and the
     # rest are compared. Any other failure stops the A/B.
     if (( rc == 2 )); then
-      line=$(grep -m1 'not run, unsupported' "$ab_dir/$run.log")
-      if [[ $run == [ad]* ]]; then not_run_a="; A: $line"; else not_run_b="; B: $line"; fi
+      not_run[$side]="; $side: $(grep -m1 'not run, unsupported' "$ab_dir/$run.log")"
     elif (( rc != 0 )); then
       tail -5 "$ab_dir/$run.log"; exit 1
     fi
-    { echo "== $run ($([[ $run == [ad]* ]] && echo A || echo B))"; grep -E '(TFLOP/s|GB/s)\)' "$ab_dir/$run.log"; } >> "$OUT/serving_ab_runs.txt"
+    { echo "== $run ($side)"; grep -E '(TFLOP/s|GB/s)\)' "$ab_dir/$run.log"; } >> "$OUT/serving_ab_runs.txt"
   done
   jsons=(); for run in "${runs[@]}"; do jsons+=("$ab_dir/$run.json"); done
   python3 benchmarks/serving_ab_compare.py "${jsons[@]}" > "$OUT/serving_ab.txt"
-  summary+=("abserving (A = $AB_OLD, B = this tree): $(tail -1 "$OUT/serving_ab.txt")$not_run_a$not_run_b")
+  summary+=("abserving (A = $AB_OLD, B = this tree): $(tail -1 "$OUT/serving_ab.txt")${not_run[A]}${not_run[B]}")
 fi
 if [[ " $steps " == *" ncuserving "* ]]; then
   # The dense call beside the ragged one on the same tokens, under ncu (docs/performance.md v21):
